@@ -1,0 +1,43 @@
+# mlso — two commands for a new user: `make demo` and `make test`.
+# Both create .venv and install what they need on a fresh machine.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+MLSO   := $(VENV)/bin/mlso
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo test test-gpu lint models export-transformer clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+models: $(STAMP)
+	$(PY) -m models.build_models
+
+demo: $(STAMP)
+	$(PY) -m models.build_models --small-only
+	$(MLSO) -v inspect models/small/rmsnorm_linear.onnx
+	$(MLSO) -v inspect models/transformer_tiny.onnx --input-shape hidden=1,16,64
+
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not gpu" tests
+	$(VENV)/bin/ruff check mlso_cli models tests
+
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -m gpu tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check mlso_cli models tests
+	$(VENV)/bin/ruff format --check mlso_cli models tests
+
+# Needs torch (a dev-only tool); the exported file is committed so nothing else needs it.
+export-transformer: $(STAMP)
+	$(PY) -m pip install -q torch==2.13.0 onnxscript
+	$(PY) -m models.export_transformer
+
+clean:
+	rm -rf $(VENV) models/bench .pytest_cache

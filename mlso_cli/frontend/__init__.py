@@ -1,0 +1,1 @@
+"""Frontend: load a model, fix and infer its shapes, partition it, lift regions to μGraphs."""

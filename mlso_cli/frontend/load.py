@@ -1,0 +1,228 @@
+"""Load an ONNX model from a path or stdin, fix its symbolic dimensions and infer every shape.
+
+Weights stay where they are: external data is not read into memory (the path-based onnx APIs
+keep models over 2 GB working), so partitioning a large model costs only its graph structure.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import TensorProto
+
+from mlso_cli.errors import InputError, UsageError
+
+FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+
+
+@dataclass
+class LoadedModel:
+    """A model whose graph inputs all have static shapes and whose value_info is complete."""
+
+    model: onnx.ModelProto
+    source: str
+    base_dir: Path | None
+    """Folder that external-data paths are relative to (None for stdin)."""
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    dtypes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def graph(self) -> onnx.GraphProto:
+        return self.model.graph
+
+
+def parse_input_shapes(specs: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:
+    """`name=d0,d1,...` strings to a dict; every dim must be a positive integer."""
+    out: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        name, sep, dims = spec.partition("=")
+        if not sep or not name:
+            raise UsageError(
+                f"--input-shape '{spec}' is not of the form name=d0,d1,...",
+                "Write e.g. --input-shape hidden=1,16,64",
+            )
+        try:
+            shape = tuple(int(d) for d in dims.split(",")) if dims.strip() else ()
+        except ValueError:
+            raise UsageError(
+                f"--input-shape '{spec}' has a dimension that is not an integer",
+                "Give whole numbers, e.g. --input-shape hidden=1,16,64",
+            ) from None
+        if any(d <= 0 for d in shape):
+            raise UsageError(f"--input-shape '{spec}' has a dimension <= 0", "Dimensions must be positive")
+        out[name] = shape
+    return out
+
+
+def _read_proto(source: str) -> tuple[onnx.ModelProto, Path | None]:
+    if source == "-":
+        data = sys.stdin.buffer.read()
+        base = None
+        where = "stdin"
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise InputError(f"{source}: no such file", "Check the path")
+        if path.is_dir():
+            raise InputError(f"{source} is a directory, not an ONNX model", "Pass the .onnx file")
+        data = path.read_bytes() if path.stat().st_size < (1 << 31) else None
+        base = path.resolve().parent
+        where = source
+    if data is not None and len(data) == 0:
+        raise InputError(f"{where} is empty", "Pass a complete .onnx file")
+    try:
+        if data is None:  # over 2 GB: only the path-based loader can read it
+            model = onnx.load(source, load_external_data=False)
+        else:
+            model = onnx.load_model_from_string(data)
+    except (DecodeError, RuntimeError, ValueError, OSError) as exc:
+        raise InputError(
+            f"{where} is not a readable ONNX model ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'parse failed'})",
+            "The file may be truncated or corrupt; export or download it again",
+        ) from None
+    if model.ir_version == 0 or not model.HasField("graph") or len(model.graph.node) == 0:
+        raise InputError(
+            f"{where} does not hold an ONNX model (no IR version or no graph nodes)",
+            "The file may be truncated or corrupt; export or download it again",
+        )
+    return model, base
+
+
+def _uses_external_data(model: onnx.ModelProto) -> bool:
+    return any(
+        t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer
+    )
+
+
+def _check_external_files(model: onnx.ModelProto, base: Path | None, where: str) -> None:
+    for t in model.graph.initializer:
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        if base is None:
+            raise InputError(
+                "a model read from stdin refers to external data",
+                "Pass the model by path so its external data files can be found",
+            )
+        loc = next((e.value for e in t.external_data if e.key == "location"), None)
+        if loc is None or not (base / loc).exists():
+            raise InputError(
+                f"{where}: external data file '{loc}' for initializer '{t.name}' is missing",
+                f"Put it next to the model in {base}",
+            )
+
+
+def _apply_input_shapes(model: onnx.ModelProto, fixed: dict[str, tuple[int, ...]]) -> None:
+    inits = {t.name for t in model.graph.initializer}
+    inputs = {i.name: i for i in model.graph.input if i.name not in inits}
+    for name, shape in fixed.items():
+        if name not in inputs:
+            raise UsageError(
+                f"--input-shape names '{name}', which is not a graph input",
+                f"Graph inputs are: {', '.join(inputs) or '(none)'}",
+            )
+        tt = inputs[name].type.tensor_type
+        rank = len(tt.shape.dim)
+        if tt.HasField("shape") and rank != len(shape):
+            raise UsageError(
+                f"--input-shape {name} has {len(shape)} dims but the input has rank {rank}",
+                f"Give {rank} dimensions",
+            )
+        tt.shape.ClearField("dim")
+        for d in shape:
+            tt.shape.dim.add().dim_value = d
+
+
+def _static_input_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    inits = {t.name for t in model.graph.initializer}
+    out: dict[str, tuple[int, ...]] = {}
+    for inp in model.graph.input:
+        if inp.name in inits:
+            continue
+        tt = inp.type.tensor_type
+        if not tt.HasField("shape"):
+            raise UsageError(
+                f"input '{inp.name}' has no shape",
+                f"Fix it with --input-shape {inp.name}=d0,d1,...",
+            )
+        dims = []
+        for i, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                dims.append(d.dim_value)
+                continue
+            label = f"'{d.dim_param}'" if d.dim_param else "unknown"
+            example = ",".join(
+                str(x.dim_value) if x.HasField("dim_value") and x.dim_value > 0 else "N"
+                for x in tt.shape.dim
+            )
+            raise UsageError(
+                f"input '{inp.name}' has an open dimension {label} (dim {i})",
+                f"Fix it with --input-shape {inp.name}={example}, replacing N",
+            )
+        out[inp.name] = tuple(dims)
+    return out
+
+
+def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx shape inference with data propagation; never fails the load on unknown ops."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception as exc:  # an inconsistent model: report it rather than crash
+        raise InputError(
+            f"shape inference failed: {str(exc).splitlines()[0]}",
+            "The model is inconsistent; check it with onnx.checker",
+        ) from None
+
+
+def collect_types(model: onnx.ModelProto) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+    """Static shapes and element types of every tensor shape inference could resolve."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    dtypes: dict[str, int] = {}
+    g = model.graph
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        tt = vi.type.tensor_type
+        if tt.elem_type:
+            dtypes[vi.name] = tt.elem_type
+        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            shapes[vi.name] = tuple(d.dim_value for d in tt.shape.dim)
+    for t in g.initializer:
+        shapes[t.name] = tuple(t.dims)
+        dtypes[t.name] = t.data_type
+    for n in g.node:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+            for a in n.attribute:
+                if a.name == "value":
+                    shapes[n.output[0]] = tuple(a.t.dims)
+                    dtypes[n.output[0]] = a.t.data_type
+    return shapes, dtypes
+
+
+def load_model(
+    source: str, input_shapes: dict[str, tuple[int, ...]] | None = None, *, fold: bool = True
+) -> LoadedModel:
+    """Read, validate, fix shapes, fold shape arithmetic and infer shapes.
+
+    Raises InputError for unreadable files and UsageError for open dimensions.
+    """
+    from mlso_cli.frontend.fold import fold_constants
+
+    model, base = _read_proto(source)
+    where = "stdin" if source == "-" else source
+    if _uses_external_data(model):
+        _check_external_files(model, base, where)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        first = next((ln for ln in str(exc).splitlines() if ln.strip()), "invalid model")
+        raise InputError(f"{where} is not a valid ONNX model: {first}", "Re-export the model") from None
+    _apply_input_shapes(model, input_shapes or {})
+    _static_input_shapes(model)
+    model = infer_shapes(model)
+    if fold:
+        model = fold_constants(model, base)
+        model = infer_shapes(model)
+    shapes, dtypes = collect_types(model)
+    return LoadedModel(model=model, source=where, base_dir=base, shapes=shapes, dtypes=dtypes)

@@ -1,0 +1,200 @@
+"""Which ONNX ops mlso can fuse, as a table of op -> (kind, condition).
+
+The partitioner consults this table, and lifting implements every op it admits; a test keeps the
+two in step. A condition returns None when a node is fusable, or the reason a user reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+FUSABLE_DTYPES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
+
+
+class OpKind(Enum):
+    CONTRACTION = "contraction"  # MatMul-like: counts against the matmul bound
+    COMPUTE = "compute"          # elementwise, reductions, normalisations
+    LAYOUT = "layout"            # views: free, do not count against the size bound
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What a condition may look at: the node, shapes/dtypes, and constant values."""
+
+    node: onnx.NodeProto
+    shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, int]
+    constants: dict[str, np.ndarray]
+
+    def attr(self, name: str, default=None):
+        for a in self.node.attribute:
+            if a.name == name:
+                return onnx.helper.get_attribute_value(a)
+        return default
+
+    def const(self, i: int) -> np.ndarray | None:
+        if i >= len(self.node.input) or not self.node.input[i]:
+            return None
+        return self.constants.get(self.node.input[i])
+
+
+Condition = Callable[[NodeContext], "str | None"]
+
+
+def _always(_: NodeContext) -> str | None:
+    return None
+
+
+def _const_inputs(*indices: int, what: str) -> Condition:
+    def check(ctx: NodeContext) -> str | None:
+        for i in indices:
+            if i < len(ctx.node.input) and ctx.node.input[i] and ctx.const(i) is None:
+                return f"{ctx.node.op_type}: {what} is computed at run time"
+        return None
+
+    return check
+
+
+def _pow(ctx: NodeContext) -> str | None:
+    e = ctx.const(1)
+    if e is None or e.size != 1:
+        return "Pow: exponent is not a constant scalar"
+    if float(e.reshape(())) not in (0.5, 1.0, 2.0, 3.0, -1.0, -0.5):
+        return f"Pow: exponent {float(e.reshape(()))} has no lifting rule (0.5, 1, 2, 3, -1, -0.5 do)"
+    return None
+
+
+def _reduce(ctx: NodeContext) -> str | None:
+    if len(ctx.node.input) > 1 and ctx.node.input[1] and ctx.const(1) is None:
+        return f"{ctx.node.op_type}: axes are computed at run time"
+    if ctx.attr("noop_with_empty_axes", 0):
+        return f"{ctx.node.op_type}: noop_with_empty_axes is not supported"
+    return None
+
+
+def _where(ctx: NodeContext) -> str | None:
+    for i in (1, 2):
+        v = ctx.const(i)
+        if v is not None and v.size == 1 and (np.isneginf(v).all() or float(v.reshape(())) <= -1e4):
+            return None
+    return "Where: only masks whose other branch is -inf (or <= -1e4) are fusable"
+
+
+def _cast(ctx: NodeContext) -> str | None:
+    to = ctx.attr("to")
+    src = ctx.dtypes.get(ctx.node.input[0])
+    if to in FUSABLE_DTYPES and src in FUSABLE_DTYPES:
+        return None
+    if to in FUSABLE_DTYPES and src == TensorProto.BOOL:
+        return None
+    return "Cast: only casts between float16, bfloat16 and float32 (or bool masks) are fusable"
+
+
+def _batchnorm(ctx: NodeContext) -> str | None:
+    if ctx.attr("training_mode", 0):
+        return "BatchNormalization: training mode updates statistics"
+    return _const_inputs(3, 4, what="running mean/var")(ctx)
+
+
+def _attention(ctx: NodeContext) -> str | None:
+    if len(ctx.node.input) > 4 and any(ctx.node.input[4:]):
+        return "Attention: KV-cache inputs (past_key/past_value) are not supported"
+    if len(ctx.node.output) > 1 and any(ctx.node.output[1:]):
+        return "Attention: present_key/value outputs are not supported"
+    if ctx.attr("softcap", 0.0):
+        return "Attention: softcap is not supported"
+    return None
+
+
+SUPPORT: dict[str, tuple[OpKind, Condition]] = {
+    "MatMul": (OpKind.CONTRACTION, _always),
+    "Gemm": (OpKind.CONTRACTION, _always),
+    "Attention": (OpKind.CONTRACTION, _attention),
+    "Add": (OpKind.COMPUTE, _always),
+    "Sub": (OpKind.COMPUTE, _always),
+    "Mul": (OpKind.COMPUTE, _always),
+    "Div": (OpKind.COMPUTE, _always),
+    "Pow": (OpKind.COMPUTE, _pow),
+    "Sqrt": (OpKind.COMPUTE, _always),
+    "Reciprocal": (OpKind.COMPUTE, _always),
+    "Exp": (OpKind.COMPUTE, _always),
+    "Neg": (OpKind.COMPUTE, _always),
+    "Sigmoid": (OpKind.COMPUTE, _always),
+    "Tanh": (OpKind.COMPUTE, _always),
+    "Erf": (OpKind.COMPUTE, _always),
+    "Relu": (OpKind.COMPUTE, _always),
+    "Gelu": (OpKind.COMPUTE, _always),
+    "Softmax": (OpKind.COMPUTE, _always),
+    "ReduceSum": (OpKind.COMPUTE, _reduce),
+    "ReduceMean": (OpKind.COMPUTE, _reduce),
+    "ReduceMax": (OpKind.COMPUTE, _reduce),
+    "LayerNormalization": (OpKind.COMPUTE, _always),
+    "RMSNormalization": (OpKind.COMPUTE, _always),
+    "GroupNormalization": (OpKind.COMPUTE, _always),
+    "BatchNormalization": (OpKind.COMPUTE, _batchnorm),
+    "Where": (OpKind.COMPUTE, _where),
+    "Cast": (OpKind.COMPUTE, _cast),
+    "Reshape": (OpKind.LAYOUT, _const_inputs(1, what="target shape")),
+    "Transpose": (OpKind.LAYOUT, _always),
+    "Unsqueeze": (OpKind.LAYOUT, _const_inputs(1, what="axes")),
+    "Squeeze": (OpKind.LAYOUT, _const_inputs(1, what="axes")),
+    "Expand": (OpKind.LAYOUT, _const_inputs(1, what="target shape")),
+    "Flatten": (OpKind.LAYOUT, _always),
+    "Identity": (OpKind.LAYOUT, _always),
+}
+
+UNSUPPORTED_REASONS: dict[str, str] = {
+    "Gather": "Gather: data-dependent indexing",
+    "GatherElements": "GatherElements: data-dependent indexing",
+    "GatherND": "GatherND: data-dependent indexing",
+    "ScatterND": "ScatterND: data-dependent writes",
+    "ScatterElements": "ScatterElements: data-dependent writes",
+    "Shape": "Shape: shape arithmetic, not tensor math",
+    "Size": "Size: shape arithmetic, not tensor math",
+    "ConstantOfShape": "ConstantOfShape: shape arithmetic, not tensor math",
+    "Range": "Range: index generation",
+    "Trilu": "Trilu: mask construction (computed outside regions)",
+    "Equal": "Equal: comparison producing a boolean mask (computed outside regions)",
+    "Less": "Less: comparison producing a boolean mask (computed outside regions)",
+    "Greater": "Greater: comparison producing a boolean mask (computed outside regions)",
+    "Concat": "Concat: no block-graph form yet",
+    "Slice": "Slice: no block-graph form yet",
+    "Split": "Split: no block-graph form yet",
+    "RotaryEmbedding": "RotaryEmbedding: position-id gather has no block-graph form yet",
+    "Conv": "Conv: convolutions are not in the μGraph op set",
+    "TopK": "TopK: data-dependent selection",
+    "NonZero": "NonZero: data-dependent output shape",
+}
+
+
+def classify(ctx: NodeContext) -> tuple[OpKind | None, str | None]:
+    """(kind, None) when the node is fusable, else (None, reason)."""
+    node = ctx.node
+    if node.domain not in ("", "ai.onnx"):
+        return None, f"{node.op_type}: op domain '{node.domain}' is not supported"
+    if node.op_type == "Constant":
+        return None, "Constant: a value, read by the regions that use it"
+    if node.op_type not in SUPPORT:
+        return None, UNSUPPORTED_REASONS.get(node.op_type, f"{node.op_type}: no lifting rule for this op")
+    for name in list(node.input) + list(node.output):
+        if not name:
+            continue
+        if name not in ctx.shapes:
+            return None, f"{node.op_type}: shape of '{name}' is unknown after shape inference"
+    float_io = [n for n in list(node.input) + list(node.output) if n and ctx.dtypes.get(n) not in (TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL)]
+    for name in float_io:
+        dt = ctx.dtypes.get(name)
+        if dt not in FUSABLE_DTYPES:
+            tname = TensorProto.DataType.Name(dt) if dt else "unknown"
+            return None, f"{node.op_type}: tensor '{name}' is {tname.lower()}; only float16, bfloat16 and float32 are fusable"
+    if not any(ctx.dtypes.get(o) in FUSABLE_DTYPES for o in node.output if o):
+        return None, f"{node.op_type}: produces no floating-point tensor (shape or index arithmetic)"
+    kind, cond = SUPPORT[node.op_type]
+    reason = cond(ctx)
+    return (None, reason) if reason else (kind, None)
