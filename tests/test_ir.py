@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from mlso_cli.ir import PARTIAL, DType, InputMap, Op, SpecError, check, dumps, format_graph, graph_hash, loads
+from mlso_cli.ir import (
+    PARTIAL,
+    DType,
+    InputMap,
+    Op,
+    SpecError,
+    check,
+    dumps,
+    format_graph,
+    graph_hash,
+    loads,
+)
 from mlso_cli.ir import build as b
 
 
