@@ -10,7 +10,8 @@ from rich.table import Table
 from mlso_cli.commands.options import input_shape_option, json_option
 from mlso_cli.console import chatty, stderr
 from mlso_cli.frontend.load import load_model, parse_input_shapes
-from mlso_cli.frontend.partition import PartitionBounds, partition
+from mlso_cli.frontend.analyse import analyse
+from mlso_cli.frontend.partition import PartitionBounds
 from mlso_cli.frontend.report import partition_reports
 
 
@@ -39,7 +40,7 @@ def _fmt_flops(n: int) -> str:
 def inspect_cmd(model: str, input_shapes: tuple[str, ...], as_json: bool, max_ops: int, max_contractions: int) -> None:
     """Show the fusable regions of MODEL (a path, or - for stdin) and why other nodes are left out."""
     loaded = load_model(model, parse_input_shapes(input_shapes))
-    part = partition(loaded, PartitionBounds(max_ops=max_ops, max_contractions=max_contractions))
+    part = analyse(loaded, PartitionBounds(max_ops=max_ops, max_contractions=max_contractions)).partition
     reports = partition_reports(loaded, part)
     if as_json:
         for r in reports:

@@ -137,6 +137,7 @@ SUPPORT: dict[str, tuple[OpKind, Condition]] = {
     "LayerNormalization": (OpKind.COMPUTE, _always),
     "RMSNormalization": (OpKind.COMPUTE, _always),
     "GroupNormalization": (OpKind.COMPUTE, _always),
+    "InstanceNormalization": (OpKind.COMPUTE, _always),
     "BatchNormalization": (OpKind.COMPUTE, _batchnorm),
     "Where": (OpKind.COMPUTE, _where),
     "Cast": (OpKind.COMPUTE, _cast),

@@ -1,0 +1,525 @@
+"""Lift a region of ONNX nodes into an unfused kernel graph of primitive ops, in one canonical form.
+
+Rules are a table: ONNX op type -> function(ctx, node) -> output Nodes. Composite ops (Softmax,
+LayerNormalization, RMSNormalization, InstanceNormalization, BatchNormalization, Gemm, Gelu,
+Attention) decompose into primitives; layout ops become views. The canonical form is what makes
+equivalent spellings agree in the finite-field checker:
+
+- Pow(x, 2) -> square(x); Pow(x, 0.5) -> sqrt; Pow(x, -0.5) -> rsqrt; Pow(x, -1) -> reciprocal.
+  (rsqrt(x) and 1/sqrt(x), sigmoid(x) and 1/(1+exp(-x)), x*sigmoid(x) and silu agree in the
+  field by the checker's definitions, so they need no rewrite here.)
+- The constant scaling erf's argument is snapped to exactly 1/sqrt(2) when it is within 1e-6 of
+  it (Mul(x, 0.70710677) and Div(x, 1.4142135) are the same GELU); the Gelu op lifts to the same
+  erf form.
+- Masks: Where(mask, x, -inf) feeding a Softmax becomes exp(x) multiplied by a 0/1 mask, so masked
+  attention stays in the field.
+- Composite ops compute in fp32 between casts, as ONNX Runtime's kernels do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from mlso_cli.frontend.load import LoadedModel, load_model
+from mlso_cli.frontend.partition import Region, constant_values, partition
+from mlso_cli.ir import DType, KernelGraph, Node, Op, check
+from mlso_cli.ir import build as b
+from mlso_cli.ir.node import const_value
+
+ONNX_TO_DTYPE = {TensorProto.FLOAT: DType.F32, TensorProto.FLOAT16: DType.F16, TensorProto.BFLOAT16: DType.BF16}
+DTYPE_TO_ONNX = {v: k for k, v in ONNX_TO_DTYPE.items()}
+_NP_OF = {DType.F32: np.float32, DType.F16: np.float16}
+INV_SQRT2 = Fraction(1 / math.sqrt(2))
+NEG_BIG = -1e4
+
+
+class LiftError(ValueError):
+    """A node inside a region that the lifting rules cannot express; the region is left out."""
+
+
+@dataclass
+class LiftedRegion:
+    region: Region
+    graph: KernelGraph
+    extra_inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    """Constant tensors lifting created (0/1 masks); packaging adds them as initializers."""
+
+
+@dataclass
+class _Ctx:
+    loaded: LoadedModel
+    consts: dict[str, np.ndarray]
+    env: dict[str, Node] = field(default_factory=dict)
+    inputs: list[Node] = field(default_factory=list)
+    input_names: list[str] = field(default_factory=list)
+    masks: dict[Node, Node] = field(default_factory=dict)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def dtype_of(self, name: str) -> DType:
+        code = self.loaded.dtypes.get(name)
+        if code not in ONNX_TO_DTYPE:
+            raise LiftError(f"tensor '{name}' has element type {code}, not fp16/bf16/fp32")
+        return ONNX_TO_DTYPE[code]
+
+    def value(self, name: str) -> Node:
+        """The IR node for an ONNX tensor: computed in the region, a scalar constant, or an input."""
+        if name in self.env:
+            return self.env[name]
+        c = self.consts.get(name)
+        if c is not None and c.size == 1 and c.dtype.kind == "f":
+            node = b.const(Fraction(float(c.reshape(()))), ONNX_TO_DTYPE.get(self.loaded.dtypes.get(name), DType.F32))
+            self.env[name] = node
+            return node
+        shape = self.loaded.shapes.get(name)
+        if shape is None:
+            raise LiftError(f"shape of '{name}' is unknown")
+        return self.add_input(name, shape, self.dtype_of(name))
+
+    def add_input(self, name: str, shape: tuple[int, ...], dtype: DType) -> Node:
+        node = b.input_(len(self.inputs), shape, dtype)
+        self.inputs.append(node)
+        self.input_names.append(name)
+        self.env[name] = node
+        return node
+
+    def ints(self, name: str) -> list[int]:
+        c = self.consts.get(name)
+        if c is None:
+            raise LiftError(f"'{name}' must be a constant")
+        return [int(v) for v in np.asarray(c).reshape(-1)]
+
+    def scalar(self, name: str) -> float | None:
+        c = self.consts.get(name)
+        return None if c is None or c.size != 1 else float(np.asarray(c).reshape(()))
+
+
+def _attr(node: onnx.NodeProto, name: str, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def _x(ctx: _Ctx, node: onnx.NodeProto, i: int) -> Node:
+    return ctx.value(node.input[i])
+
+
+def _has(node: onnx.NodeProto, i: int) -> bool:
+    return len(node.input) > i and bool(node.input[i])
+
+
+# ---- helpers --------------------------------------------------------------------------------
+
+def _axes(axes, rank: int) -> list[int]:
+    return sorted(a % rank for a in axes)
+
+
+def _reduce_axes(op: Op, x: Node, axes: list[int], keepdims: bool = True) -> Node:
+    """Reduce over several axes with single-axis primitives (mean = sum * 1/N, exactly)."""
+    rank = len(x.shape)
+    axes = _axes(axes, rank)
+    prim = Op.REDUCE_SUM if op is Op.REDUCE_MEAN else op
+    out = x
+    for a in axes:
+        out = b.reduce(prim, out, a)
+    if op is Op.REDUCE_MEAN:
+        n = 1
+        for a in axes:
+            n *= x.shape[a]
+        out = b.mul(out, b.const(Fraction(1, n)))
+    if not keepdims:
+        out = b.reshape(out, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+    return out
+
+
+def _to32(x: Node) -> Node:
+    return x if x.dtype is DType.F32 or x.op is Op.CONST else b.cast(x, DType.F32)
+
+
+def _back(x: Node, dtype: DType) -> Node:
+    return x if dtype is DType.F32 else b.cast(x, dtype)
+
+
+def _rsqrt(x: Node) -> Node:
+    return b.unary(Op.RSQRT, x)
+
+
+def _softmax_core(x: Node, axis: int, mask: Node | None) -> Node:
+    e = b.unary(Op.EXP, x)
+    if mask is not None:
+        e = b.mul(e, _to32(mask) if x.dtype is DType.F32 else mask)
+    return b.div(e, b.reduce(Op.REDUCE_SUM, e, axis))
+
+
+# ---- rules ----------------------------------------------------------------------------------
+
+def _elementwise(op: Op) -> Callable:
+    def rule(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+        args = [_x(ctx, node, i) for i in range(len(node.input))]
+        return [b.binary(op, *args) if len(args) == 2 else b.unary(op, *args)]
+
+    return rule
+
+
+def _pow(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    x = _x(ctx, node, 0)
+    e = ctx.scalar(node.input[1])
+    table = {
+        2.0: lambda: b.unary(Op.SQUARE, x),
+        0.5: lambda: b.unary(Op.SQRT, x),
+        -0.5: lambda: _rsqrt(x),
+        -1.0: lambda: b.unary(Op.RECIPROCAL, x),
+        1.0: lambda: x,
+        3.0: lambda: b.mul(b.unary(Op.SQUARE, x), x),
+    }
+    if e not in table:
+        raise LiftError(f"Pow with exponent {e}")
+    return [table[e]()]
+
+
+def _snap_gelu_scale(x: Node) -> Node:
+    """erf(x * c) or erf(x / c') with c ~ 1/sqrt(2): the canonical GELU argument."""
+    if x.op in (Op.MUL, Op.DIV):
+        for i in (0, 1):
+            c, other = x.src[i], x.src[1 - i]
+            if c.op is Op.CONST and (x.op is Op.MUL or i == 1):
+                v = float(const_value(c))
+                if x.op is Op.DIV:
+                    v = 1.0 / v if v else 0.0
+                if abs(v - float(INV_SQRT2)) <= 1e-6 * float(INV_SQRT2):
+                    return b.mul(other, b.const(INV_SQRT2, c.dtype))
+    return x
+
+
+def _erf(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    return [b.unary(Op.ERF, _snap_gelu_scale(_x(ctx, node, 0)))]
+
+
+def _gelu(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    x = _x(ctx, node, 0)
+    half, one = b.const(Fraction(1, 2), x.dtype), b.const(1, x.dtype)
+    if _attr(node, "approximate", b"none") in (b"tanh", "tanh"):
+        c = b.const(Fraction(math.sqrt(2 / math.pi)), x.dtype)
+        inner = b.mul(c, b.add(x, b.mul(b.const(Fraction(0.044715), x.dtype), b.mul(b.unary(Op.SQUARE, x), x))))
+        return [b.mul(b.mul(half, x), b.add(one, b.unary(Op.TANH, inner)))]
+    return [b.mul(b.mul(half, x), b.add(one, b.unary(Op.ERF, b.mul(x, b.const(INV_SQRT2, x.dtype)))))]
+
+
+def _matmul(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    a, c = _x(ctx, node, 0), _x(ctx, node, 1)
+    if len(a.shape) == 1 or len(c.shape) == 1:
+        a2 = b.reshape(a, (1,) + a.shape) if len(a.shape) == 1 else a
+        c2 = b.reshape(c, c.shape + (1,)) if len(c.shape) == 1 else c
+        out = b.matmul(a2, c2)
+        want = ctx.loaded.shapes[node.output[0]]
+        return [b.reshape(out, want)]
+    return [b.matmul(a, c)]
+
+
+def _gemm(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    a, w = _x(ctx, node, 0), _x(ctx, node, 1)
+    if _attr(node, "transA", 0):
+        a = b.transpose(a, (1, 0))
+    if _attr(node, "transB", 0):
+        w = b.transpose(w, (1, 0))
+    out = b.matmul(a, w)
+    alpha, beta = _attr(node, "alpha", 1.0), _attr(node, "beta", 1.0)
+    if alpha != 1.0:
+        out = b.mul(out, b.const(Fraction(alpha), out.dtype))
+    if _has(node, 2):
+        bias = _x(ctx, node, 2)
+        if beta != 1.0:
+            bias = b.mul(bias, b.const(Fraction(beta), bias.dtype))
+        out = b.add(out, bias)
+    return [out]
+
+
+def _softmax(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    x = _x(ctx, node, 0)
+    axis = _attr(node, "axis", -1) % len(x.shape)
+    mask = ctx.masks.get(x)
+    return [_back(_softmax_core(_to32(x), axis, mask), x.dtype)]
+
+
+def _exp(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    x = _x(ctx, node, 0)
+    mask = ctx.masks.get(x)
+    e = b.unary(Op.EXP, x)
+    return [b.mul(e, mask) if mask is not None else e]
+
+
+def _where(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    """Where(cond, x, -inf) (or with the branches swapped) as a 0/1 mask on exp(x)."""
+    cond_name = node.input[0]
+    for masked_branch, keep_branch, keep_when in ((2, 1, True), (1, 2, False)):
+        v = ctx.scalar(node.input[masked_branch])
+        if v is not None and (math.isinf(v) and v < 0 or v <= NEG_BIG):
+            x = _x(ctx, node, keep_branch)
+            cond = ctx.consts.get(cond_name)
+            if cond is None:
+                raise LiftError("Where: the mask is computed at run time; only constant masks are lifted")
+            keep = np.broadcast_to(cond.astype(bool) == keep_when, ctx.loaded.shapes[node.output[0]])
+            np_dtype = _NP_OF.get(x.dtype, np.float32)
+            arr = np.ascontiguousarray(keep.astype(np_dtype))
+            name = f"mlso_mask_{abs(hash(arr.tobytes())) % (1 << 48):012x}"
+            ctx.extra[name] = arr
+            mask = ctx.add_input(name, arr.shape, x.dtype if x.dtype is not DType.BF16 else DType.F32)
+            out = b.mul(x, b.const(1, x.dtype))  # a distinct node standing for "x, masked"
+            ctx.masks[out] = mask
+            return [out]
+    raise LiftError("Where: only masks whose other branch is -inf are lifted")
+
+
+def _reduce_rule(op: Op) -> Callable:
+    def rule(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+        x = _x(ctx, node, 0)
+        if _has(node, 1):
+            axes = ctx.ints(node.input[1])
+        else:
+            axes = _attr(node, "axes", None)
+            axes = list(axes) if axes is not None else list(range(len(x.shape)))
+        if not axes:
+            axes = list(range(len(x.shape)))
+        return [_reduce_axes(op, x, axes, bool(_attr(node, "keepdims", 1)))]
+
+    return rule
+
+
+def _norm(x: Node, axes: list[int], eps: float, *, center: bool) -> Node:
+    """(x - mean) * rsqrt(var + eps), or x * rsqrt(mean(x^2) + eps) when not centred."""
+    d = b.sub(x, _reduce_axes(Op.REDUCE_MEAN, x, axes)) if center else x
+    var = _reduce_axes(Op.REDUCE_MEAN, b.unary(Op.SQUARE, d), axes)
+    return b.mul(d, _rsqrt(b.add(var, b.const(Fraction(eps)))))
+
+
+def _layernorm(ctx: _Ctx, node: onnx.NodeProto, center: bool = True) -> list[Node]:
+    x = _x(ctx, node, 0)
+    axis = _attr(node, "axis", -1) % len(x.shape)
+    eps = _attr(node, "epsilon", 1e-5)
+    y = _norm(_to32(x), list(range(axis, len(x.shape))), eps, center=center)
+    y = b.mul(y, _to32(_x(ctx, node, 1)))
+    if center and _has(node, 2):
+        y = b.add(y, _to32(_x(ctx, node, 2)))
+    return [_back(y, x.dtype)]
+
+
+def _rmsnorm(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    return _layernorm(ctx, node, center=False)
+
+
+def _channel(v: Node, rank: int) -> Node:
+    """A per-channel vector (C,) shaped to broadcast against (N, C, ...)."""
+    return b.reshape(v, (v.shape[0],) + (1,) * (rank - 2)) if rank > 2 else v
+
+
+def _instancenorm(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    x = _x(ctx, node, 0)
+    rank = len(x.shape)
+    eps = _attr(node, "epsilon", 1e-5)
+    y = _norm(_to32(x), list(range(2, rank)), eps, center=True)
+    y = b.add(b.mul(y, _to32(_channel(_x(ctx, node, 1), rank))), _to32(_channel(_x(ctx, node, 2), rank)))
+    return [_back(y, x.dtype)]
+
+
+def _groupnorm(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    x = _x(ctx, node, 0)
+    g = _attr(node, "num_groups")
+    n, c = x.shape[0], x.shape[1]
+    rest = x.shape[2:]
+    xs = b.reshape(_to32(x), (n, g, c // g) + rest)
+    y = _norm(xs, list(range(2, len(xs.shape))), _attr(node, "epsilon", 1e-5), center=True)
+    y = b.reshape(y, x.shape)
+    scale, bias = _x(ctx, node, 1), _x(ctx, node, 2)
+    if scale.shape[0] != c:
+        raise LiftError("GroupNormalization with per-group scale (opset 18) is not lifted")
+    y = b.add(b.mul(y, _to32(_channel(scale, len(x.shape)))), _to32(_channel(bias, len(x.shape))))
+    return [_back(y, x.dtype)]
+
+
+def _batchnorm(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    x = _x(ctx, node, 0)
+    rank = len(x.shape)
+    scale, bias, mean, var = (_to32(_channel(_x(ctx, node, i), rank)) for i in (1, 2, 3, 4))
+    eps = _attr(node, "epsilon", 1e-5)
+    y = b.mul(b.sub(_to32(x), mean), _rsqrt(b.add(var, b.const(Fraction(eps)))))
+    return [_back(b.add(b.mul(y, scale), bias), x.dtype)]
+
+
+def _cast(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    x = _x(ctx, node, 0)
+    to = ONNX_TO_DTYPE.get(_attr(node, "to"))
+    if to is None:
+        raise LiftError("Cast to a non-float type")
+    return [x if x.dtype is to else b.cast(x, to)]
+
+
+def _reshape(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    return [b.reshape(_x(ctx, node, 0), ctx.loaded.shapes[node.output[0]])]
+
+
+def _transpose(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    x = _x(ctx, node, 0)
+    perm = _attr(node, "perm", None) or list(reversed(range(len(x.shape))))
+    return [b.transpose(x, tuple(perm))]
+
+
+def _expand(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    x = _x(ctx, node, 0)
+    out = ctx.loaded.shapes[node.output[0]]
+    if len(x.shape) < len(out):
+        x = b.reshape(x, (1,) * (len(out) - len(x.shape)) + x.shape)
+    return [x if x.shape == out else b.broadcast_to(x, out)]
+
+
+def _identity(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    return [_x(ctx, node, 0)]
+
+
+def _attention(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    """ONNX Attention (opset 23), 4-D or 3-D with head counts; GQA by broadcasting KV heads."""
+    q, k, v = (_x(ctx, node, i) for i in range(3))
+    if len(q.shape) == 3:
+        qh, kh = _attr(node, "q_num_heads"), _attr(node, "kv_num_heads")
+        bsz, s, _ = q.shape
+        q = b.transpose(b.reshape(q, (bsz, s, qh, q.shape[2] // qh)), (0, 2, 1, 3))
+        k = b.transpose(b.reshape(k, (bsz, k.shape[1], kh, k.shape[2] // kh)), (0, 2, 1, 3))
+        v = b.transpose(b.reshape(v, (bsz, v.shape[1], kh, v.shape[2] // kh)), (0, 2, 1, 3))
+    bsz, hq, sq, d = q.shape
+    hk, skv = k.shape[1], k.shape[2]
+    if hk != hq:
+        rep = hq // hk
+        k = b.reshape(b.broadcast_to(b.reshape(k, (bsz, hk, 1, skv, d)), (bsz, hk, rep, skv, d)), (bsz, hq, skv, d))
+        v = b.reshape(b.broadcast_to(b.reshape(v, (bsz, hk, 1, skv, v.shape[3])), (bsz, hk, rep, skv, v.shape[3])),
+                      (bsz, hq, skv, v.shape[3]))
+    scale = _attr(node, "scale", None)
+    scale = Fraction(scale) if scale is not None else Fraction(1 / math.sqrt(d))
+    s = b.mul(b.matmul(_to32(q), b.transpose(_to32(k), (0, 1, 3, 2))), b.const(scale))
+    mask = None
+    if _attr(node, "is_causal", 0):
+        keep = np.tril(np.ones((sq, skv), dtype=np.float32), k=skv - sq)
+        name = f"mlso_causal_{sq}x{skv}"
+        ctx.extra[name] = keep
+        mask = ctx.add_input(name, keep.shape, DType.F32)
+    if _has(node, 3):
+        m = _x(ctx, node, 3)
+        s = b.add(s, _to32(m))
+    p = _softmax_core(s, 3, mask)
+    out = _back(b.matmul(p, _to32(v)), q.dtype)
+    if len(ctx.loaded.shapes[node.output[0]]) == 3:
+        out = b.reshape(b.transpose(out, (0, 2, 1, 3)), ctx.loaded.shapes[node.output[0]])
+    return [out]
+
+
+RULES: dict[str, Callable[[_Ctx, onnx.NodeProto], list[Node]]] = {
+    "Add": _elementwise(Op.ADD), "Sub": _elementwise(Op.SUB), "Mul": _elementwise(Op.MUL),
+    "Div": _elementwise(Op.DIV), "Sqrt": _elementwise(Op.SQRT), "Reciprocal": _elementwise(Op.RECIPROCAL),
+    "Exp": _exp, "Neg": _elementwise(Op.NEG), "Sigmoid": _elementwise(Op.SIGMOID),
+    "Tanh": _elementwise(Op.TANH), "Erf": _erf, "Relu": _elementwise(Op.RELU), "Gelu": _gelu,
+    "Pow": _pow, "MatMul": _matmul, "Gemm": _gemm, "Softmax": _softmax, "Where": _where,
+    "ReduceSum": _reduce_rule(Op.REDUCE_SUM), "ReduceMean": _reduce_rule(Op.REDUCE_MEAN),
+    "ReduceMax": _reduce_rule(Op.REDUCE_MAX),
+    "LayerNormalization": _layernorm, "RMSNormalization": _rmsnorm,
+    "InstanceNormalization": _instancenorm, "GroupNormalization": _groupnorm,
+    "BatchNormalization": _batchnorm, "Cast": _cast, "Attention": _attention,
+    "Reshape": _reshape, "Transpose": _transpose, "Unsqueeze": _reshape, "Squeeze": _reshape,
+    "Flatten": _reshape, "Expand": _expand, "Identity": _identity,
+}
+
+
+def lift_region(loaded: LoadedModel, region: Region, consts: dict[str, np.ndarray] | None = None) -> LiftedRegion:
+    """The region's unfused kernel graph; raises LiftError when a node has no rule."""
+    ctx = _Ctx(loaded, consts if consts is not None else constant_values(loaded.model))
+    nodes = loaded.graph.node
+    for i in region.nodes:
+        node = nodes[i]
+        rule = RULES.get(node.op_type)
+        if rule is None:
+            raise LiftError(f"{node.op_type}: no lifting rule")
+        outs = rule(ctx, node)
+        for name, val in zip(node.output, outs):
+            want = loaded.shapes.get(name)
+            if want is not None and tuple(want) != val.shape:
+                raise LiftError(f"{node.op_type} '{node.name}': lifted shape {val.shape} != ONNX shape {tuple(want)}")
+            ctx.env[name] = val
+    for m in ctx.masks:
+        if any(m in n.src for n in ctx.env.values() if n.op not in (Op.EXP,) and n not in ctx.masks):
+            pass
+    outputs = []
+    for name in region.outputs:
+        node = ctx.env[name]
+        if node in ctx.masks:
+            raise LiftError("Where: a masked value is used by something other than Softmax/Exp")
+        want = ONNX_TO_DTYPE.get(loaded.dtypes.get(name))
+        if want is not None and node.dtype is not want:
+            node = b.cast(node, want)
+        outputs.append(node)
+    _check_masks_consumed(ctx, outputs)
+    kg = b.kernel_graph(ctx.inputs, outputs, ctx.input_names, list(region.outputs))
+    kg = _prune_inputs(kg)
+    check(kg)
+    return LiftedRegion(region, kg, {k: v for k, v in ctx.extra.items() if k in kg.input_names})
+
+
+def _check_masks_consumed(ctx: _Ctx, outputs: list[Node]) -> None:
+    """A masked placeholder (x*1) may only feed the masked exp; anything else would read x unmasked."""
+    from mlso_cli.ir import toposort
+
+    for n in toposort(outputs):
+        for s in n.src:
+            if s in ctx.masks and not (n.op is Op.EXP):
+                raise LiftError("Where: a masked value is used by something other than Softmax/Exp")
+
+
+def _prune_inputs(kg: KernelGraph) -> KernelGraph:
+    """Drop inputs no output depends on (shape tensors read as constants) and renumber."""
+    used = {n for n in kg.nodes() if n.op is Op.INPUT and any(n in o.src or o is n for o in kg.nodes())}
+    reachable = set()
+    from mlso_cli.ir import toposort
+
+    for n in toposort(list(kg.outputs)):
+        if n.op is Op.INPUT:
+            reachable.add(n)
+    del used
+    keep = [i for i in kg.inputs if i in reachable]
+    if len(keep) == len(kg.inputs):
+        return kg
+    mapping = {old: b.input_(j, old.shape, old.dtype) for j, old in enumerate(keep)}
+    memo: dict[Node, Node] = {}
+
+    def rebuild(n: Node) -> Node:
+        if n in mapping:
+            return mapping[n]
+        got = memo.get(n)
+        if got is None:
+            got = n.replace(src=tuple(rebuild(s) for s in n.src)) if n.src else n
+            memo[n] = got
+        return got
+
+    names = [kg.input_names[i.arg] for i in keep]
+    return b.kernel_graph([mapping[i] for i in keep], [rebuild(o) for o in kg.outputs], names, list(kg.output_names))
+
+
+def lift_all(loaded: LoadedModel, regions: list[Region]) -> tuple[list[LiftedRegion], list[tuple[Region, str]]]:
+    """Lift every region; regions that fail are returned with the reason instead."""
+    consts = constant_values(loaded.model)
+    ok, failed = [], []
+    for r in regions:
+        try:
+            ok.append(lift_region(loaded, r, consts))
+        except LiftError as exc:
+            failed.append((r, str(exc)))
+    return ok, failed
+
+
+def lift_model(path: str, input_shapes: dict[str, tuple[int, ...]] | None = None) -> list[KernelGraph]:
+    """Convenience for tests and tools: the lifted kernel graph of every liftable region."""
+    loaded = load_model(path, input_shapes)
+    lifted, _ = lift_all(loaded, partition(loaded).regions)
+    return [lr.graph for lr in lifted]
