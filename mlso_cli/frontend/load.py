@@ -214,7 +214,7 @@ def load_model(
     if _uses_external_data(model):
         _check_external_files(model, base, where)
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(source if source != "-" else model)
     except onnx.checker.ValidationError as exc:
         first = next((ln for ln in str(exc).splitlines() if ln.strip()), "invalid model")
         raise InputError(f"{where} is not a valid ONNX model: {first}", "Re-export the model") from None

@@ -1,0 +1,79 @@
+"""The CLI as a user runs it: a subprocess, exit codes, stdout JSON only with --json."""
+
+from __future__ import annotations
+
+import json
+
+from tests.helpers import SMALL, TRANSFORMER, TRANSFORMER_SHAPE, attention_model, run_cli, save
+
+
+def test_version():
+    r = run_cli("--version")
+    assert r.returncode == 0 and "mlso" in r.stdout.decode()
+
+
+def test_inspect_json_one_object_per_region():
+    path = next(p for p in SMALL if p.stem == "gqa")
+    r = run_cli("inspect", str(path), "--json")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.decode().splitlines()
+    assert len(lines) == 1
+    obj = json.loads(lines[0])
+    assert obj["label"] == "attention" and obj["ops"] == {"MatMul": 2, "Softmax": 1}
+    assert obj["dram_bytes_fused_min"] < obj["dram_bytes_unfused"] and obj["flops"] > 0
+
+
+def test_inspect_without_json_keeps_stdout_empty():
+    r = run_cli("inspect", str(TRANSFORMER), *TRANSFORMER_SHAPE)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b""
+    r = run_cli("-v", "inspect", str(TRANSFORMER), *TRANSFORMER_SHAPE)
+    assert r.stdout == b"" and b"fusable region" in r.stderr and b"left out" in r.stderr
+
+
+def test_inspect_transformer_json():
+    r = run_cli("inspect", str(TRANSFORMER), *TRANSFORMER_SHAPE, "--json")
+    assert r.returncode == 0
+    objs = [json.loads(x) for x in r.stdout.decode().splitlines()]
+    assert len(objs) >= 4 and all(o["type"] == "region" for o in objs)
+
+
+def test_stdin_model():
+    r = run_cli("inspect", "-", "--json", stdin=attention_model().SerializeToString())
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.decode().splitlines()) == 1
+
+
+def test_exit_codes_for_bad_input(tmp_path):
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(bytes(range(256)) * 20)
+    for path in (empty, junk, tmp_path / "missing.onnx"):
+        r = run_cli("inspect", str(path))
+        assert r.returncode == 1
+        err = r.stderr.decode().strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("mlso: error:")
+        assert r.stdout == b""
+
+
+def test_exit_code_for_open_dimension(tmp_path):
+    path = save(attention_model(dynamic=True), tmp_path / "dyn.onnx")
+    r = run_cli("inspect", str(path))
+    assert r.returncode == 2
+    assert b"--input-shape" in r.stderr and b"'Q'" in r.stderr
+    r = run_cli("inspect", str(path), "--input-shape", "Q=2,16,8", "--input-shape", "K=2,8,32",
+                "--input-shape", "V=2,32,8", "--json")
+    assert r.returncode == 0
+
+
+def test_usage_error_exit_code():
+    assert run_cli("inspect").returncode == 2
+    assert run_cli("no-such-command").returncode == 2
+
+
+def test_unknown_op_reported(tmp_path):
+    path = save(attention_model(extra_unknown=True), tmp_path / "u.onnx")
+    r = run_cli("-v", "inspect", str(path))
+    assert r.returncode == 0
+    assert b"FancyOp" in r.stderr and b"com.example" in r.stderr
