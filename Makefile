@@ -19,12 +19,12 @@ models: $(STAMP)
 	$(PY) -m models.build_models
 
 demo: $(STAMP)
-	$(PY) -m models.build_models --small-only
 	$(MLSO) -v inspect models/small/rmsnorm_linear.onnx
 	$(MLSO) -v inspect models/transformer_tiny.onnx --input-shape hidden=1,16,64
+	$(MLSO) -v verify models/small/gqa.onnx models/small/gqa.onnx
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not gpu" tests
+	$(PY) -m pytest -q tests
 	$(VENV)/bin/ruff check mlso_cli models tests
 
 test-gpu: $(STAMP)

@@ -77,3 +77,43 @@ def test_unknown_op_reported(tmp_path):
     r = run_cli("-v", "inspect", str(path))
     assert r.returncode == 0
     assert b"FancyOp" in r.stderr and b"com.example" in r.stderr
+
+
+def _perturbed(path, tmp_path, factor=1.01):
+    import onnx
+    from onnx import helper
+
+    m = onnx.load(str(path))
+    out = m.graph.output[0].name
+    m.graph.node[-1].output[0] = out + "_raw"
+    m.graph.node.append(helper.make_node("Mul", [out + "_raw", "mlso_test_k"], [out]))
+    m.graph.initializer.append(helper.make_tensor("mlso_test_k", onnx.TensorProto.FLOAT, [], [factor]))
+    p = tmp_path / "b.onnx"
+    onnx.save(m, str(p))
+    return p
+
+
+def test_verify_passes_identical_and_fails_perturbed(tmp_path):
+    import json
+
+    a = next(p for p in SMALL if p.stem == "gqa")
+    r = run_cli("verify", str(a), str(a), "--json")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
+    assert rows[-1]["type"] == "summary" and rows[-1]["pass"] is True
+    assert all(x["rel_err_b"] <= 1e-5 for x in rows[:-1])
+    b = _perturbed(a, tmp_path)
+    r = run_cli("verify", str(a), str(b), "--json")
+    assert r.returncode == 3
+    assert b"relative error" in r.stderr
+    rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
+    assert rows[-1]["pass"] is False and any(0.005 < x["rel_err_b"] < 0.02 for x in rows[:-1])
+
+
+def test_verify_elementwise_tolerances(tmp_path):
+    a = next(p for p in SMALL if p.stem == "rmsnorm_linear")
+    b = _perturbed(a, tmp_path, factor=1.000001)
+    assert run_cli("verify", str(a), str(b), "--scales", "1").returncode == 0
+    r = run_cli("verify", str(a), str(b), "--scales", "1", "--atol", "0", "--rtol", "O=1e-9")
+    assert r.returncode == 3
+    assert run_cli("verify", str(a), str(b), "--rtol", "abc").returncode == 2

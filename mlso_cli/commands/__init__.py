@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from mlso_cli.commands.inspect import inspect_cmd
+from mlso_cli.commands.verify import verify_cmd
 
-COMMANDS = [inspect_cmd]
+COMMANDS = [inspect_cmd, verify_cmd]

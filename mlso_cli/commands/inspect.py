@@ -9,8 +9,8 @@ from rich.table import Table
 
 from mlso_cli.commands.options import input_shape_option, json_option
 from mlso_cli.console import chatty, stderr
-from mlso_cli.frontend.load import load_model, parse_input_shapes
 from mlso_cli.frontend.analyse import analyse
+from mlso_cli.frontend.load import load_model, parse_input_shapes
 from mlso_cli.frontend.partition import PartitionBounds
 from mlso_cli.frontend.report import partition_reports
 

@@ -1,0 +1,147 @@
+"""`mlso verify A B`: run both models on random inputs and compare them to an fp64 evaluation of A.
+
+B passes an output when its norm-wise relative error ||B - ref|| / ||ref|| is within the limit
+for its dtype (fp32 1e-5, fp16 2e-3, bf16 1e-2) or no worse than twice A's own error at the same
+inputs (A is the user's model as ONNX Runtime runs it; B is not blamed for A's rounding). With
+--rtol/--atol, every element must also satisfy |B - ref| <= atol + rtol * |ref|.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+import numpy as np
+import onnx
+
+from mlso_cli.commands.options import input_shape_option, json_option
+from mlso_cli.console import chatty, stderr
+from mlso_cli.errors import EnvironmentProblem, UsageError, VerificationFailed
+from mlso_cli.frontend.load import load_model, parse_input_shapes
+from mlso_cli.verify.reference64 import input_specs, reference_outputs
+
+LIMITS = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 2e-3}
+BF16_LIMIT = 1e-2
+
+
+def _parse_tol(values: tuple[str, ...], flag: str) -> tuple[float | None, dict[str, float]]:
+    default, per = None, {}
+    for v in values:
+        name, sep, num = v.rpartition("=")
+        try:
+            x = float(num)
+        except ValueError:
+            raise UsageError(f"{flag} '{v}' is not a number or NAME=number", f"Write e.g. {flag} 1e-3 or {flag} O=1e-3") from None
+        if sep:
+            per[name] = x
+        else:
+            default = x
+    return default, per
+
+
+def _session(model: onnx.ModelProto, gpu: int | None):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    data = model.SerializeToString()
+    if gpu is None:
+        return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+    try:
+        from mlso_cli import runtime
+
+        return runtime.session(data, providers=[("CUDAExecutionProvider", {"device_id": gpu})])
+    except ImportError:
+        raise EnvironmentProblem("the mlso runtime is not available", "Reinstall mlso") from None
+
+
+def _rel(out: np.ndarray, ref: np.ndarray) -> float:
+    out = out.astype(np.float64)
+    if not np.all(np.isfinite(out)):
+        return float("inf")
+    denom = float(np.linalg.norm(ref))
+    return float(np.linalg.norm(out - ref)) / (denom if denom else 1.0)
+
+
+@click.command("verify")
+@click.argument("model_a", metavar="A")
+@click.argument("model_b", metavar="B")
+@input_shape_option
+@json_option
+@click.option("--samples", default=2, show_default=True, help="Random input sets per scale.")
+@click.option("--seed", default=0, show_default=True, help="Seed for the random inputs.")
+@click.option("--scales", default="1,4,1000", show_default=True,
+              help="Input scales to test; large ones are adversarial (softmax logits, norm inputs).")
+@click.option("--rtol", multiple=True, metavar="[OUT=]X", help="Elementwise relative tolerance, for all or one output.")
+@click.option("--atol", multiple=True, metavar="[OUT=]X", help="Elementwise absolute tolerance, for all or one output.")
+@click.option("--gpu", type=int, default=None, help="Run both models on this GPU with the CUDA EP.")
+def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, rtol, atol, gpu) -> None:
+    """Check that model B computes what model A computes (exit 3 when it does not)."""
+    shapes = parse_input_shapes(input_shapes)
+    a = load_model(model_a, shapes, fold=False).model
+    b = load_model(model_b, shapes, fold=False).model
+    try:
+        scale_list = [float(s) for s in scales.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"--scales '{scales}' is not a comma-separated list of numbers") from None
+    specs_a, specs_b = input_specs(a), input_specs(b)
+    if [(n, s) for n, s, _ in specs_a] != [(n, s) for n, s, _ in specs_b]:
+        raise VerificationFailed("A and B have different graph inputs",
+                                 f"A: {[(n, s) for n, s, _ in specs_a]}; B: {[(n, s) for n, s, _ in specs_b]}")
+    outs_a = [o.name for o in a.graph.output]
+    if outs_a != [o.name for o in b.graph.output]:
+        raise VerificationFailed("A and B have different graph outputs")
+    rt_default, rt_per = _parse_tol(rtol, "--rtol")
+    at_default, at_per = _parse_tol(atol, "--atol")
+    sess_a, sess_b = _session(a, gpu), _session(b, gpu)
+    rng = np.random.default_rng(seed)
+    rows, failed = [], False
+    for scale in scale_list:
+        for sample in range(samples):
+            feeds = {n: (rng.standard_normal(s) * scale).astype(dt) if np.dtype(dt).kind == "f"
+                     else rng.integers(0, 2, s).astype(dt) for n, s, dt in specs_a}
+            ref = reference_outputs(a, feeds)
+            if not all(np.all(np.isfinite(v)) for v in ref.values()):
+                continue  # adversarial scales only where the reference stays finite
+            got_a = dict(zip(outs_a, sess_a.run(outs_a, feeds)))
+            got_b = dict(zip(outs_a, sess_b.run(outs_a, feeds)))
+            for name in outs_a:
+                dt = got_b[name].dtype
+                limit = LIMITS.get(dt, BF16_LIMIT)
+                ea, eb = _rel(got_a[name], ref[name]), _rel(got_b[name], ref[name])
+                diff = np.abs(got_b[name].astype(np.float64) - ref[name])
+                ok = eb <= max(limit, 2 * ea)
+                rt, at = rt_per.get(name, rt_default), at_per.get(name, at_default)
+                if rt is not None or at is not None:
+                    ok = ok and bool(np.all(diff <= (at or 0.0) + (rt or 0.0) * np.abs(ref[name])))
+                failed |= not ok
+                rows.append({"type": "output", "output": name, "scale": scale, "sample": sample,
+                             "dtype": str(dt), "limit": limit, "rel_err_a": ea, "rel_err_b": eb,
+                             "max_abs_err_b": float(diff.max()) if diff.size else 0.0, "pass": ok})
+    if not rows:
+        raise VerificationFailed("no input scale gave a finite fp64 reference", "Try --scales 1")
+    summary = {"type": "summary", "pass": not failed, "checks": len(rows),
+               "failed": sum(not r["pass"] for r in rows)}
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps(r))
+        click.echo(json.dumps(summary))
+    if chatty():
+        _print(rows, summary)
+    if failed:
+        worst = max((r for r in rows if not r["pass"]), key=lambda r: r["rel_err_b"])
+        raise VerificationFailed(
+            f"B differs from A: output '{worst['output']}' at scale {worst['scale']:g} has relative error "
+            f"{worst['rel_err_b']:.3g} (limit {worst['limit']:g}, A's own error {worst['rel_err_a']:.3g})")
+
+
+def _print(rows, summary) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"verify: {'PASS' if summary['pass'] else 'FAIL'} ({summary['checks']} checks)", title_justify="left")
+    for col in ("output", "scale", "sample", "dtype", "err A", "err B", "max |B-ref|", "limit", "result"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["output"], f"{r['scale']:g}", str(r["sample"]), r["dtype"], f"{r['rel_err_a']:.2e}",
+                  f"{r['rel_err_b']:.2e}", f"{r['max_abs_err_b']:.2e}", f"{r['limit']:g}", "ok" if r["pass"] else "FAIL")
+    stderr().print(t)

@@ -1,0 +1,81 @@
+"""Run an ONNX model in ONNX Runtime, and evaluate it exactly in float64 as the reference.
+
+The fp64 reference is the original model with every floating-point tensor promoted to double
+(inputs, initializers, Constant values, Cast targets), evaluated by onnx's numpy reference
+evaluator. fp16 in ONNX Runtime is not a reference: it overflows at large scales and CPU and CUDA
+disagree. Custom-domain nodes with a model-local function body (mlso's fallback) are inlined first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+_FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
+
+
+def _promote_type(tt) -> None:
+    if tt.elem_type in _FLOATS:
+        tt.elem_type = TensorProto.DOUBLE
+
+
+def _promote_tensor(t: onnx.TensorProto) -> onnx.TensorProto:
+    if t.data_type not in _FLOATS:
+        return t
+    arr = numpy_helper.to_array(t).astype(np.float64)
+    return numpy_helper.from_array(arr, t.name)
+
+
+def _promote_graph(g: onnx.GraphProto) -> None:
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        _promote_type(vi.type.tensor_type)
+    new_inits = [_promote_tensor(t) for t in g.initializer]
+    del g.initializer[:]
+    g.initializer.extend(new_inits)
+    for n in g.node:
+        for a in n.attribute:
+            if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                a.t.CopyFrom(_promote_tensor(a.t))
+            if n.op_type == "Cast" and a.name == "to" and a.i in _FLOATS:
+                a.i = TensorProto.DOUBLE
+            if a.name == "stash_type":
+                a.i = TensorProto.DOUBLE
+            if a.type == onnx.AttributeProto.GRAPH:
+                _promote_graph(a.g)
+
+
+def promote_to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of the model computing in float64 (functions inlined, value_info dropped)."""
+    from onnx import inliner
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    if m.functions:
+        m = inliner.inline_local_functions(m)
+    del m.graph.value_info[:]
+    _promote_graph(m.graph)
+    return m
+
+
+def reference_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    from onnx.reference import ReferenceEvaluator
+
+    m64 = promote_to_float64(model)
+    ev = ReferenceEvaluator(m64)
+    feeds64 = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in feeds.items()}
+    names = [o.name for o in m64.graph.output]
+    outs = ev.run(None, feeds64)
+    return {n: np.asarray(o, dtype=np.float64) for n, o in zip(names, outs)}
+
+
+def input_specs(model: onnx.ModelProto) -> list[tuple[str, tuple[int, ...], np.dtype]]:
+    inits = {t.name for t in model.graph.initializer}
+    out = []
+    for i in model.graph.input:
+        if i.name in inits:
+            continue
+        tt = i.type.tensor_type
+        shape = tuple(d.dim_value for d in tt.shape.dim)
+        out.append((i.name, shape, helper.tensor_dtype_to_np_dtype(tt.elem_type)))
+    return out
