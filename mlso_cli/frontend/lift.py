@@ -473,7 +473,7 @@ def _check_masks_consumed(ctx: _Ctx, outputs: list[Node]) -> None:
 
     for n in toposort(outputs):
         for s in n.src:
-            if s in ctx.masks and not (n.op is Op.EXP):
+            if s in ctx.masks and n.op is not Op.EXP:
                 raise LiftError("Where: a masked value is used by something other than Softmax/Exp")
 
 
