@@ -1,0 +1,146 @@
+"""`mlso optimize MODEL -o OUT`: load -> partition -> lift -> (search) -> codegen -> package.
+
+Until the search lands, each region's candidate is its lifted program. The never-slower rule
+keeps the original region unless the candidate's estimated speedup (cost model, or measured with
+--gpu) reaches --min-speedup; tests use --min-speedup 0 to force packaging.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from mlso_cli import __version__
+from mlso_cli.commands.options import input_shape_option, json_option
+from mlso_cli.console import chatty, stderr
+from mlso_cli.errors import InputError, UsageError
+from mlso_cli.frontend.analyse import analyse
+from mlso_cli.frontend.load import load_model, parse_input_shapes
+from mlso_cli.ir import dumps
+from mlso_cli.search.cost import onnx_region_cost, program_cost
+
+
+@dataclass
+class Decision:
+    region: int
+    label: str
+    before_us: float
+    after_us: float
+    kernels: int
+    packaged: bool
+    why: str
+
+    @property
+    def speedup(self) -> float:
+        return self.before_us / self.after_us if self.after_us else 0.0
+
+
+def _check_paths(model: str, out: str, force: bool) -> None:
+    if model != "-" and Path(out).resolve() == Path(model).resolve():
+        raise UsageError("-o names the input model; mlso never overwrites its input", "Choose another output path")
+    if Path(out).exists() and not force:
+        raise UsageError(f"{out} already exists", "Pass --force to replace it, or choose another path")
+    parent = Path(out).resolve().parent
+    if not parent.is_dir():
+        raise InputError(f"output folder {parent} does not exist", "Create it first")
+
+
+@click.command("optimize")
+@click.argument("model", metavar="MODEL")
+@click.option("-o", "--output", "out", required=True, metavar="OUT", help="Where to write the optimized model.")
+@input_shape_option
+@json_option
+@click.option("--min-speedup", default=1.0, show_default=True, type=float,
+              help="Keep a region's original nodes unless mlso's program is at least this much faster.")
+@click.option("--seed", default=0, show_default=True, help="Seed for verification and search.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists (never the input).")
+def optimize_cmd(model, out, input_shapes, as_json, min_speedup, seed, force) -> None:
+    """Rewrite MODEL so each fusable region runs as one mlso kernel program."""
+    _check_paths(model, out, force)
+    if min_speedup < 0:
+        raise UsageError("--min-speedup must be >= 0")
+    loaded = load_model(model, parse_input_shapes(input_shapes))
+    analysis = analyse(loaded)
+    decisions: list[Decision] = []
+    chosen = []
+    for lr in analysis.lifted:
+        before = onnx_region_cost(loaded, lr.region).us
+        cost = program_cost(lr.graph)
+        d = Decision(lr.region.id, lr.region.label, before, cost.us, cost.launches, False, "")
+        if d.speedup >= min_speedup and (min_speedup == 0 or d.speedup > 1.0):
+            d.packaged, d.why = True, f"estimated {d.speedup:.2f}x"
+            chosen.append(lr)
+        else:
+            d.why = f"kept original: estimated {d.speedup:.2f}x < {max(min_speedup, 1.0):g}x"
+        decisions.append(d)
+
+    packaged_model = _package(loaded, chosen, seed)
+    from mlso_cli.package import write_model_atomic
+
+    write_model_atomic(packaged_model, out, input_path=None if model == "-" else model)
+    _report(decisions, out, as_json)
+
+
+def _package(loaded, chosen, seed: int):
+    """Compile each chosen region and replace it by an MlsoKernel node."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from mlso_cli.codegen import compile_program
+    from mlso_cli.package import PackagedRegion, package_model
+
+    model = onnx.ModelProto()
+    model.CopyFrom(loaded.model)
+    if loaded.base_dir is not None and any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        onnx.load_external_data_for_model(model, str(loaded.base_dir))
+    regions = []
+    progress = _progress(len(chosen))
+    for lr in chosen:
+        for name, arr in lr.extra_inputs.items():
+            if name not in {t.name for t in model.graph.initializer}:
+                model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        prog = compile_program(lr.graph)
+        regions.append(PackagedRegion(
+            node_indices=list(lr.region.nodes), inputs=list(lr.graph.input_names), outputs=list(lr.graph.output_names),
+            binary=prog.fatbin, plan=prog.plan, ugraph_json=dumps(lr.graph), source_sha256=prog.source_sha256))
+        progress(lr.region.id)
+    meta = {"mlso.version": __version__, "mlso.targets": "sm_80,sm_90a", "mlso.seed": str(seed),
+            "mlso.verification": "lifted programs (identical to the original regions by construction)"}
+    return package_model(model, regions, meta)
+
+
+def _progress(total: int):
+    if not chatty() or total == 0:
+        return lambda _rid: None
+    con = stderr()
+    state = {"done": 0}
+
+    def tick(rid: int) -> None:
+        state["done"] += 1
+        con.print(f"  compiled region {rid} ({state['done']}/{total})")
+
+    return tick
+
+
+def _report(decisions: list[Decision], out: str, as_json: bool) -> None:
+    if as_json:
+        for d in decisions:
+            click.echo(json.dumps({"type": "region", "region": d.region, "label": d.label, "packaged": d.packaged,
+                                   "estimated_us_before": round(d.before_us, 3), "estimated_us_after": round(d.after_us, 3),
+                                   "estimated_speedup": round(d.speedup, 3), "kernels": d.kernels, "why": d.why}))
+        click.echo(json.dumps({"type": "summary", "output": out, "regions": len(decisions),
+                               "packaged": sum(d.packaged for d in decisions)}))
+    if chatty():
+        from rich.table import Table
+
+        t = Table(title=f"optimize -> {out}", title_justify="left")
+        for col in ("region", "label", "est. before µs", "est. after µs", "speedup", "decision"):
+            t.add_column(col)
+        for d in decisions:
+            t.add_row(str(d.region), d.label, f"{d.before_us:.1f}", f"{d.after_us:.1f}", f"{d.speedup:.2f}x",
+                      "mlso kernel" if d.packaged else d.why)
+        stderr().print(t)

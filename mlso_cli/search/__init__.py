@@ -1,0 +1,1 @@
+"""Search: abstract expressions, enumeration, the cost model and the result cache."""

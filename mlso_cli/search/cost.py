@@ -1,0 +1,120 @@
+"""An analytic cost model: DRAM bytes, FLOPs on the right unit, and kernel launches.
+
+It ranks candidates and decides the never-slower rule when no GPU is there to measure. The
+numbers are the H200's, measured (../shared/DESIGN.md): 4.3 TB/s device copy, 790 TFLOP/s
+bf16/fp16 on tensor cores; fp32 SIMT and launch latency are estimates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+
+from mlso_cli.frontend.load import LoadedModel
+from mlso_cli.frontend.partition import Region
+from mlso_cli.frontend.report import _FREE_VIEWS, _nbytes, node_flops
+from mlso_cli.ir import DType, KernelGraph, Node, Op
+from mlso_cli.ir.ops import VIEW
+from mlso_cli.ir.spec import tile_shape
+
+
+@dataclass(frozen=True)
+class Hardware:
+    dram_bytes_per_s: float = 4.3e12
+    tensor_flops: float = 790e12
+    simt_flops: float = 60e12
+    launch_s: float = 2.0e-6
+    sms: int = 132
+
+
+H200 = Hardware()
+
+
+@dataclass(frozen=True)
+class Cost:
+    seconds: float
+    dram_bytes: int
+    flops: int
+    launches: int
+
+    @property
+    def us(self) -> float:
+        return self.seconds * 1e6
+
+
+def _kernel_time(hw: Hardware, nbytes: int, flops: int, tensor: bool) -> float:
+    return max(nbytes / hw.dram_bytes_per_s, flops / (hw.tensor_flops if tensor else hw.simt_flops)) + hw.launch_s
+
+
+def onnx_region_cost(loaded: LoadedModel, region: Region, hw: Hardware = H200) -> Cost:
+    """What ONNX Runtime pays for the region unfused: one kernel per non-view node."""
+    total = 0.0
+    nbytes = flops = launches = 0
+    nodes = loaded.graph.node
+    for i in region.nodes:
+        n: onnx.NodeProto = nodes[i]
+        if n.op_type in _FREE_VIEWS:
+            continue
+        b = sum(_nbytes(loaded, x) for x in list(n.input) + list(n.output) if x)
+        f = node_flops(loaded, n)
+        half = loaded.dtypes.get(n.input[0]) in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+        total += _kernel_time(hw, b, f, tensor=n.op_type in ("MatMul", "Gemm", "Attention") and half)
+        nbytes, flops, launches = nbytes + b, flops + f, launches + 1
+    return Cost(total, nbytes, flops, launches)
+
+
+def _bytes(n: Node) -> int:
+    return n.numel * n.dtype.itemsize
+
+
+def _matmul_flops(n: Node) -> int:
+    return 2 * n.numel * n.src[0].shape[-1]
+
+
+def program_cost(kg: KernelGraph, hw: Hardware = H200) -> Cost:
+    """Cost of a μGraph as code generation emits it: elementwise chains fuse, views are free."""
+    total = 0.0
+    nbytes = flops = launches = 0
+    for n in kg.kernels():
+        if n.op is Op.GRAPH_DEF:
+            b, f = _block_graph_traffic(n)
+            tensor = any(s.dtype is not DType.F32 for s in n.src)
+        else:
+            fused_into_consumer = n.op not in (Op.MATMUL, Op.REDUCE_SUM, Op.REDUCE_MEAN, Op.REDUCE_MAX) and n not in kg.outputs
+            if fused_into_consumer:
+                continue  # an elementwise producer is fused into its consumer's prologue
+            b = sum(_bytes(s) for s in n.src if s.op is not Op.CONST) + _bytes(n)
+            f = _matmul_flops(n) if n.op is Op.MATMUL else n.numel
+            tensor = n.op is Op.MATMUL and n.src[0].dtype is not DType.F32
+        total += _kernel_time(hw, b, f, tensor)
+        nbytes, flops, launches = nbytes + b, flops + f, launches + 1
+    return Cost(total, nbytes, flops, launches)
+
+
+def _block_graph_traffic(gd: Node) -> tuple[int, int]:
+    bg = gd.arg
+    blocks = bg.block_count()
+    read = 0
+    for im, src in zip(bg.inputs, gd.src):
+        tile = tile_shape(src.shape, im, bg.grid, bg.loop)
+        n = 1
+        for d in tile:
+            n *= d
+        steps = bg.loop if im.fmap is not None else 1
+        read += n * src.dtype.itemsize * steps * blocks
+    written = sum(_bytes(p) for p in _saves(gd))
+    flops = 0
+    for n in bg.nodes():
+        if n.op is Op.MATMUL or n.op is Op.ACC_EXP_WSUM:
+            per = 2 * n.numel * n.src[0].shape[-1]
+            flops += per * blocks * (bg.loop if n.phase is not None and n.phase.value == "loop" or n.op is Op.ACC_EXP_WSUM else 1)
+        elif n.op not in VIEW and n.op not in (Op.ITER, Op.SAVE, Op.CONST):
+            flops += n.numel * blocks
+    return read + written, flops
+
+
+def _saves(gd: Node) -> list[Node]:
+    from mlso_cli.ir import build as b
+
+    return b.graph_def(gd.src, gd.arg)
