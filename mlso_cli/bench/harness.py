@@ -1,0 +1,89 @@
+"""Time ONNX Runtime sessions the way a user pays for them, and cut regions out as models.
+
+A model is timed per `run_with_iobinding` call with inputs and outputs already on the GPU (the
+call synchronises its stream), after warm-up, as the median of several repeats of many calls.
+Optionally ONNX Runtime's own CUDA graph replays the whole model. Inputs are random normal,
+never zeros.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from mlso_cli.verify.reference64 import input_specs
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    repeats: list[float]
+
+
+def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {n: rng.standard_normal(s).astype(dt) if np.dtype(dt).kind == "f" else np.ones(s, dt)
+            for n, s, dt in input_specs(model)}
+
+
+def time_session(sess, feeds: dict[str, np.ndarray], gpu: int, *, warmup: int = 10, repeats: int = 5,
+                 iters: int = 100) -> Timing:
+    import onnxruntime as ort
+
+    io = sess.io_binding()
+    keep = []
+    for name, arr in feeds.items():
+        v = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), "cuda", gpu)
+        keep.append(v)
+        io.bind_ortvalue_input(name, v)
+    for o in sess.get_outputs():
+        io.bind_output(o.name, "cuda", gpu)
+    for _ in range(warmup):
+        sess.run_with_iobinding(io)
+    per_call = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            sess.run_with_iobinding(io)
+        io.synchronize_outputs()
+        per_call.append((time.perf_counter() - t0) / iters * 1e6)
+    return Timing(statistics.median(per_call), per_call)
+
+
+def region_model(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.ModelProto:
+    """A standalone model computing one MlsoKernel node's fallback body (the original region)."""
+    fn = next((f for f in model.functions if f.domain == node.domain and f.name == node.op_type
+               and getattr(f, "overload", "") == getattr(node, "overload", "")), None)
+    if fn is None:
+        raise ValueError(f"no function body for node {node.name}")
+    inferred = onnx.shape_inference.infer_shapes(model)
+    infos = {vi.name: vi for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output)}
+    inits = {t.name: t for t in model.graph.initializer}
+    rename = dict(zip(fn.input, node.input))
+    rename.update(zip(fn.output, node.output))
+    body = []
+    for n in fn.node:
+        c = onnx.NodeProto()
+        c.CopyFrom(n)
+        c.input[:] = [rename.get(x, x) for x in n.input]
+        c.output[:] = [rename.get(x, x) for x in n.output]
+        body.append(c)
+    used = {x for n in body for x in n.input}
+    graph_inputs, graph_inits = [], []
+    for x in node.input:
+        if x not in used:
+            continue
+        if x in inits:
+            graph_inits.append(inits[x])
+        elif x in infos:
+            graph_inputs.append(infos[x])
+    outputs = [infos[o] for o in node.output if o in infos]
+    g = helper.make_graph(body, f"region_{node.name}", graph_inputs, outputs, graph_inits)
+    m = helper.make_model(g, opset_imports=[o for o in model.opset_import if o.domain in ("", "ai.onnx")])
+    m.ir_version = model.ir_version
+    return m
