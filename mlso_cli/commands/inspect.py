@@ -42,11 +42,18 @@ def inspect_cmd(model: str, input_shapes: tuple[str, ...], as_json: bool, max_op
     loaded = load_model(model, parse_input_shapes(input_shapes))
     part = analyse(loaded, PartitionBounds(max_ops=max_ops, max_contractions=max_contractions)).partition
     reports = partition_reports(loaded, part)
+    kernels = [n for n in loaded.graph.node if n.domain == "ai.mlso"]
     if as_json:
         for r in reports:
             click.echo(json.dumps({"type": "region", **r.to_json()}))
+        for n in kernels:
+            click.echo(json.dumps({"type": "mlso_kernel", "node": n.name, "inputs": list(n.input),
+                                   "outputs": list(n.output), "executable_code": True}))
     if chatty():
         _print_tables(loaded.source, reports, part)
+        if kernels:
+            stderr().print(f"[bold yellow]note:[/] this model carries executable GPU code: {len(kernels)} "
+                           "mlso kernel node(s) (ai.mlso::MlsoKernel); the runtime checks each binary's hash")
 
 
 def _print_tables(source: str, reports, part) -> None:

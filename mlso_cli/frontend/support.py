@@ -177,6 +177,8 @@ UNSUPPORTED_REASONS: dict[str, str] = {
 def classify(ctx: NodeContext) -> tuple[OpKind | None, str | None]:
     """(kind, None) when the node is fusable, else (None, reason)."""
     node = ctx.node
+    if node.domain == "ai.mlso":
+        return None, f"{node.op_type}: already an mlso kernel (carries executable GPU code)"
     if node.domain not in ("", "ai.onnx"):
         return None, f"{node.op_type}: op domain '{node.domain}' is not supported"
     if node.op_type == "Constant":
