@@ -1,0 +1,194 @@
+// mlso_mma.cuh -- tensor-core matmul building blocks: ldmatrix, mma.sync m16n8k16, warp strips.
+//
+// Why: fp16/bf16 tiles in shared memory multiply on tensor cores with fp32 accumulation. Tiles
+// may be stored either way round ("K-major" = k is the contiguous index); ldmatrix and
+// ldmatrix.trans turn both layouts into the fragments mma.sync wants, so a transposed view costs
+// nothing. Row strides (ld, in elements) must be multiples of 8 (16-byte rows) for ldmatrix.
+// This is the sm_80 baseline; it also runs on sm_90. A wgmma variant would live beside it and be
+// chosen with `#if MLSO_HOPPER` (mlso_arch.cuh).
+#pragma once
+
+#include "mlso_common.cuh"
+
+namespace mlso {
+
+// ---- ldmatrix ------------------------------------------------------------------------------
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
+#if defined(MLSO_HOST_EMU)
+  mlso_emu::ldmatrix<4>(r, p, false);
+#else
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(p))));
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
+#if defined(MLSO_HOST_EMU)
+  mlso_emu::ldmatrix<4>(r, p, true);
+#else
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(p))));
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], const void* p) {
+#if defined(MLSO_HOST_EMU)
+  mlso_emu::ldmatrix<2>(r, p, false);
+#else
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(p))));
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(unsigned (&r)[2], const void* p) {
+#if defined(MLSO_HOST_EMU)
+  mlso_emu::ldmatrix<2>(r, p, true);
+#else
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(p))));
+#endif
+}
+
+// ---- mma.sync m16n8k16, fp32 accumulate -----------------------------------------------------
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]);
+
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+#if defined(MLSO_HOST_EMU)
+  mlso_emu::mma_16816<__half>(d, a, b);
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const unsigned (&a)[4],
+                                                         const unsigned (&b)[2]) {
+#if defined(MLSO_HOST_EMU)
+  mlso_emu::mma_16816<__nv_bfloat16>(d, a, b);
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// ---- fragments from shared memory ------------------------------------------------------------
+// A fragment (16 x 16 at rows m0, cols k0). AK: A[m][k] at s[m*ld + k]; else at s[k*ld + m].
+template <bool AK, typename T>
+__device__ __forceinline__ void load_a_frag(unsigned (&a)[4], const T* s, int ld, int m0, int k0) {
+  static_assert(is_mma_type<T>::value, "tensor-core fragments need fp16 or bf16");
+  const int lane = threadIdx.x & 31;
+  if (AK) {
+    ldmatrix_x4(a, s + (m0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8);
+  } else {
+    const int j = lane >> 3;
+    ldmatrix_x4_trans(a, s + (k0 + (lane & 7) + (j >> 1) * 8) * ld + m0 + (j & 1) * 8);
+  }
+}
+
+// B fragment (16 x 8 at rows k0, cols n0). BK: B[k][n] at s[n*ld + k]; else at s[k*ld + n].
+template <bool BK, typename T>
+__device__ __forceinline__ void load_b_frag(unsigned (&b)[2], const T* s, int ld, int k0, int n0) {
+  static_assert(is_mma_type<T>::value, "tensor-core fragments need fp16 or bf16");
+  const int lane = threadIdx.x & 15;  // x2: lanes 0..15 give the addresses
+  if (BK) {
+    ldmatrix_x2(b, s + (n0 + (lane & 7)) * ld + k0 + (lane >> 3) * 8);
+  } else {
+    ldmatrix_x2_trans(b, s + (k0 + (lane & 7) + (lane >> 3) * 8) * ld + n0);
+  }
+}
+
+// ---- accumulator fragments <-> fp32 shared memory ----------------------------------------------
+// Fragment layout of m16n8: d0,d1 at (row lane/4, cols 2*(lane%4)+{0,1}); d2,d3 at row + 8.
+// Rows >= m_valid are treated as absent (not read, not written): M padding for small row counts.
+template <int NB>
+__device__ __forceinline__ void zero_acc(float (&acc)[NB][4]) {
+#pragma unroll
+  for (int j = 0; j < NB; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+}
+
+template <int NB>
+__device__ __forceinline__ void load_acc(float (&acc)[NB][4], const float* c, int ldc, int m0, int n0, int m_valid) {
+  const int lane = threadIdx.x & 31, r = m0 + (lane >> 2), col = n0 + (lane & 3) * 2;
+#pragma unroll
+  for (int j = 0; j < NB; ++j) {
+    const float* p = c + r * ldc + col + j * 8;
+    acc[j][0] = r < m_valid ? p[0] : 0.0f;
+    acc[j][1] = r < m_valid ? p[1] : 0.0f;
+    acc[j][2] = r + 8 < m_valid ? p[8 * ldc] : 0.0f;
+    acc[j][3] = r + 8 < m_valid ? p[8 * ldc + 1] : 0.0f;
+  }
+}
+
+template <int NB>
+__device__ __forceinline__ void store_acc(const float (&acc)[NB][4], float* c, int ldc, int m0, int n0, int m_valid) {
+  const int lane = threadIdx.x & 31, r = m0 + (lane >> 2), col = n0 + (lane & 3) * 2;
+#pragma unroll
+  for (int j = 0; j < NB; ++j) {
+    float* p = c + r * ldc + col + j * 8;
+    if (r < m_valid) {
+      p[0] = acc[j][0];
+      p[1] = acc[j][1];
+    }
+    if (r + 8 < m_valid) {
+      p[8 * ldc] = acc[j][2];
+      p[8 * ldc + 1] = acc[j][3];
+    }
+  }
+}
+
+// ---- one warp: a 16 x (8*NB) strip over the whole K -----------------------------------------------
+template <int NB, int K, bool AK, bool BK, typename T>
+__device__ __forceinline__ void warp_mma_strip(float (&acc)[NB][4], const T* A, int lda, const T* B, int ldb,
+                                               int m0, int n0) {
+  static_assert(NB >= 1 && NB <= 16, "NB: 1..16 n8 tiles per strip");
+  static_assert(K % 16 == 0, "K must be a multiple of 16");
+#pragma unroll 2
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    unsigned a[4];
+    load_a_frag<AK>(a, A, lda, m0, k0);
+#pragma unroll
+    for (int j = 0; j < NB; ++j) {
+      unsigned b[2];
+      load_b_frag<BK>(b, B, ldb, k0, n0 + 8 * j);
+      mma_16816<T>(acc[j], a, b);
+    }
+  }
+}
+
+// ---- the whole block: C[b] (+)= A[b] * B[b] on shared-memory tiles ------------------------------
+// MP rows (a multiple of 16; rows >= M are padding and never stored), N columns, K depth, BATCH
+// independent products. aoff(b) / boff(b) give element offsets of batch b's A and B; C batch b
+// starts at c + b * cbs. Strips of 16 x 8*NB are dealt round-robin to the NW warps.
+// No barrier inside: callers __syncthreads() before reading C.
+template <typename T, int BATCH, int MP, int M, int N, int K, int NB, bool AK, bool BK, bool ACCUM, int NW,
+          class AOff, class BOff>
+__device__ __forceinline__ void block_mma(const T* A, int lda, AOff aoff, const T* B, int ldb, BOff boff, float* c,
+                                          int ldc, int cbs) {
+  static_assert(MP % 16 == 0 && MP >= M && N % (8 * NB) == 0 && K % 16 == 0, "block_mma tile shape");
+  constexpr int SM = MP / 16, SN = N / (8 * NB), STRIPS = BATCH * SM * SN;
+  for (int s = threadIdx.x >> 5; s < STRIPS; s += NW) {
+    const int bt = s / (SM * SN), rest = s % (SM * SN);
+    const int m0 = (rest / SN) * 16, n0 = (rest % SN) * (8 * NB);
+    float acc[NB][4];
+    float* cb = c + bt * cbs;
+    if (ACCUM) {
+      load_acc<NB>(acc, cb, ldc, m0, n0, M);
+    } else {
+      zero_acc<NB>(acc);
+    }
+    warp_mma_strip<NB, K, AK, BK, T>(acc, A + aoff(bt), lda, B + boff(bt), ldb, m0, n0);
+    store_acc<NB>(acc, cb, ldc, m0, n0, M);
+  }
+}
+
+}  // namespace mlso

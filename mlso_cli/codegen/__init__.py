@@ -1,0 +1,40 @@
+"""Code generation: μGraph -> CUDA C++ built from kernels_templates/, plus the launch plan.
+
+    generate(kg, arch_targets=("sm_80", "sm_90a")) -> GeneratedProgram(source, plan, kernel_names)
+    compile_program(kg, arch_targets=...) -> CompiledProgram(fatbin, plan, source, source_sha256)
+
+Strategy per construct (details in each module's docstring):
+  lower.py     which kernel-level nodes become kernels, buffers, launch order
+  kernels.py   elementwise chains, reductions (incl. the split-KV combine), tiled matmuls
+  block.py     graph-defined kernels (ITER loads, PRE/LOOP/POST, accumulators, SAVE)
+  emitter.py   fused elementwise evaluation (thread graphs), views as index maps
+  scale.py     values kept relative to a running max (softmax safety at logits of +-100)
+  stabilise.py which EXPs are softmax numerators
+  nvcc.py      fatbin compilation with a content-hash cache
+"""
+
+from __future__ import annotations
+
+from mlso_cli.codegen.errors import CodegenError, CompileError
+from mlso_cli.codegen.lower import Lowering
+from mlso_cli.codegen.program import GeneratedProgram
+from mlso_cli.ir.graph import KernelGraph
+from mlso_cli.ir.spec import check
+
+DEFAULT_TARGETS: tuple[str, ...] = ("sm_80", "sm_90a")
+
+
+def generate(kg: KernelGraph, arch_targets: tuple[str, ...] = DEFAULT_TARGETS) -> GeneratedProgram:
+    """CUDA source and launch plan of a μGraph that passes mlso_cli.ir.spec.check."""
+    check(kg)
+    return Lowering(kg, tuple(arch_targets)).generate()
+
+
+def compile_program(kg: KernelGraph, arch_targets: tuple[str, ...] = DEFAULT_TARGETS):
+    """generate() then nvcc (cached): a CompiledProgram ready for the launcher or packaging."""
+    from mlso_cli.codegen.nvcc import compile_generated
+
+    return compile_generated(generate(kg, arch_targets), tuple(arch_targets))
+
+
+__all__ = ["DEFAULT_TARGETS", "CodegenError", "CompileError", "GeneratedProgram", "compile_program", "generate"]

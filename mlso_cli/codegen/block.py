@@ -1,0 +1,829 @@
+"""Graph-defined kernels: one CUDA kernel per block graph.
+
+Layout of a generated kernel (blockIdx.{x,y,z} are the grid coordinates):
+
+    PRE   load PRE-phase ITER tiles and step 0 of the loop tiles (cp.async), then the PRE ops
+    init  accumulators = 0, running maxima = -inf
+    LOOP  for it < loop: prefetch step it+1 into the other buffer (cp.async double buffering),
+          wait for step it, run the LOOP ops and accumulator updates
+    POST  ops on accumulators, then SAVE every output through its omap
+
+Materialised in shared memory (fp32 unless noted): ITER tiles (their input dtype, 16-byte rows
+padded by 16 bytes against ldmatrix bank conflicts), matmul and reduction results, accumulators,
+running maxima, and staging copies of matmul operands that are computed values (converted to
+fp16/bf16 for tensor cores). Everything elementwise is fused into its consumers (thread graphs
+by rule) and recomputed where needed, so the shared-memory estimate of the spec checker holds.
+
+Each op is a pass over shared memory followed by __syncthreads(). Passes come from the table
+PASSES (op -> method). ACC_EXP_SUM / ACC_EXP_WSUM sharing a score tensor s form one group with
+one running row max m: per step, m' = max(m, rowmax s), alpha = exp(m - m'), sums are rescaled
+by alpha and exp(s - m') terms added (P = exp(s - m') @ v on tensor cores for WSUM). Their
+values are kept relative to m (scale.py); a POST division of two of them cancels the scale, and
+a PARTIAL save stores the scaled partial plus m in an fp32 side buffer, which the combining
+kernel-level REDUCE_SUM uses (kernels.emit_reduce).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from mlso_cli.codegen import synthetic
+from mlso_cli.codegen.cfmt import (
+    CTYPE,
+    Code,
+    Coords,
+    Names,
+    bcast,
+    canon,
+    contiguous,
+    decompose,
+    mentions,
+    numel,
+    offset,
+)
+from mlso_cli.codegen.emitter import Emitter
+from mlso_cli.codegen.errors import CodegenError
+from mlso_cli.codegen.program import Kernel
+from mlso_cli.codegen.scale import BufferScale, Storage, Val, structural
+from mlso_cli.codegen.stabilise import consumers_of, stabilisers
+from mlso_cli.codegen.teams import LOOP_VAR, Pass, choose_mode, emit_passes
+from mlso_cli.codegen.views import strided
+from mlso_cli.ir.graph import PARTIAL, BlockGraph
+from mlso_cli.ir.node import Node
+from mlso_cli.ir.ops import ACCUMULATORS, REDUCE, SMEM_BUDGET, DType, Op, Phase
+
+if TYPE_CHECKING:
+    from mlso_cli.codegen.lower import Lowering
+
+XYZ = ("x", "y", "z")
+MMA_TYPES = (DType.F16, DType.BF16)
+SMEM_LIMIT = SMEM_BUDGET["sm_90"]
+PHASES = (Phase.PRE, Phase.LOOP, Phase.POST)
+
+
+def _ceil_to(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _bool(b: bool) -> str:
+    return "true" if b else "false"
+
+
+@dataclass
+class Group:
+    """ACC_EXP_* accumulators sharing one score tensor s, hence one running max."""
+
+    s: Node
+    m: Node
+    sums: list[Node] = field(default_factory=list)
+    wsums: list[Node] = field(default_factory=list)
+    alpha: str = ""
+    p: Storage | None = None
+    p_dtype: DType = DType.F32
+
+
+@dataclass
+class Operand:
+    """How a matmul pass reads one operand: a strided shared-memory tensor."""
+
+    ptr: str
+    dtype: DType
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    base: int = 0
+
+    def ld(self, contiguous_last: bool) -> int:
+        return self.strides[-2] if contiguous_last else self.strides[-1]
+
+
+@dataclass
+class Stage:
+    """A staging copy of a computed matmul operand, in the operand's phase."""
+
+    src: Node
+    storage: Storage
+    phase: Phase
+    done: bool = False
+
+
+@dataclass
+class MatmulPlan:
+    kind: str  # "mma" | "simt" | "splitk"
+    a: Operand
+    b: Operand
+    c: Storage
+    accumulate: bool
+    dtype: DType | None
+    a_kmajor: bool = True
+    b_kmajor: bool = False
+    stages: list[Stage] = field(default_factory=list)
+
+
+class BlockKernel:
+    def __init__(self, lw: Lowering, gd: Node) -> None:
+        self.lw = lw
+        self.gd = gd
+        self.bg: BlockGraph = gd.arg
+        self.name = lw.kernel_name()
+        self.names = Names()
+        self.uses = lw.uses()
+        self.nodes = self.bg.nodes()
+        self.consumers = consumers_of(self.nodes)
+        self.stab = stabilisers(self.nodes, self.consumers)
+        self.iters = [n for n in self.nodes if n.op is Op.ITER]
+        self.groups: dict[Node, Group] = {}
+        for n in self.nodes:
+            if n.op in (Op.ACC_EXP_SUM, Op.ACC_EXP_WSUM):
+                g = self.groups.setdefault(n.src[0], Group(n.src[0], synthetic.running_max(n.src[0])))
+                (g.sums if n.op is Op.ACC_EXP_SUM else g.wsums).append(n)
+        self.group_of = {a: g for g in self.groups.values() for a in g.sums + g.wsums}
+        self.fused: dict[Node, Node] = {}
+        for n in self.nodes:
+            if n.op is Op.ACC_SUM and n.src[0].op is Op.MATMUL and self.consumers[n.src[0]] == [n]:
+                self.fused[n.src[0]] = n
+        has_mm = any(n.op is Op.MATMUL for n in self.nodes) or any(g.wsums for g in self.groups.values())
+        self.nt = 128 if has_mm else 256
+        self.nw = self.nt // 32
+        self.materialised: set[Node] = set(self.iters) | set(self.stab.values())
+        self.materialised |= {n for n in self.nodes if n.op in REDUCE or n.op in ACCUMULATORS}
+        self.materialised |= {n for n in self.nodes if n.op is Op.MATMUL and n not in self.fused}
+        self.materialised |= {g.m for g in self.groups.values()}
+        self.order = self._schedule()
+        self.loop_iters = [n for n in self.iters if n.phase is Phase.LOOP]
+
+    # ---- analysis ----------------------------------------------------------------------------
+    def _deps(self, n: Node) -> list[Node]:
+        out: list[Node] = []
+
+        def walk(s: Node) -> None:
+            if s in self.materialised:
+                out.append(s)
+                return
+            if s in self.stab:
+                out.append(self.stab[s])
+            for t in s.src:
+                walk(t)
+
+        for s in n.src:
+            walk(s)
+        return out
+
+    def _schedule(self) -> list[Node]:
+        order: list[Node] = []
+        done: set[Node] = set()
+        stack: list[tuple[Node, bool]] = [(s, False) for s in reversed(self.bg.outputs)]
+        while stack:
+            n, expanded = stack.pop()
+            if n in done:
+                continue
+            if expanded:
+                done.add(n)
+                order.append(n)
+                continue
+            stack.append((n, True))
+            for d in reversed(self._deps(n)):
+                if d not in done:
+                    stack.append((d, False))
+        return order
+
+    # ---- shared memory -----------------------------------------------------------------------
+    def _layout(self, pad: bool) -> None:
+        self.smem = 0
+        self.ptrs: list[tuple[str, str, int]] = []  # (C type, name, byte offset)
+        self.storage: dict[Node, Storage] = {}
+        self.stages: dict[tuple, Stage] = {}
+        self.plans: dict[Node, MatmulPlan] = {}
+        self.red = self._alloc("float", "red", 32 * 4)
+        for it in self.iters:
+            strides = self._tile_strides(it.shape, it.dtype, pad)
+            nbytes = (strides[0] * it.shape[0] if it.shape else 1) * it.dtype.itemsize
+            base = f"s{it.arg}"
+            if it.phase is Phase.LOOP:
+                self._alloc(CTYPE[it.dtype], f"{base}_0", nbytes)
+                self._alloc(CTYPE[it.dtype], f"{base}_1", nbytes)
+            else:
+                self._alloc(CTYPE[it.dtype], base, nbytes)
+            self.storage[it] = Storage(base, it.dtype, it.shape, strides)
+        for n in self.order:
+            if n in self.materialised and n.op is not Op.ITER:
+                self._fp32(n)
+        for g in self.groups.values():
+            self._fp32(g.m)
+            g.alpha = self._alloc("float", self.names.new("alpha"), g.m.numel * 4)
+        for n in self.nodes:
+            if n.op is Op.MATMUL:
+                out = self.fused.get(n, n)
+                self.plans[n] = self._plan_matmul(n.src[0], n.src[1], self.storage[out], n in self.fused)
+        for g in self.groups.values():
+            if g.wsums:
+                self._plan_group_p(g)
+                for w in g.wsums:
+                    self.plans[w] = self._plan_matmul(None, w.src[1], self.storage[w], True, p_of=g)
+
+    def _alloc(self, ctype: str, name: str, nbytes: int) -> str:
+        off = _ceil_to(self.smem, 128)
+        self.smem = off + max(nbytes, 4)
+        self.ptrs.append((ctype, name, off))
+        return name
+
+    def _fp32(self, n: Node) -> Storage:
+        if n not in self.storage:
+            name = self._alloc("float", self.names.new("sm"), n.numel * 4)
+            self.storage[n] = Storage(name, DType.F32, n.shape, contiguous(n.shape))
+        return self.storage[n]
+
+    @staticmethod
+    def _tile_strides(shape: tuple[int, ...], dtype: DType, pad: bool) -> tuple[int, ...]:
+        if pad and dtype.itemsize == 2 and len(shape) >= 2 and shape[-1] % 8 == 0 and shape[-1] >= 16:
+            return contiguous(shape[:-1] + (shape[-1] + 8,))
+        return contiguous(shape)
+
+    # ---- matmul planning ---------------------------------------------------------------------
+    def _direct(self, x: Node) -> Operand | None:
+        view = strided(x, self.storage)
+        if view is None or self.storage[view.leaf].scale is not None:
+            return None
+        st = self.storage[view.leaf]
+        return Operand(st.ptr, st.dtype, x.shape, view.strides, view.base)
+
+    @staticmethod
+    def _mma_ok(op: Operand, role: str) -> tuple[bool, bool]:
+        """(usable by ldmatrix, k-major) for a 16-bit operand."""
+        s, shape = op.strides, op.shape
+        aligned = op.base % 8 == 0 and all(v % 8 == 0 for v, d in zip(s[:-2], shape[:-2]) if d > 1)
+        if not aligned:
+            return False, True
+        rows_ok = s[-2] % 8 == 0 or shape[-2] == 1
+        cols_ok = s[-1] % 8 == 0 or shape[-1] == 1
+        if s[-1] == 1 and rows_ok:  # row-major in shared memory
+            return True, role == "A"
+        if s[-2] == 1 and cols_ok:  # column-major
+            return True, role == "B"
+        return False, True
+
+    def _stage(self, x: Node, role: str, dtype: DType, rows: int) -> Operand:
+        """A copy of operand x: A as (.., rows padded, K) k-major, B as (.., K, N) n-major."""
+        key = (x, role, dtype)
+        st = self.stages.get(key)
+        if st is None:
+            pad = 8 if dtype.itemsize == 2 else 0
+            shape = x.shape[:-2] + (rows, x.shape[-1])
+            strides = contiguous(shape[:-1] + (shape[-1] + pad,))
+            nbytes = (strides[0] * shape[0] if shape else 1) * dtype.itemsize
+            name = self._alloc(CTYPE[dtype], self.names.new("stg"), nbytes)
+            storage = Storage(name, dtype, shape, strides)
+            st = Stage(x, storage, x.phase or Phase.PRE)
+            self.stages[key] = st
+        s = st.storage
+        return Operand(s.ptr, dtype, x.shape, s.strides)
+
+    def _mma_hint(self, x: Node) -> DType | None:
+        """The 16-bit type a matmul operand should use on tensor cores: its stored type, or for a
+        computed operand the type of a 16-bit tile it is computed from (None: keep fp32)."""
+        d = self._direct(x)
+        if d is not None:
+            return d.dtype if d.dtype in MMA_TYPES else None
+        stack, seen = [x], set()
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if n in self.storage:
+                if self.storage[n].dtype in MMA_TYPES:
+                    return self.storage[n].dtype
+                continue
+            stack.extend(n.src)
+        return None
+
+    def _plan_group_p(self, g: Group) -> None:
+        s = g.s
+        hints = [self._mma_hint(w.src[1]) for w in g.wsums
+                 if s.shape[-1] % 16 == 0 and w.src[1].shape[-1] % 8 == 0]
+        dt = next((d for d in hints if d is not None), DType.F32)
+        rows = _ceil_to(s.shape[-2], 16) if dt is not DType.F32 else s.shape[-2]
+        pad = 8 if dt.itemsize == 2 else 0
+        shape = s.shape[:-2] + (rows, s.shape[-1])
+        strides = contiguous(shape[:-1] + (shape[-1] + pad,))
+        nbytes = (strides[0] * shape[0] if shape else 1) * dt.itemsize
+        name = self._alloc(CTYPE[dt], self.names.new("p"), nbytes)
+        g.p = Storage(name, dt, shape, strides)
+        g.p_dtype = dt
+
+    def _plan_matmul(self, a: Node | None, b: Node, c: Storage, accumulate: bool,
+                     p_of: Group | None = None) -> MatmulPlan:
+        a_shape = p_of.s.shape if p_of else a.shape
+        m, k, n = a_shape[-2], a_shape[-1], b.shape[-1]
+        batch = numel(c.shape[:-2])
+        a_dir = Operand(p_of.p.ptr, p_of.p.dtype, a_shape, p_of.p.strides) if p_of else self._direct(a)
+        b_dir = self._direct(b)
+        if p_of is not None:
+            mma = p_of.p_dtype if p_of.p_dtype in MMA_TYPES else None
+        else:
+            mma = self._mma_hint(a) or self._mma_hint(b)
+        if mma is not None and n % 8 == 0 and k % 16 == 0:
+            stages = []
+            a_ok, a_km = self._mma_ok(a_dir, "A") if a_dir and a_dir.dtype == mma else (False, True)
+            if p_of is None and not (a_ok and m % 16 == 0):
+                a_dir, a_km = self._stage(a, "A", mma, _ceil_to(m, 16)), True
+                stages.append(self.stages[(a, "A", mma)])
+            b_ok, b_km = self._mma_ok(b_dir, "B") if b_dir and b_dir.dtype == mma else (False, False)
+            if not b_ok:
+                b_dir, b_km = self._stage_b(b, mma), False
+                stages.append(self.stages[(b, "B", mma)])
+            return MatmulPlan("mma", a_dir, b_dir, c, accumulate, mma, a_km, b_km, stages)
+        stages = []
+        if a_dir is None:
+            a_dir = self._stage(a, "A", DType.F32, m)
+            stages.append(self.stages[(a, "A", DType.F32)])
+        if b_dir is None:
+            b_dir = self._stage_b(b, DType.F32)
+            stages.append(self.stages[(b, "B", DType.F32)])
+        kind = "simt" if batch * m * n >= self.nt or k < 64 else "splitk"
+        return MatmulPlan(kind, a_dir, b_dir, c, accumulate, None, stages=stages)
+
+    def _stage_b(self, b: Node, dtype: DType) -> Operand:
+        return self._stage(b, "B", dtype, b.shape[-2])
+
+    # ---- emission helpers --------------------------------------------------------------------
+    def emitter(self) -> Emitter:
+        return Emitter(self.storage, self.stab, self.names)
+
+    def kernel_emitter(self) -> Emitter:
+        return self.lw.emitter(self.uses, self.names)
+
+    def _elementwise(self, code: Code, shape: tuple[int, ...], body: Callable[[Emitter, Coords], list[str]]) -> None:
+        """for every element e of `shape`, with threads striding: body(emitter, coords)."""
+        em = self.emitter()
+        coords = decompose("e", shape)
+        tail = body(em, coords)
+        with code.block(f"for (int e = threadIdx.x; e < {numel(shape)}; e += {self.nt})"):
+            code.extend(em.lines)
+            code.extend(tail)
+
+    def _team(self, code: Code, out_shape: tuple[int, ...], length: int, op: str,
+              body: Callable[[Emitter, Coords], str], finish: Callable[[Emitter, Coords, str], list[str]]) -> None:
+        """Reduce `length` values per element of out_shape; tokens are over `o`, the axis is rr."""
+        count = numel(out_shape)
+        mode = choose_mode(length, count, True, self.nw)
+        tokens = decompose("o", out_shape)
+        em = self.emitter()
+        expr = body(em, tokens)
+        fin = self.emitter()
+        tail = finish(fin, tokens, "acc")
+        if mode == "thread":
+            with code.block(f"for (int o = threadIdx.x; o < {count}; o += {self.nt})"):
+                emit_passes(code, [Pass("acc", op, em.lines, expr)], length, mode, self.nt)
+                code.extend(fin.lines + tail)
+        elif mode == "warp":
+            with code.block(f"for (int o = warp; o < {count}; o += {self.nw})"):
+                emit_passes(code, [Pass("acc", op, em.lines, expr)], length, mode, self.nt)
+                with code.block("if (lane == 0)"):
+                    code.extend(fin.lines + tail)
+        else:
+            with code.block(f"for (int o = 0; o < {count}; ++o)"):
+                emit_passes(code, [Pass("acc", op, em.lines, expr)], length, mode, self.nt)
+                with code.block("if (threadIdx.x == 0)"):
+                    code.extend(fin.lines + tail)
+
+    # ---- passes ------------------------------------------------------------------------------
+    def _pass_stage(self, code: Code, st: Stage) -> None:
+        s = st.storage
+        ctype = CTYPE[s.dtype]
+
+        def body(em: Emitter, coords: Coords) -> list[str]:
+            v = em.plain(st.src, coords)
+            return [f"{s.ptr}[{offset(coords, s.strides)}] = mlso::from_f32<{ctype}>({v});"]
+
+        code(f"// stage {st.src.op.value}{list(st.src.shape)} as {s.dtype.value}")
+        self._elementwise(code, st.src.shape, body)
+
+    def _batch_offset(self, op: Operand, out_batch: tuple[int, ...]) -> str:
+        bt = decompose("bt", out_batch)
+        lead = bcast(op.shape[:-2], bt)
+        return f"[&](int bt) -> int {{ return {offset(lead, op.strides[:-2], op.base)}; }}"
+
+    def _pass_matmul(self, code: Code, plan: MatmulPlan, what: str) -> None:
+        for st in plan.stages:
+            if not st.done:
+                self._pass_stage(code, st)
+                code("__syncthreads();")
+                st.done = True
+        a, b, c = plan.a, plan.b, plan.c
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        out_batch = c.shape[:-2]
+        batch = numel(out_batch)
+        code(f"// {what}: ({list(a.shape)} x {list(b.shape)}), {plan.kind}{' accumulate' if plan.accumulate else ''}")
+        if plan.kind == "mma":
+            mp = _ceil_to(m, 16)
+            strips = lambda nb: batch * (mp // 16) * (n // (8 * nb))  # noqa: E731
+            cands = [nb for nb in (8, 4, 2, 1) if n % (8 * nb) == 0]
+            nb = next((x for x in cands if strips(x) >= self.nw), cands[-1])
+            lda, ldb = a.ld(plan.a_kmajor), b.ld(not plan.b_kmajor)
+            code(f"mlso::block_mma<{CTYPE[plan.dtype]}, {batch}, {mp}, {m}, {n}, {k}, {nb}, {_bool(plan.a_kmajor)}, "
+                 f"{_bool(plan.b_kmajor)}, {_bool(plan.accumulate)}, {self.nw}>({a.ptr}, {lda}, "
+                 f"{self._batch_offset(a, out_batch)}, {b.ptr}, {ldb}, {self._batch_offset(b, out_batch)}, "
+                 f"{c.ptr}, {n}, {m * n});")
+            return
+        bt = decompose("bt", out_batch)
+        ca = canon(a.shape, bcast(a.shape[:-2], bt) + ("mm", "kk"))
+        cb = canon(b.shape, bcast(b.shape[:-2], bt) + ("kk", "nn"))
+        ea = f"mlso::to_f32({a.ptr}[{offset(ca, a.strides, a.base)}])"
+        eb = f"mlso::to_f32({b.ptr}[{offset(cb, b.strides, b.base)}])"
+        total = batch * m * n
+        init = f"{c.ptr}[o]" if plan.accumulate else "0.0f"
+        head = [f"const int bt = o / {m * n};", f"const int mm = (o / {n}) % {m};", f"const int nn = o % {n};"]
+        if plan.kind == "simt":
+            with code.block(f"for (int o = threadIdx.x; o < {total}; o += {self.nt})"):
+                code.extend(head)
+                code(f"float acc = {init};")
+                with code.block(f"for (int kk = 0; kk < {k}; ++kk)"):
+                    code(f"acc = fmaf({ea}, {eb}, acc);")
+                code(f"{c.ptr}[o] = acc;")
+        else:
+            with code.block(f"for (int o = warp; o < {total}; o += {self.nw})"):
+                code.extend(head)
+                code("float acc = 0.0f;")
+                with code.block(f"for (int kk = lane; kk < {k}; kk += 32)"):
+                    code(f"acc = fmaf({ea}, {eb}, acc);")
+                code("acc = mlso::warp_sum(acc);")
+                with code.block("if (lane == 0)"):
+                    code(f"{c.ptr}[o] = {init} + acc;")
+
+    def _pass_node_matmul(self, code: Code, n: Node) -> None:
+        self._pass_matmul(code, self.plans[n], f"matmul -> {list(n.shape)}")
+
+    def _pass_reduce(self, code: Code, n: Node) -> None:
+        st = self.storage[n]
+        x = n.src[0]
+        weighted = isinstance(n.arg, synthetic.RowMax) and n.arg.weighted
+        axis = n.arg.axis if isinstance(n.arg, synthetic.RowMax) else n.arg
+        length = x.shape[axis]
+        op = "max" if n.op is Op.REDUCE_MAX else "sum"
+        state: dict = {}
+
+        def inner(tokens: Coords) -> Coords:
+            c = list(tokens)
+            c[axis] = LOOP_VAR
+            return canon(x.shape, c)
+
+        def body(em: Emitter, tokens: Coords) -> str:
+            c = inner(tokens)
+            if weighted:
+                w = em.plain(n.src[1], bcast(n.src[1].shape, c))
+                return f"({w} != 0.0f ? {em.plain(x, c)} : mlso::neg_inf())"
+            v = em.value(x, c)
+            sc = v.scale
+            if sc is not None and not any(mentions(m, LOOP_VAR) for m in sc.mcoords) and (op == "sum" or sc.degree > 0):
+                state["scale"] = sc
+                return v.code
+            return em.materialise(v)
+
+        def finish(em: Emitter, tokens: Coords, acc: str) -> list[str]:
+            val = f"{acc} / {float(length)}f" if n.op is Op.REDUCE_MEAN else acc
+            sc = state.get("scale")
+            if sc is not None:
+                bs = structural(sc, tokens)
+                if bs is not None:
+                    st.scale = bs
+                else:
+                    val = em.materialise(Val(val, sc))
+            return [f"{st.ptr}[o] = {val};"]
+
+        code(f"// {n.op.value} axis {axis} of {list(x.shape)}" + (" (softmax stabiliser)" if weighted or
+                                                                  isinstance(n.arg, synthetic.RowMax) else ""))
+        self._team(code, n.shape, length, op, body, finish)
+
+    def _pass_acc_sum(self, code: Code, n: Node) -> None:
+        if n.src[0] in self.fused:
+            self._pass_matmul(code, self.plans[n.src[0]], "accumulate matmul")
+            return
+        st = self.storage[n]
+
+        def body(em: Emitter, coords: Coords) -> list[str]:
+            return [f"{st.ptr}[e] += {em.plain(n.src[0], coords)};"]
+
+        code(f"// acc_sum{list(n.shape)}")
+        self._elementwise(code, n.shape, body)
+
+    def _pass_group(self, code: Code, g: Group) -> None:
+        m, s = self.storage[g.m], g.s
+        length = s.shape[-1]
+
+        def s_coords(tokens: Coords) -> Coords:
+            return canon(s.shape, tokens[:-1] + (LOOP_VAR,))
+
+        code(f"// rescaling accumulators over s{list(s.shape)}: running max, rescale, add exp(s - m)")
+
+        def rowmax(em: Emitter, tokens: Coords) -> str:
+            return em.plain(s, s_coords(tokens))
+
+        def raise_max(em: Emitter, tokens: Coords, acc: str) -> list[str]:
+            return [f"const float mo = {m.ptr}[o];", f"const float mn = fmaxf(mo, {acc});",
+                    f"{g.alpha}[o] = mlso::rescale(mo, mn);", f"{m.ptr}[o] = mn;"]
+
+        self._team(code, g.m.shape, length, "max", rowmax, raise_max)
+        code("__syncthreads();")
+        for acc in g.sums:
+            a = self.storage[acc]
+
+            def expsum(em: Emitter, tokens: Coords) -> str:
+                return f"mlso::exp_rel({em.plain(s, s_coords(tokens))}, {m.ptr}[o])"
+
+            def add(em: Emitter, tokens: Coords, v: str, a: Storage = a) -> list[str]:
+                return [f"{a.ptr}[o] = {a.ptr}[o] * {g.alpha}[o] + {v};"]
+
+            self._team(code, g.m.shape, length, "sum", expsum, add)
+        for acc in g.wsums:
+            a = self.storage[acc]
+            rows = self._row_index(g, acc.shape)
+
+            def rescale(em: Emitter, coords: Coords, a: Storage = a, rows=rows) -> list[str]:
+                return [f"{a.ptr}[e] *= {g.alpha}[{rows(coords)}];"]
+
+            self._elementwise(code, acc.shape, rescale)
+        if g.wsums:
+            p = g.p
+            ctype = CTYPE[p.dtype]
+
+            def stage_p(em: Emitter, coords: Coords) -> list[str]:
+                row = offset(canon(g.m.shape, coords[:-1] + ("0",)), m.strides)
+                val = f"mlso::exp_rel({em.plain(s, coords)}, {m.ptr}[{row}])"
+                return [f"{p.ptr}[{offset(coords, p.strides)}] = mlso::from_f32<{ctype}>({val});"]
+
+            self._elementwise(code, s.shape, stage_p)
+            code("__syncthreads();")
+            for acc in g.wsums:
+                self._pass_matmul(code, self.plans[acc], "exp(s - m) @ v")
+                if acc is not g.wsums[-1]:
+                    code("__syncthreads();")
+
+    def _row_index(self, g: Group, shape: tuple[int, ...]) -> Callable[[Coords], str]:
+        """Offset into the running max of a WSUM element at coords (rows align to s's rows)."""
+        ms = g.m.shape
+        lead = len(shape) - len(ms)
+
+        def index(coords: Coords) -> str:
+            mc = tuple("0" if (j == len(ms) - 1 or ms[j] == 1) else coords[j + lead] for j in range(len(ms)))
+            return offset(mc, contiguous(ms))
+
+        return index
+
+    def _acc_scale(self, acc: Node) -> BufferScale:
+        g = self.group_of[acc]
+        ms = g.m.shape
+        lead = len(acc.shape) - len(ms)
+        mfunc = tuple(None if (j == len(ms) - 1 or ms[j] == 1) else (j + lead, 1) for j in range(len(ms)))
+        return BufferScale(g.m, 1, mfunc)
+
+    def _pass_save(self, code: Code, save: Node, written: set[Node]) -> None:
+        om = save.arg.omap
+        proj = self.proj_storage[save.arg.index]
+        ctype = CTYPE[proj.dtype]
+        tile = save.shape
+        partial_dims = [g for g in range(3) if om[g] == PARTIAL]
+        em = self.emitter()
+        tokens = decompose("e", tile)
+        v = em.value(save.src[0], tokens)
+        val = None
+        mwrite = None
+        if v.scale is not None and partial_dims and proj.buffer.kind == "scratch":
+            mwrite = self._partial_max(save, v.scale, tokens, partial_dims)
+            if mwrite is not None:
+                val = v.code
+        if val is None:
+            val = em.materialise(v)
+        gcoords = self._global_coords(tokens, tile, om, partial_dims)
+        code(f"// save output {save.arg.index}{' (scaled partial + its max)' if mwrite else ''}")
+        with code.block(f"for (int e = threadIdx.x; e < {numel(tile)}; e += {self.nt})"):
+            code.extend(em.lines)
+            code(f"{proj.ptr}[{offset(gcoords, proj.strides)}] = mlso::from_f32<{ctype}>({val});")
+        if mwrite is not None:
+            m_node, mbuf = mwrite
+            if mbuf not in written:
+                written.add(mbuf)
+                mt = decompose("e", m_node.shape)
+                g2 = self._global_coords(mt, m_node.shape, om, partial_dims)
+                mst = self.lw.storage[mbuf]
+                with code.block(f"for (int e = threadIdx.x; e < {m_node.numel}; e += {self.nt})"):
+                    code(f"{mst.ptr}[{offset(g2, mst.strides)}] = {self.storage[m_node].ptr}[e];")
+
+    def _global_coords(self, tokens: Coords, tile: tuple[int, ...], om, partial_dims: list[int]) -> Coords:
+        out = [f"(int)blockIdx.{XYZ[g]}" for g in partial_dims]
+        for d, t in enumerate(tokens):
+            terms = [t] if t != "0" else []
+            for g in range(3):
+                if om[g] == d and self.bg.grid[g] > 1:
+                    terms.append(f"(int)blockIdx.{XYZ[g]} * {tile[d]}")
+            out.append(" + ".join(terms) if terms else "0")
+        return tuple(out)
+
+    def _partial_max(self, save: Node, scale, tokens: Coords, partial_dims: list[int]):
+        """Register the max side buffer of a scaled partial save; None if its layout is not simple."""
+        bs = structural(scale, tokens)
+        m_node = scale.key
+        tile = save.shape
+        if bs is None or m_node not in self.storage or len(m_node.shape) != len(tile):
+            return None
+        for j, f in enumerate(bs.mfunc):
+            if not (f == (j, 1) and m_node.shape[j] == tile[j]) and not (f is None and m_node.shape[j] == 1):
+                return None
+        om = save.arg.omap
+        grid = self.bg.grid
+        full = tuple(grid[g] for g in partial_dims) + tuple(
+            m_node.shape[j] * next((grid[g] for g in range(3) if om[g] == j), 1) for j in range(len(tile)))
+        mbuf = synthetic.partial_max(self.gd, m_node, om, full)
+        mst = self.lw.scratch_storage(mbuf)
+        self.uses.write(mst.buffer)
+        npart = len(partial_dims)
+        mfunc: list[tuple[int, int] | None] = [(p, 1) for p in range(npart)]
+        for j, f in enumerate(bs.mfunc):
+            split = any(om[g] == j and grid[g] > 1 for g in range(3))
+            if f is not None:
+                mfunc.append((npart + j, 1))
+            elif split:
+                mfunc.append((npart + j, tile[j]))
+            else:
+                mfunc.append(None)
+        self.proj_storage[save.arg.index].scale = BufferScale(mbuf, scale.degree, tuple(mfunc))
+        return m_node, mbuf
+
+    # ---- loads -------------------------------------------------------------------------------
+    def _load(self, code: Code, it: Node, step: str | None, dst: str, asynchronous: bool) -> None:
+        i = it.arg
+        src = self.gd.src[i]
+        im = self.bg.inputs[i]
+        tile = it.shape
+        st = self.storage[it]
+        ctype = CTYPE[it.dtype]
+        base = []
+        for d in range(len(tile)):
+            terms = [f"(int)blockIdx.{XYZ[g]} * {src.shape[d] // self.bg.grid[g]}"
+                     for g in range(3) if im.imap[g] == d and self.bg.grid[g] > 1]
+            if im.fmap == d and step is not None and self.bg.loop > 1:
+                terms.append(f"({step}) * {tile[d]}")
+            base.append(terms)
+
+        def gcoords(t: Coords) -> Coords:
+            return tuple(" + ".join(([c] if c != "0" else []) + b) or "0" for c, b in zip(t, base))
+
+        view = strided(src, self.lw.storage)
+        gst = self.lw.storage[view.leaf] if view is not None else None
+        vec = 16 // it.dtype.itemsize
+        if (view is not None and tile and gst.dtype == it.dtype and gst.scale is None
+                and view.strides[-1] == 1 and tile[-1] % vec == 0 and view.base % vec == 0
+                and all(s % vec == 0 for s in view.strides[:-1]) and st.strides[-1] == 1
+                and all(s % vec == 0 for s in st.strides[:-1])):
+            self.uses.read(view.leaf)
+            per_row = tile[-1] // vec
+            rows = "c" if per_row == 1 else f"(c / {per_row})"
+            t = decompose(rows, tile[:-1]) + ("0" if per_row == 1 else f"(c % {per_row}) * {vec}",)
+            code(f"mlso::copy_chunks<{_bool(asynchronous)}, {self.nt}, {numel(tile) // vec}>("
+                 f"[&](int c) -> const {ctype}* {{ return {gst.ptr} + {offset(gcoords(t), view.strides, view.base)}; }}, "
+                 f"[&](int c) -> {ctype}* {{ return {dst} + {offset(t, st.strides)}; }});")
+            return
+        em = self.kernel_emitter()
+        t = decompose("e", tile)
+        val = em.plain(src, gcoords(t))
+        body = " ".join(em.lines)
+        code(f"mlso::copy_elements<{self.nt}, {numel(tile)}>([&](int e) {{ {body} "
+             f"{dst}[{offset(t, st.strides)}] = mlso::from_f32<{ctype}>({val}); }});")
+
+    # ---- the kernel --------------------------------------------------------------------------
+    def build(self) -> Kernel:
+        for pad in (True, False):
+            self._layout(pad)
+            if self.smem <= SMEM_LIMIT:
+                break
+        else:
+            raise CodegenError(f"graph-defined kernel needs {self.smem} bytes of shared memory (limit {SMEM_LIMIT})",
+                               "Choose smaller tiles (a larger grid or loop) for this block graph.")
+        self.proj_storage: dict[int, Storage] = {}
+        projs = {n.arg: n for n in self.lw.order
+                 if n.op is Op.PROJ and isinstance(n.arg, int) and n.src[0] == self.gd}
+        for idx, save in enumerate(self.bg.outputs):
+            proj = projs.get(idx)
+            if proj is None:
+                proj = Node(Op.PROJ, (self.gd,), idx, self.bg.output_shape(save), save.dtype)
+            st = self.lw.storage.get(proj) or self.lw.scratch_storage(proj)
+            self.proj_storage[idx] = st
+            self.uses.write(st.buffer)
+        for acc in self.group_of:
+            self.storage[acc].scale = self._acc_scale(acc)
+
+        body = Code(1)
+        self._emit_body(body)
+        code = Code()
+        code(self.uses.signature(self.name, self.nt) + " {")
+        code.lines.extend(body.lines)
+        code("}")
+        what = f"graph-defined kernel, grid {list(self.bg.grid)}, loop {self.bg.loop}"
+        return Kernel(self.name, code.text(), self.bg.grid, (self.nt, 1, 1), self.smem, self.uses.params(), what)
+
+    def _emit_body(self, code: Code) -> None:
+        code("MLSO_DYNAMIC_SMEM(smem);")
+        code("const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;")
+        code("(void)lane; (void)warp;")
+        for ctype, name, off in self.ptrs:
+            code(f"{ctype}* const {name} = reinterpret_cast<{ctype}*>(smem + {off});")
+        loop_iters = self.loop_iters
+        has_loop = bool(loop_iters)
+        for it in self.iters:
+            if it.phase is Phase.PRE:
+                self._load(code, it, None, f"s{it.arg}", True)
+        for it in loop_iters:
+            self._load(code, it, "0", f"s{it.arg}_0", True)
+        code("mlso::cp_async_commit();", "mlso::cp_async_wait<0>();", "__syncthreads();")
+
+        passes: dict[Phase, list[Callable[[Code], None]]] = {p: [] for p in PHASES}
+        saves: list[Node] = []
+        last_of_group = {}
+        for n in self.order:
+            if n in self.group_of:
+                last_of_group[self.group_of[n].s] = n
+        for n in self.order:
+            if n.op is Op.ITER or n in (g.m for g in self.groups.values()):
+                continue
+            if n.op is Op.SAVE:
+                saves.append(n)
+                continue
+            plan = self.plans.get(n)
+            if plan is not None:
+                for st in plan.stages:
+                    if st.phase is not (n.phase or Phase.PRE):
+                        passes[st.phase].append(lambda c, st=st: self._stage_once(c, st))
+            if n in self.group_of:
+                g = self.group_of[n]
+                if last_of_group[g.s] is n:
+                    for w in g.wsums:
+                        for st in self.plans[w].stages:
+                            if st.phase is not Phase.LOOP:
+                                passes[st.phase].append(lambda c, st=st: self._stage_once(c, st))
+                    passes[Phase.LOOP].append(lambda c, g=g: self._pass_group(c, g))
+                continue
+            if n.op in ACCUMULATORS:
+                if n.src[0] in self.fused:
+                    fplan = self.plans[n.src[0]]
+                    for st in fplan.stages:
+                        if st.phase is not Phase.LOOP:
+                            passes[st.phase].append(lambda c, st=st: self._stage_once(c, st))
+                passes[Phase.LOOP].append(lambda c, n=n: self._pass_acc_sum(c, n))
+                continue
+            rule = PASSES.get(n.op)
+            if rule is None:
+                raise CodegenError(f"block op {n.op.value} has no pass")
+            passes[n.phase or Phase.PRE].append(lambda c, n=n, rule=rule: rule(self, c, n))
+
+        for p in passes[Phase.PRE]:
+            p(code)
+            code("__syncthreads();")
+        inits = [n for n in self.order if n.op in ACCUMULATORS]
+        for acc in inits:
+            code(f"for (int e = threadIdx.x; e < {acc.numel}; e += {self.nt}) {self.storage[acc].ptr}[e] = 0.0f;")
+        for g in self.groups.values():
+            code(f"for (int e = threadIdx.x; e < {g.m.numel}; e += {self.nt}) "
+                 f"{self.storage[g.m].ptr}[e] = mlso::neg_inf();")
+        if inits:
+            code("__syncthreads();")
+        if has_loop:
+            with code.block(f"for (int it = 0; it < {self.bg.loop}; ++it)"):
+                for it in loop_iters:
+                    ctype = CTYPE[it.dtype]
+                    code(f"{ctype}* const s{it.arg} = (it & 1) ? s{it.arg}_1 : s{it.arg}_0;")
+                with code.block(f"if (it + 1 < {self.bg.loop})"):
+                    for it in loop_iters:
+                        self._load(code, it, "it + 1", f"((it & 1) ? s{it.arg}_0 : s{it.arg}_1)", True)
+                code("mlso::cp_async_commit();", "mlso::cp_async_wait<1>();", "__syncthreads();")
+                for p in passes[Phase.LOOP]:
+                    p(code)
+                    code("__syncthreads();")
+        for p in passes[Phase.POST]:
+            p(code)
+            code("__syncthreads();")
+        written: set[Node] = set()
+        for s in saves:
+            self._pass_save(code, s, written)
+
+    def _stage_once(self, code: Code, st: Stage) -> None:
+        if not st.done:
+            self._pass_stage(code, st)
+            st.done = True
+
+
+PASSES: dict[Op, Callable[[BlockKernel, Code, Node], None]] = {
+    Op.MATMUL: BlockKernel._pass_node_matmul,
+    Op.REDUCE_SUM: BlockKernel._pass_reduce,
+    Op.REDUCE_MEAN: BlockKernel._pass_reduce,
+    Op.REDUCE_MAX: BlockKernel._pass_reduce,
+}
+"""Block op -> pass emitter (accumulators and SAVE have their own places in the schedule)."""
+
+
+def emit_graph_def(lw: Lowering, gd: Node) -> Kernel:
+    if not isinstance(gd.arg, BlockGraph):
+        raise CodegenError("GRAPH_DEF without a block graph")
+    return BlockKernel(lw, gd).build()
+
+

@@ -1,0 +1,244 @@
+"""Inline evaluation of μGraph values at symbolic coordinates: the thread-graph level.
+
+Why one emitter for both levels: a kernel-level elementwise chain fused into a kernel and a
+block-level chain fused into a block op are the same thing, an expression evaluated per element
+in registers. The emitter turns "value of node n at coordinates (c0, c1, ...)" into C statements:
+stored tensors (global buffers or shared tiles, given by `storage`) become loads, views become
+coordinate maps, elementwise ops become calls of mlso::ew functions, and THREAD nodes evaluate
+their bodies. Results carry a Scale (scale.py) when they are stored relative to a running max.
+
+The rules are a table, RULES: op -> function(emitter, node, coords) -> Val.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from mlso_cli.codegen.cfmt import (
+    Coords,
+    Names,
+    bcast,
+    c_float,
+    canon,
+    contiguous,
+    decompose,
+    offset,
+)
+from mlso_cli.codegen.errors import CodegenError
+from mlso_cli.codegen.scale import BINARY, UNARY_DEGREE, Scale, Storage, Val
+from mlso_cli.codegen.synthetic import Copy
+from mlso_cli.codegen.views import strided, view_strides
+from mlso_cli.ir.node import Node, const_value
+from mlso_cli.ir.ops import BINARY as BINARY_OPS
+from mlso_cli.ir.ops import UNARY, Op
+
+UNARY_FN: dict[Op, str] = {
+    Op.EXP: "mlso::ew::exp", Op.SQUARE: "mlso::ew::square", Op.SQRT: "mlso::ew::sqrt",
+    Op.RSQRT: "mlso::ew::rsqrt", Op.RECIPROCAL: "mlso::ew::reciprocal", Op.NEG: "mlso::ew::neg",
+    Op.SILU: "mlso::ew::silu", Op.SIGMOID: "mlso::ew::sigmoid", Op.TANH: "mlso::ew::tanh",
+    Op.ERF: "mlso::ew::erf", Op.GELU: "mlso::ew::gelu", Op.RELU: "mlso::ew::relu",
+}
+"""Device function of each unary op. CAST is the identity on fp32 registers (the IR's CAST is
+exact; rounding happens where a value is stored in a narrower type)."""
+
+BINARY_FN: dict[Op, str] = {Op.ADD: "mlso::ew::add", Op.SUB: "mlso::ew::sub", Op.MUL: "mlso::ew::mul",
+                            Op.DIV: "mlso::ew::div", Op.MAX: "mlso::ew::max"}
+assert set(UNARY_FN) | {Op.CAST} == UNARY and set(BINARY_FN) == BINARY_OPS
+
+
+@dataclass(frozen=True)
+class Flat:
+    """Coordinates that are the decomposition of a flat index `expr` over `shape`: a stored
+    tensor of that shape with contiguous strides is then read at `expr` directly."""
+
+    coords: Coords
+    shape: tuple[int, ...]
+    expr: str
+
+
+class Emitter:
+    """Emits statements into `lines`; `value(n, coords)` returns n's value there."""
+
+    def __init__(self, storage: Mapping[Node, Storage], stab: Mapping[Node, Node], names: Names,
+                 on_use: Callable[[Node], None] | None = None, flat: Flat | None = None) -> None:
+        self.storage = storage
+        self.stab = stab
+        self.names = names
+        self.on_use = on_use or (lambda n: None)
+        self._flats: dict[tuple[Coords, tuple[int, ...]], str] = {}
+        if flat is not None:
+            self._flats[(flat.coords, flat.shape)] = flat.expr
+        self.lines: list[str] = []
+        self._memo: dict[tuple, Val] = {}
+        self._thread: list[tuple[int, list[Val]]] = []
+        self._thread_ids = 0
+
+    # ---- public ------------------------------------------------------------------------------
+    def value(self, n: Node, coords: Coords) -> Val:
+        coords = canon(n.shape, coords)
+        key = (n, coords, self._thread[-1][0] if self._thread else None)
+        got = self._memo.get(key)
+        if got is None:
+            got = self._leaf(n, coords) if n in self.storage else self.compute(n, coords)
+            self._memo[key] = got
+        return got
+
+    def compute(self, n: Node, coords: Coords) -> Val:
+        """n's value from its definition, even when n is stored (used for the node a kernel writes)."""
+        rule = RULES.get(n.op)
+        if rule is None:
+            raise CodegenError(f"cannot evaluate {n.op.value}{list(n.shape)} inline: it must be materialised first")
+        return rule(self, n, canon(n.shape, coords))
+
+    def plain(self, n: Node, coords: Coords) -> str:
+        return self.materialise(self.value(n, coords))
+
+    def materialise(self, v: Val) -> str:
+        """The exact value of v: stored * exp(degree * M), guarded so that 0 stays 0."""
+        if v.scale is None:
+            return v.code
+        m = self.mvalue(v.scale)
+        dm = m if v.scale.degree == 1 else f"{c_float(v.scale.degree)} * {m}"
+        return self.var(f"mlso::unscale({v.code}, {dm})")
+
+    def mvalue(self, s: Scale) -> str:
+        """The max tensor's value at the scale's coordinates."""
+        v = self.value(s.key, s.mcoords)
+        assert v.scale is None, "a max tensor is never scaled itself"
+        return v.code
+
+    def flat_index(self, coords: Coords, shape: tuple[int, ...]) -> str:
+        """Row-major index of coords in shape (the known flat expression when there is one)."""
+        return self._flats.get((coords, shape)) or offset(coords, contiguous(shape))
+
+    def coords_of_flat(self, flat: str, shape: tuple[int, ...]) -> Coords:
+        coords = canon(shape, decompose(flat, shape))
+        self._flats.setdefault((coords, shape), flat)
+        return coords
+
+    def var(self, expr: str, ctype: str = "float") -> str:
+        name = self.names.new("t")
+        self.lines.append(f"const {ctype} {name} = {expr};")
+        return name
+
+    def load(self, n: Node, off: str) -> str:
+        """Load element `off` of stored tensor n, widened to fp32."""
+        st = self.storage[n]
+        self.on_use(n)
+        return self.var(f"mlso::to_f32({st.ptr}[{off}])")
+
+    # ---- leaves ------------------------------------------------------------------------------
+    def _leaf(self, n: Node, coords: Coords) -> Val:
+        st = self.storage[n]
+        off = self._flats.get((coords, st.shape))
+        if off is None or st.strides != contiguous(st.shape):
+            off = offset(coords, st.strides)
+        code = self.load(n, off)
+        return Val(code, st.scale.at(coords) if st.scale else None)
+
+    # ---- thread graphs -----------------------------------------------------------------------
+    def push_thread(self, inputs: list[Val]) -> None:
+        self._thread_ids += 1
+        self._thread.append((self._thread_ids, inputs))
+
+    def pop_thread(self) -> None:
+        self._thread.pop()
+
+    def thread_input(self, i: int) -> Val:
+        if not self._thread:
+            raise CodegenError("THREAD_IN outside a thread graph")
+        return self._thread[-1][1][i]
+
+
+# ---- rules -----------------------------------------------------------------------------------
+
+def _const(em: Emitter, n: Node, coords: Coords) -> Val:
+    return Val(c_float(const_value(n)))
+
+
+def _unary(em: Emitter, n: Node, coords: Coords) -> Val:
+    if n in em.stab:
+        return _stabilised_exp(em, n, coords)
+    x = em.value(n.src[0], coords)
+    if n.op is Op.CAST:
+        return x
+    scale = None
+    if x.scale is not None:
+        rule = UNARY_DEGREE.get(n.op)
+        degree = rule(x.scale.degree) if rule else None
+        if degree is None:
+            x = Val(em.materialise(x))
+        elif degree != 0:
+            scale = Scale(x.scale.key, degree, x.scale.mcoords)
+    return Val(em.var(f"{UNARY_FN[n.op]}({x.code})"), scale)
+
+
+def _stabilised_exp(em: Emitter, n: Node, coords: Coords) -> Val:
+    """exp(s) as exp(s - M) scaled by M, M = max of s along the softmax axis (synthetic.RowMax)."""
+    m_node = em.stab[n]
+    s = em.plain(n.src[0], coords)
+    mc = list(coords)
+    mc[m_node.arg.axis] = "0"
+    mcoords = canon(m_node.shape, mc)
+    m = em.value(m_node, mcoords).code
+    return Val(em.var(f"mlso::exp_rel({s}, {m})"), Scale(m_node, 1, mcoords))
+
+
+def _binary(em: Emitter, n: Node, coords: Coords) -> Val:
+    a = em.value(n.src[0], bcast(n.src[0].shape, coords))
+    b = em.value(n.src[1], bcast(n.src[1].shape, coords))
+    scale, mat_a, mat_b = BINARY[n.op](a.scale, b.scale)
+    ac = em.materialise(a) if mat_a else a.code
+    bc = em.materialise(b) if mat_b else b.code
+    return Val(em.var(f"{BINARY_FN[n.op]}({ac}, {bc})"), scale)
+
+
+def _transpose(em: Emitter, n: Node, coords: Coords) -> Val:
+    src = ["0"] * len(coords)
+    for i, p in enumerate(n.arg):
+        src[p] = coords[i]
+    return em.value(n.src[0], tuple(src))
+
+
+def _broadcast(em: Emitter, n: Node, coords: Coords) -> Val:
+    return em.value(n.src[0], bcast(n.src[0].shape, coords))
+
+
+def _reshape(em: Emitter, n: Node, coords: Coords) -> Val:
+    src = n.src[0]
+    if isinstance(n.arg, Copy) or n.shape == src.shape:
+        return em.value(src, coords)
+    view = strided(src, em.storage)  # not strided(n): n may be the stored node being computed
+    if view is not None and em.storage[view.leaf].scale is None:
+        st = view_strides(src.shape, view.strides, n.shape)
+        if st is not None:
+            return Val(em.load(view.leaf, offset(coords, st, view.base)))
+    flat = em.flat_index(coords, n.shape)
+    return em.value(src, em.coords_of_flat(flat, src.shape))
+
+
+def _thread(em: Emitter, n: Node, coords: Coords) -> Val:
+    inputs = [em.value(s, bcast(s.shape, coords)) for s in n.src]
+    em.push_thread(inputs)
+    try:
+        body = n.arg.body
+        return em.value(body, bcast(body.shape, coords))
+    finally:
+        em.pop_thread()
+
+
+def _thread_in(em: Emitter, n: Node, coords: Coords) -> Val:
+    return em.thread_input(n.arg)
+
+
+RULES: dict[Op, Callable[[Emitter, Node, Coords], Val]] = {
+    Op.CONST: _const,
+    **{op: _unary for op in UNARY},
+    **{op: _binary for op in BINARY_OPS},
+    Op.TRANSPOSE: _transpose,
+    Op.BROADCAST: _broadcast,
+    Op.RESHAPE: _reshape,
+    Op.THREAD: _thread,
+    Op.THREAD_IN: _thread_in,
+}

@@ -1,0 +1,119 @@
+"""Run a generated program on the CPU (kernels_templates/mlso_host_emu.h), for tests.
+
+Why: CI has nvcc but no GPU. Executing the very source nvcc compiles, with one host thread per
+CUDA thread, checks the index arithmetic, phases, barriers, running-max scaling and the
+tensor-core fragment layouts (as the PTX ISA defines them) against the reference interpreter.
+What it cannot check: cp.async timing (copies are synchronous), real shared-memory races and
+performance. Binaries are cached by content hash like fatbins. Use small shapes: every CUDA
+thread is an OS thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from mlso_cli.codegen.cfmt import CTYPE
+from mlso_cli.codegen.nvcc import TEMPLATES_DIR, templates_digest
+from mlso_cli.codegen.program import GeneratedProgram
+from mlso_cli.errors import EnvironmentProblem
+from mlso_cli.ir.ops import DType
+from mlso_cli.knobs import knobs
+
+CXX_FLAGS = ("-std=c++20", "-O1", "-pthread", "-DMLSO_HOST_EMU", "-Wno-unknown-pragmas", "-x", "c++")
+_KINDS = ("input", "output", "scratch")
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def driver(gp: GeneratedProgram) -> str:
+    """C++ main() that reads inputs from argv[1]/inK.bin, runs every launch, writes outK.bin."""
+    plan = gp.plan
+    lines = [gp.source, "", "int main(int argc, char** argv) {", "  if (argc < 2) return 2;",
+             "  const std::string dir = argv[1];"]
+    sizes = {}
+    for i, t in enumerate(plan["inputs"]):
+        n = int(np.prod(t["shape"], dtype=np.int64)) * numpy_dtype(t["dtype"]).itemsize
+        sizes[("input", i)] = n
+        lines.append(f'  auto in{i} = mlso_emu::read_file((dir + "/in{i}.bin").c_str(), {n});')
+    for i, t in enumerate(plan["outputs"]):
+        n = int(np.prod(t["shape"], dtype=np.int64)) * numpy_dtype(t["dtype"]).itemsize
+        sizes[("output", i)] = n
+        lines.append(f"  auto out{i} = mlso_emu::poisoned({n});")
+    for i, s in enumerate(plan["scratch"]):
+        lines.append(f"  auto sc{i} = mlso_emu::poisoned({s['bytes']});")
+    ctypes = {("input", i): CTYPE[DType(t["dtype"])] for i, t in enumerate(plan["inputs"])}
+    ctypes.update({("output", i): CTYPE[DType(t["dtype"])] for i, t in enumerate(plan["outputs"])})
+    prefix = {"input": "in", "output": "out", "scratch": "sc"}
+    for launch in plan["launches"]:
+        args = []
+        for a in launch["args"]:
+            key = (a["kind"], a["index"])
+            ctype = ctypes.get(key, "float")
+            args.append(f"reinterpret_cast<{ctype}*>({prefix[a['kind']]}{a['index']}.data())")
+        g, b = launch["grid"], launch["block"]
+        lines.append(f"  mlso_emu::launch(dim3{{{g[0]}u, {g[1]}u, {g[2]}u}}, dim3{{{b[0]}u, {b[1]}u, {b[2]}u}}, "
+                     f"{launch['smem']}, {launch['kernel']}, {', '.join(args)});")
+    for i in range(len(plan["outputs"])):
+        lines.append(f'  mlso_emu::write_file((dir + "/out{i}.bin").c_str(), out{i}, {sizes[("output", i)]});')
+    lines += ["  return 0;", "}", ""]
+    return "#include <string>\n" + "\n".join(lines)
+
+
+def build(gp: GeneratedProgram) -> Path:
+    """The emulation executable for gp (cached by content hash)."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        raise EnvironmentProblem("no host C++ compiler (g++) for the kernel emulator",
+                                 "Install g++ 12 or newer (nvcc needs one anyway).")
+    src = driver(gp)
+    key = hashlib.sha256("\0".join([src, " ".join(CXX_FLAGS), templates_digest()]).encode()).hexdigest()
+    root = knobs().cache_dir / "emu"
+    exe = root / key
+    if exe.is_file():
+        return exe
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix="build-") as tmp:
+        cpp = Path(tmp) / "main.cpp"
+        cpp.write_text(src)
+        out = Path(tmp) / "a.out"
+        cmd = [cxx, *CXX_FLAGS, f"-I{TEMPLATES_DIR}", str(cpp), "-o", str(out)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if res.returncode != 0:
+            kept = root / f"{key}.failed.cpp"
+            kept.write_text(src)
+            raise RuntimeError(f"host emulation build failed; source kept at {kept}\n{res.stderr[:4000]}")
+        out.replace(exe)
+    return exe
+
+
+def run(gp: GeneratedProgram, inputs: Sequence[np.ndarray], timeout: float = 600) -> list[np.ndarray]:
+    """Execute gp on the CPU; outputs start as NaN, so unwritten elements stay NaN."""
+    exe = build(gp)
+    plan = gp.plan
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (x, t) in enumerate(zip(inputs, plan["inputs"])):
+            arr = np.ascontiguousarray(np.asarray(x).astype(numpy_dtype(t["dtype"])))
+            if list(arr.shape) != list(t["shape"]):
+                raise ValueError(f"input {i} has shape {arr.shape}, the plan wants {t['shape']}")
+            (Path(tmp) / f"in{i}.bin").write_bytes(arr.tobytes())
+        res = subprocess.run([str(exe), tmp], capture_output=True, text=True, timeout=timeout)
+        if res.returncode != 0:
+            raise RuntimeError(f"emulated run failed ({res.returncode}): {res.stderr[:2000]}")
+        outs = []
+        for i, t in enumerate(plan["outputs"]):
+            data = (Path(tmp) / f"out{i}.bin").read_bytes()
+            outs.append(np.frombuffer(data, dtype=numpy_dtype(t["dtype"])).reshape(t["shape"]).copy())
+        return outs

@@ -1,0 +1,160 @@
+"""nvcc driver: generated CUDA -> one fatbin (sm_80 SASS, sm_90a SASS, compute_90a PTX), cached.
+
+Why a content-hash cache (as Triton does): compiling takes seconds, and the same region is
+compiled again by every optimize/verify/bench run. The key is sha256 over the source, the flags,
+nvcc's version and the templates' contents; entries are written to a temporary file and renamed
+into place, so concurrent compilers never see half a file.
+
+Flags: -O3, C++17, no --use_fast_math. Fast math would turn expf/erff/division into approximate
+forms whose error grows with |x| (exp at logits of 100 loses ~1e-5 relative, the fp32 limit),
+so templates call the precise functions and rsqrtf explicitly where approximation is harmless.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from mlso_cli.codegen.errors import CompileError
+from mlso_cli.codegen.program import GeneratedProgram
+from mlso_cli.errors import EnvironmentProblem
+from mlso_cli.knobs import knobs
+
+TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "kernels_templates"
+BASE_FLAGS: tuple[str, ...] = ("-O3", "-std=c++17")
+NVCC_TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class CompiledProgram:
+    fatbin: bytes
+    plan: dict[str, Any]
+    source: str
+    source_sha256: str
+
+
+def gencode_flags(targets: tuple[str, ...]) -> list[str]:
+    """SASS for every target, plus PTX of the last one (JIT-able by the driver)."""
+    flags = []
+    last = None
+    for t in targets:
+        m = re.fullmatch(r"sm_(\d+)([a-z]?)", t)
+        if not m:
+            raise ValueError(f"unknown arch target {t!r}; use names such as sm_80 or sm_90a")
+        arch = m.group(1) + m.group(2)
+        flags.append(f"-gencode=arch=compute_{arch},code=sm_{arch}")
+        last = arch
+    if last is not None:
+        flags.append(f"-gencode=arch=compute_{last},code=compute_{last}")
+    return flags
+
+
+@cache
+def nvcc_path() -> str:
+    """The nvcc executable: MLSO_NVCC, else nvcc on PATH, else /usr/local/cuda/bin/nvcc."""
+    want = knobs().nvcc
+    found = shutil.which(want)
+    if found is None and want == "nvcc" and os.access("/usr/local/cuda/bin/nvcc", os.X_OK):
+        found = "/usr/local/cuda/bin/nvcc"
+    if found is None:
+        raise EnvironmentProblem(
+            f"nvcc (the CUDA compiler) was not found (looked for {want!r})",
+            "Install the CUDA Toolkit (12.4 or newer; 13.0 is tested) and put nvcc on PATH, "
+            "or set MLSO_NVCC=/path/to/nvcc.")
+    return found
+
+
+@cache
+def nvcc_version(path: str) -> str:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    except OSError as exc:
+        raise EnvironmentProblem(f"nvcc at {path} cannot be run ({exc})",
+                                 "Check the CUDA Toolkit installation or set MLSO_NVCC.") from None
+    lines = [s for s in out.stdout.splitlines() if s.strip()]
+    return lines[-1] if lines else out.stdout
+
+
+def templates_digest() -> str:
+    if not TEMPLATES_DIR.is_dir():
+        raise EnvironmentProblem(f"the CUDA templates directory {TEMPLATES_DIR} is missing",
+                                 "Run mlso from its source checkout (pip install -e .).")
+    h = hashlib.sha256()
+    for p in sorted(TEMPLATES_DIR.glob("*.cuh")):
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def cache_key(source: str, flags: list[str], version: str) -> str:
+    h = hashlib.sha256()
+    for part in (source, " ".join(flags), version, templates_digest()):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _first_errors(text: str, n: int = 12) -> str:
+    lines = text.splitlines()
+    errs = [s for s in lines if "error" in s.lower()]
+    return "\n".join((errs or lines)[:n])
+
+
+def compile_source(source: str, targets: tuple[str, ...]) -> bytes:
+    """Fatbin bytes of `source` for `targets`, from the cache when it holds them."""
+    nvcc = nvcc_path()
+    flags = [*BASE_FLAGS, *gencode_flags(targets)]
+    key = cache_key(source, flags, nvcc_version(nvcc))
+    root = knobs().cache_dir / "kernels"
+    fatbin = root / f"{key}.fatbin"
+    if fatbin.is_file():
+        return fatbin.read_bytes()
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix="build-") as tmp:
+        cu = Path(tmp) / f"{key}.cu"
+        out = Path(tmp) / f"{key}.fatbin"
+        cu.write_text(source)
+        cmd = [nvcc, "-fatbin", *flags, f"-I{TEMPLATES_DIR}", "-o", str(out), str(cu)]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            res = None
+        if res is None or res.returncode != 0:
+            kept = root / "failed" / f"{key}.cu"
+            _write_atomic(kept, source.encode())
+            shown = " ".join(shlex.quote(c) for c in cmd[:-1] + [str(kept)])
+            detail = "timed out" if res is None else f"exit {res.returncode}"
+            errors = "" if res is None else _first_errors(res.stderr + res.stdout)
+            raise CompileError(
+                f"nvcc failed ({detail}) on generated CUDA\n  command: {shown}\n  source kept at: {kept}\n"
+                f"  first errors:\n{errors}",
+                "This is a code generation bug: report it with the kept source.")
+        data = out.read_bytes()
+        if knobs().keep_temps:
+            _write_atomic(root / f"{key}.cu", source.encode())
+    _write_atomic(fatbin, data)
+    return data
+
+
+def compile_generated(gp: GeneratedProgram, targets: tuple[str, ...]) -> CompiledProgram:
+    fatbin = compile_source(gp.source, targets)
+    return CompiledProgram(fatbin, gp.plan, gp.source, hashlib.sha256(gp.source.encode()).hexdigest())

@@ -1,0 +1,151 @@
+"""Values kept relative to a running max: value = stored * exp(degree * M[coords]).
+
+Why: exp-sums of logits near 100 overflow fp32 (near 11 in fp16), yet the IR means the exact
+values. Generated code therefore keeps such values *scaled*: a stored number plus a reference
+to a max tensor M (the running max of an accumulator group, the row max of a stabilised EXP, the
+per-block max of a split-KV partial). Ops that commute with the scale carry it along (mul, div,
+neg, square, reciprocal, relu, sums along axes M does not vary over, and add/sub/max of equally
+scaled operands); a division of two equally scaled values cancels it. Every other op first
+*materialises* the exact value stored * exp(degree * M), which overflows exactly when the exact
+value does. The rules are tables (UNARY_DEGREE, binary functions in BINARY), not if-chains.
+
+A Scale names M's coordinates as C expressions over the kernel's coordinate tokens, so two
+scales are the same iff key, degree and coordinate strings are equal (conservative), and a
+scale is independent of a loop variable iff no coordinate mentions it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from mlso_cli.codegen.cfmt import Coords, cdiv
+from mlso_cli.ir.node import Node
+from mlso_cli.ir.ops import DType, Op
+
+
+@dataclass(frozen=True)
+class Scale:
+    key: Node
+    """The max tensor M (a materialised node)."""
+    degree: int
+    mcoords: Coords
+    """M's coordinates at this value's position."""
+
+
+@dataclass(frozen=True)
+class BufferScale:
+    """How a stored tensor is scaled: M's coordinate j is coords[i] // div for mfunc[j] = (i, div),
+    or 0 for None."""
+
+    key: Node
+    degree: int
+    mfunc: tuple[tuple[int, int] | None, ...]
+
+    def at(self, coords: Sequence[str]) -> Scale:
+        mc = []
+        for f in self.mfunc:
+            if f is None:
+                mc.append("0")
+            else:
+                i, d = f
+                mc.append(cdiv(coords[i], d))
+        return Scale(self.key, self.degree, tuple(mc))
+
+
+def structural(scale: Scale, tokens: Sequence[str]) -> BufferScale | None:
+    """The BufferScale of a tensor whose element at `tokens` has `scale`, or None when M's
+    coordinates are not simple functions (token, token / d, 0) of the tokens."""
+    index = {t: i for i, t in enumerate(tokens) if t != "0"}
+    mfunc: list[tuple[int, int] | None] = []
+    for c in scale.mcoords:
+        if c == "0":
+            mfunc.append(None)
+        elif c in index:
+            mfunc.append((index[c], 1))
+        else:
+            m = re.fullmatch(r"\((\w+) / (\d+)\)", c)
+            if not m or m.group(1) not in index:
+                return None
+            mfunc.append((index[m.group(1)], int(m.group(2))))
+    return BufferScale(scale.key, scale.degree, tuple(mfunc))
+
+
+@dataclass(frozen=True)
+class Val:
+    """An fp32 C expression (usually a temporary) and the scale it is stored relative to."""
+
+    code: str
+    scale: Scale | None = None
+
+
+@dataclass
+class Storage:
+    """Where a materialised tensor lives: global buffer or shared-memory tile."""
+
+    ptr: str
+    dtype: DType
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    scale: BufferScale | None = None
+    buffer: object = None
+    """The plan buffer (global storages) or None (shared memory)."""
+
+
+def _rescaled(s: Scale, degree: int) -> Scale | None:
+    return None if degree == 0 else replace(s, degree=degree)
+
+
+def _half(d: int) -> int | None:
+    return d // 2 if d % 2 == 0 else None
+
+
+UNARY_DEGREE: dict[Op, Callable[[int], int | None]] = {
+    Op.CAST: lambda d: d,
+    Op.NEG: lambda d: d,
+    Op.RELU: lambda d: d,
+    Op.SQUARE: lambda d: 2 * d,
+    Op.RECIPROCAL: lambda d: -d,
+    Op.SQRT: _half,
+    Op.RSQRT: lambda d: None if _half(d) is None else -_half(d),
+}
+"""Unary ops f with f(v * e^(d m)) = f(v) * e^(d' m), as d -> d' (None: must materialise)."""
+
+
+BinaryRule = Callable[[Scale | None, Scale | None], tuple[Scale | None, bool, bool]]
+"""(scale of a, scale of b) -> (scale of the result, materialise a?, materialise b?)."""
+
+
+def _same(a: Scale, b: Scale) -> bool:
+    return a.key == b.key and a.mcoords == b.mcoords
+
+
+def _mul(a: Scale | None, b: Scale | None) -> tuple[Scale | None, bool, bool]:
+    if a and b:
+        if _same(a, b):
+            return _rescaled(a, a.degree + b.degree), False, False
+        return a, False, True
+    return a or b, False, False
+
+
+def _div(a: Scale | None, b: Scale | None) -> tuple[Scale | None, bool, bool]:
+    if a and b:
+        if _same(a, b):
+            return _rescaled(a, a.degree - b.degree), False, False
+        return a, False, True
+    if b:
+        return replace(b, degree=-b.degree), False, False
+    return a, False, False
+
+
+def _additive(a: Scale | None, b: Scale | None) -> tuple[Scale | None, bool, bool]:
+    if a is None and b is None:
+        return None, False, False
+    if a is not None and a == b:
+        return a, False, False
+    return None, a is not None, b is not None
+
+
+BINARY: dict[Op, BinaryRule] = {Op.MUL: _mul, Op.DIV: _div, Op.ADD: _additive, Op.SUB: _additive,
+                                Op.MAX: _additive}
