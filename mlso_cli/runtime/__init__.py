@@ -10,10 +10,14 @@ onnxruntime is imported only when a session is made, so importing this package s
 
 from __future__ import annotations
 
-from mlso_cli.runtime.build import library_path
 from mlso_cli.runtime.check import CheckedNode, check_model, check_node
 from mlso_cli.runtime.gpu import GpuInfo, gpu_info
-from mlso_cli.runtime.session_helper import LibraryDecision, library_decision, session
+from mlso_cli.runtime.session_helper import (
+    LibraryDecision,
+    library_decision,
+    library_path,
+    session,
+)
 
 __all__ = [
     "CheckedNode",

@@ -22,7 +22,6 @@ from google.protobuf.message import DecodeError
 
 from mlso_cli.console import log
 from mlso_cli.errors import InputError
-from mlso_cli.runtime.build import library_path
 from mlso_cli.runtime.check import CheckedNode, check_model
 from mlso_cli.runtime.gpu import gpu_info, plan_fits
 
@@ -30,6 +29,14 @@ CUDA_EP = "CUDAExecutionProvider"
 CPU_EP = "CPUExecutionProvider"
 
 Provider = str | tuple[str, dict[str, Any]]
+
+
+def library_path() -> Path:
+    """The built libmlso_ort.so (see build.py). Imported lazily, so that importing the package
+    does not import build.py and `python -m mlso_cli.runtime.build` runs it exactly once."""
+    from mlso_cli.runtime import build  # noqa: PLC0415
+
+    return build.library_path()
 
 
 @dataclass(frozen=True)
