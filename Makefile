@@ -7,13 +7,17 @@ PY     := $(VENV)/bin/python
 MLSO   := $(VENV)/bin/mlso
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-gpu lint models export-transformer clean
+.PHONY: demo test test-gpu lint lib models export-transformer clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+# The MlsoKernel custom-op library (also built on first use into the cache).
+lib: $(STAMP)
+	$(PY) -m mlso_cli.runtime.build --out build/libmlso_ort.so
 
 models: $(STAMP)
 	$(PY) -m models.build_models
