@@ -221,4 +221,5 @@ def test_random_regions_lifted_agree_with_ort(tmp_path_factory, case, seed):
            for n in lr.graph.input_names]
     (got,) = interpreter.run(lr.graph, ins, mode="float64")
     assert got.shape == want.shape
-    assert _rel(got, want.astype(np.float64)) < 1e-5
+    # ORT computes in fp32: its own error against exact arithmetic grows along random chains
+    assert _rel(got, want.astype(np.float64)) < 1e-4
