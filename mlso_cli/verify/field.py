@@ -1,0 +1,403 @@
+"""Finite-field values for fingerprinting μGraphs: residues mod a random prime pair (p, q), q | p-1.
+
+Why two residues: polynomial ops (add, mul, matmul, sums, inverses) are ring homomorphisms, so they
+act on both residues. exp is not polynomial, but exp(a) = g^(a mod q) mod p with g of order q is a
+homomorphism from (Z_q, +) to (Z_p*, *), so exp(a+b) = exp(a)*exp(b) holds in the field exactly as
+over the reals. The q-residue of an exp result is unknown, so every value carries its q-residue
+only while it is known (`FieldArray.q is None` otherwise); an op that needs an unknown q-residue
+(exp of an exp-dependent value) falls back to an uninterpreted function of the p-residue.
+
+Why random primes per run: a fixed prime that divides a coefficient difference hides that error
+on every test. q is drawn uniformly from the primes in [Q_LO, Q_HI) that admit p = k*q + 1 prime
+for some k in K_CHOICES; p is then k*q + 1 for a random such k.
+
+Uninterpreted functions (sqrt, erf, max, gelu's Phi, ...) are keyed random oracles on the
+p-residue: a 64-bit mixing hash of (key, salt, argument), vectorised on numpy uint64, so the same
+argument under the same key gives the same value within one Field (one trial) and independent
+values across trials. max/reduce_max hash the multiset of their arguments (sum of mixed
+hashes), so they are symmetric: max(a, b) = max(b, a) = reduce_max([a, b]).
+
+Exactness: residues are int64 below 2^27, so elementwise products (< 2^54) and sums are exact in
+int64. Matmul goes through float64 BLAS on limbs: one operand is split into limbs of w bits with
+w + bits(r) + ceil(log2 K) <= 53, so every partial dot product is an integer below 2^53 and
+exact in any summation order: two limbs for K <= 2^12, three up to K = 2^13.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+Q_LO, Q_HI = 1 << 23, 1 << 24
+"""q is drawn from the primes in [Q_LO, Q_HI)."""
+K_CHOICES = (2, 4, 6)
+"""p = k*q + 1 for one of these k, so p < 1.5 * 2^26 and residue products stay below 2^54."""
+Q_ELIGIBLE = 144_077
+"""Number of primes q in [Q_LO, Q_HI) with k*q+1 prime for some k in K_CHOICES (counted with a
+sieve by tests/test_verify_field.py::test_eligible_count, marked slow). Each eligible q is drawn
+with probability 1/Q_ELIGIBLE; a prime P is p with probability <= 1/Q_ELIGIBLE as well, because
+P-1 < 2^27 < Q_LO^2 has at most one prime factor in [Q_LO, Q_HI)."""
+
+
+class ZeroDenominator(ArithmeticError):
+    """A denominator vanished in the field: the checker resamples the inputs."""
+
+
+class BadPrime(ArithmeticError):
+    """A constant's denominator is divisible by the drawn prime: the checker draws new primes."""
+
+
+# ---- primes --------------------------------------------------------------------------------
+
+_MR_BASES = (2, 3, 5, 7, 11, 13, 17)  # deterministic for n < 3.4e14
+
+
+def is_prime(n: int) -> bool:
+    if n < 2:
+        return False
+    for b in _MR_BASES:
+        if n % b == 0:
+            return n == b
+    d, s = n - 1, 0
+    while d % 2 == 0:
+        d //= 2
+        s += 1
+    for a in _MR_BASES:
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(s - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+def draw_primes(rng: np.random.Generator) -> tuple[int, int, int]:
+    """(p, q, g): q uniform over eligible primes, p = k*q+1 for a random valid k, g of order q."""
+    while True:
+        q = int(rng.integers(Q_LO, Q_HI))
+        if not is_prime(q):
+            continue
+        ks = [k for k in K_CHOICES if is_prime(k * q + 1)]
+        if not ks:
+            continue
+        p = ks[int(rng.integers(len(ks)))] * q + 1
+        while True:
+            g = pow(int(rng.integers(2, p - 1)), (p - 1) // q, p)
+            if g != 1:
+                return p, q, g
+
+
+# ---- values ----------------------------------------------------------------------------------
+
+Residue = np.ndarray | Callable[[], np.ndarray]
+
+
+class FieldArray:
+    """A tensor of field values: p-residues, and q-residues while they are known.
+
+    A residue may be held as a thunk and computed on first access: an exp argument's p-residue,
+    for instance, is never needed (exp reads the q-residue only), so the matmul producing it is
+    never run. `q is None` means the q-residue is unknown (the value depends on an exp or an
+    oracle); that is static, known without computing anything.
+    """
+
+    __slots__ = ("_p", "_q", "shape")
+
+    def __init__(self, p: Residue, q: Residue | None, shape: tuple[int, ...] | None = None) -> None:
+        self._p, self._q = p, q
+        self.shape: tuple[int, ...] = tuple(shape if shape is not None else p.shape)
+
+    @property
+    def p(self) -> np.ndarray:
+        if callable(self._p):
+            self._p = self._p()
+        return self._p
+
+    @property
+    def q(self) -> np.ndarray | None:
+        if callable(self._q):
+            self._q = self._q()
+        return self._q
+
+    def q_known(self) -> bool:
+        return self._q is not None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def force(self) -> FieldArray:
+        """Compute both residues now (so that a zero denominator raises here)."""
+        _ = self.p, self.q
+        return self
+
+    def __getitem__(self, idx: Any) -> FieldArray:
+        shape = np.broadcast_to(np.zeros((), np.int8), self.shape)[idx].shape
+        return FieldArray(lambda: self.p[idx], None if self._q is None else (lambda: self.q[idx]), shape)
+
+    def equal(self, other: FieldArray) -> bool:
+        """Equal p-residues, and equal q-residues where both are known."""
+        if self.shape != other.shape or not np.array_equal(self.p, other.p):
+            return False
+        return not (self.q_known() and other.q_known()) or np.array_equal(self.q, other.q)
+
+    def __repr__(self) -> str:
+        return f"FieldArray(shape={self.shape}, q_known={self.q_known()})"
+
+
+# ---- mixing hash (random oracles) -------------------------------------------------------------
+
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def _key(name: str, salt: int) -> tuple[np.uint64, np.uint64]:
+    h = hashlib.sha256(f"{name}:{salt}".encode()).digest()
+    return np.uint64(int.from_bytes(h[:8], "little")), np.uint64(int.from_bytes(h[8:16], "little"))
+
+
+# ---- modular helpers on int64 arrays -----------------------------------------------------------
+
+def _pow_mod(a: np.ndarray, e: int, r: int) -> np.ndarray:
+    result = np.ones_like(a)
+    base = a.copy()
+    while e:
+        if e & 1:
+            result = result * base % r
+        e >>= 1
+        if e:
+            base = base * base % r
+    return result
+
+
+def _centered(a: np.ndarray, r: int) -> np.ndarray:
+    """Residues in [0, r) as integers in (-r/2, r/2]: half the magnitude, a quarter the products."""
+    return a - r * (a > r // 2)
+
+
+def matmul_mod(a: np.ndarray, b: np.ndarray, r: int) -> np.ndarray:
+    """Exact (a @ b) mod r for int64 residues in [0, r), through float64 BLAS.
+
+    When K * (r/2)^2 < 2^53, one float64 matmul of the centered operands (|entries| <= r/2) is
+    exact. Otherwise the operand with fewer entries is split into limbs of w bits with
+    K * 2^w * r < 2^53, and the limb products are recombined mod r."""
+    k = a.shape[-1]
+    if k * (r // 2) ** 2 < 2**53:
+        prod = np.matmul(_centered(a, r).astype(np.float64), _centered(b, r).astype(np.float64))
+        out = prod.astype(np.int64)
+        out %= r
+        return out
+    w = (2**53 // (k * r)).bit_length() - 1
+    if w < 4:  # K too large for operands of this size: split the contraction
+        mid = k // 2
+        return (matmul_mod(a[..., :mid], b[..., :mid, :], r) + matmul_mod(a[..., mid:], b[..., mid:, :], r)) % r
+    split_a = a.size <= b.size
+    small, other = (a, b) if split_a else (b, a)
+    fo = other.astype(np.float64)
+    bits = (r - 1).bit_length()
+    mask = (1 << w) - 1
+    out: np.ndarray | None = None
+    for shift in range(0, bits, w):
+        limb = ((small >> shift) & mask).astype(np.float64)
+        term = (np.matmul(limb, fo) if split_a else np.matmul(fo, limb)).astype(np.int64)
+        if shift:
+            term %= r
+            term *= pow(2, shift, r)
+        out = term if out is None else out + term
+        out %= r
+    return out
+
+
+class Field:
+    """One trial's arithmetic: primes p, q, generator g, oracle salt; ops on FieldArray values.
+
+    The methods form the algebra that semantics.py defines every μGraph op with; the degree
+    analysis (degree.py) implements the same method names on degree records.
+    """
+
+    def __init__(self, p: int, q: int, g: int, salt: int = 0) -> None:
+        if (p - 1) % q or pow(g, q, p) != 1 or g == 1:
+            raise ValueError(f"bad field parameters p={p} q={q} g={g}")
+        self.p, self.q, self.g, self.salt = p, q, g, salt
+        self._lo_bits = 12
+        lo = [1]
+        for _ in range((1 << self._lo_bits) - 1):
+            lo.append(lo[-1] * g % p)
+        step = lo[-1] * g % p  # g^(2^lo_bits)
+        hi = [1]
+        for _ in range((q >> self._lo_bits) + 1):
+            hi.append(hi[-1] * step % p)
+        self._exp_lo = np.array(lo, dtype=np.int64)
+        self._exp_hi = np.array(hi, dtype=np.int64)
+        self._keys: dict[str, tuple[np.uint64, np.uint64]] = {}
+        self._last_exp: tuple[FieldArray, FieldArray] | None = None
+
+    @classmethod
+    def draw(cls, rng: np.random.Generator) -> Field:
+        p, q, g = draw_primes(rng)
+        return cls(p, q, g, int(rng.integers(1 << 62)))
+
+    def __repr__(self) -> str:
+        return f"Field(p={self.p}, q={self.q}, g={self.g})"
+
+    # -- sources --
+    def random(self, shape: tuple[int, ...], rng: np.random.Generator) -> FieldArray:
+        """Uniform independent residues mod p and mod q (a uniform value mod pq, by CRT)."""
+        return FieldArray(rng.integers(0, self.p, size=shape, dtype=np.int64),
+                          rng.integers(0, self.q, size=shape, dtype=np.int64))
+
+    def const(self, value: Fraction) -> FieldArray:
+        """n/d -> n * d^-1 in each residue: one fixed rule for every constant in every program."""
+        v = Fraction(value)
+        out = []
+        for r in (self.p, self.q):
+            if v.denominator % r == 0:
+                raise BadPrime(f"constant {v} has a denominator divisible by {r}")
+            out.append(np.array(v.numerator % r * pow(v.denominator, -1, r) % r, dtype=np.int64))
+        return FieldArray(out[0], out[1])
+
+    # -- ring ops (lazy: each residue is computed when first read) --
+    def _lazy(self, shape: tuple[int, ...], fp: Callable[[int], np.ndarray],
+              fq: Callable[[int], np.ndarray] | None) -> FieldArray:
+        return FieldArray(lambda: fp(self.p), None if fq is None else (lambda: fq(self.q)), shape)
+
+    def _binary(self, a: FieldArray, b: FieldArray, fn: Callable[[np.ndarray, np.ndarray, int], np.ndarray],
+                shape: tuple[int, ...] | None = None) -> FieldArray:
+        shape = shape if shape is not None else np.broadcast_shapes(a.shape, b.shape)
+        fq = (lambda r: fn(a.q, b.q, r)) if a.q_known() and b.q_known() else None
+        return self._lazy(shape, lambda r: fn(a.p, b.p, r), fq)
+
+    def _unary(self, a: FieldArray, fn: Callable[[np.ndarray, int], np.ndarray],
+               shape: tuple[int, ...] | None = None) -> FieldArray:
+        fq = (lambda r: fn(a.q, r)) if a.q_known() else None
+        return self._lazy(shape if shape is not None else a.shape, lambda r: fn(a.p, r), fq)
+
+    def add(self, a: FieldArray, b: FieldArray) -> FieldArray:
+        return self._binary(a, b, lambda x, y, r: (x + y) % r)
+
+    def sub(self, a: FieldArray, b: FieldArray) -> FieldArray:
+        return self._binary(a, b, lambda x, y, r: (x - y) % r)
+
+    def mul(self, a: FieldArray, b: FieldArray) -> FieldArray:
+        return self._binary(a, b, _mul_mod)
+
+    def add_many(self, terms: list[FieldArray]) -> FieldArray:
+        """The sum of several terms of one shape, as one lazy n-ary sum."""
+        if len(terms) == 1:
+            return terms[0]
+
+        def total(res: Callable[[FieldArray], np.ndarray], r: int) -> np.ndarray:
+            out = res(terms[0]).copy()
+            for t in terms[1:]:
+                out += res(t)
+            return out % r
+
+        fq = (lambda r: total(lambda t: t.q, r)) if all(t.q_known() for t in terms) else None
+        return self._lazy(terms[0].shape, lambda r: total(lambda t: t.p, r), fq)
+
+    def neg(self, a: FieldArray) -> FieldArray:
+        return self._unary(a, lambda x, r: -x % r)
+
+    def inv(self, a: FieldArray, nonzero: bool = False) -> FieldArray:
+        """Modular inverse in each residue; a zero denominator raises ZeroDenominator."""
+        return self._unary(a, _inverse)
+
+    def matmul(self, a: FieldArray, b: FieldArray) -> FieldArray:
+        shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+        return self._binary(a, b, matmul_mod, shape)
+
+    def reduce_sum(self, a: FieldArray, axis: int) -> FieldArray:
+        shape = a.shape[:axis] + (1,) + a.shape[axis + 1:]
+        return self._unary(a, lambda x, r: np.sum(x, axis=axis, keepdims=True) % r, shape)
+
+    # -- exp and oracles --
+    def exp(self, a: FieldArray) -> FieldArray:
+        """g^(a mod q) mod p; an unknown q-residue falls back to an oracle of the p-residue."""
+        if not a.q_known():
+            return self.oracle("exp", a)
+        if self._last_exp is not None and self._last_exp[0] is a:  # ACC_EXP_SUM/WSUM share s
+            return self._last_exp[1]
+
+        def fp() -> np.ndarray:
+            e = a.q
+            out = np.take(self._exp_lo, e & ((1 << self._lo_bits) - 1))
+            out *= np.take(self._exp_hi, e >> self._lo_bits)
+            out %= self.p
+            return out
+
+        out = FieldArray(fp, None, a.shape)
+        self._last_exp = (a, out)
+        return out
+
+    def _salted(self, name: str) -> tuple[np.uint64, np.uint64]:
+        k = self._keys.get(name)
+        if k is None:
+            k = self._keys[name] = _key(name, self.salt)
+        return k
+
+    def oracle(self, name: str, *args: FieldArray) -> FieldArray:
+        """A keyed random function of the p-residues; several arguments combine symmetrically."""
+        k1, k2 = self._salted(name)
+        shape: tuple[int, ...] = ()
+        for a in args:
+            shape = np.broadcast_shapes(shape, a.shape)
+
+        def fp() -> np.ndarray:
+            h = None
+            for a in args:
+                t = mix64(a.p.astype(np.uint64) ^ k1)
+                h = t if h is None else h + t
+            return (mix64(h ^ k2) % np.uint64(self.p)).astype(np.int64)
+
+        return FieldArray(fp, None, shape)
+
+    def oracle_reduce(self, name: str, a: FieldArray, axis: int) -> FieldArray:
+        """The oracle of the multiset of values along `axis` (keepdims)."""
+        k1, k2 = self._salted(name)
+
+        def fp() -> np.ndarray:
+            h = np.sum(mix64(a.p.astype(np.uint64) ^ k1), axis=axis, keepdims=True, dtype=np.uint64)
+            return (mix64(h ^ k2) % np.uint64(self.p)).astype(np.int64)
+
+        return FieldArray(fp, None, a.shape[:axis] + (1,) + a.shape[axis + 1:])
+
+    def q_known(self, a: FieldArray) -> bool:
+        return a.q_known()
+
+    # -- views (numpy views of each residue) --
+    def reshape(self, a: FieldArray, shape: tuple[int, ...]) -> FieldArray:
+        return self._unary(a, lambda x, r: x.reshape(shape), tuple(shape))
+
+    def transpose(self, a: FieldArray, perm: tuple[int, ...]) -> FieldArray:
+        return self._unary(a, lambda x, r: x.transpose(perm), tuple(a.shape[i] for i in perm))
+
+    def broadcast(self, a: FieldArray, shape: tuple[int, ...]) -> FieldArray:
+        return self._unary(a, lambda x, r: np.broadcast_to(x, shape), tuple(shape))
+
+
+def _mul_mod(x: np.ndarray, y: np.ndarray, r: int) -> np.ndarray:
+    out = np.multiply(x, y)
+    out %= r
+    return out
+
+
+def _inverse(x: np.ndarray, r: int) -> np.ndarray:
+    if not np.all(x):
+        raise ZeroDenominator(f"zero denominator mod {r}")
+    return _pow_mod(x, r - 2, r)
