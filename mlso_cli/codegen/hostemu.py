@@ -11,6 +11,7 @@ thread is an OS thread.
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import subprocess
 import tempfile
@@ -40,9 +41,14 @@ def numpy_dtype(name: str) -> np.dtype:
 
 def driver(gp: GeneratedProgram) -> str:
     """C++ main() that reads inputs from argv[1]/inK.bin, runs every launch, writes outK.bin."""
+    return "#include <string>\n" + gp.source + "\n" + _runner(gp, "run_program") + """
+int main(int argc, char** argv) { return argc < 2 ? 2 : run_program(argv[1]); }
+"""
+
+
+def _runner(gp: GeneratedProgram, fn: str) -> str:
     plan = gp.plan
-    lines = [gp.source, "", "int main(int argc, char** argv) {", "  if (argc < 2) return 2;",
-             "  const std::string dir = argv[1];"]
+    lines = [f"static int {fn}(const std::string& dir) {{"]
     sizes = {}
     for i, t in enumerate(plan["inputs"]):
         n = int(np.prod(t["shape"], dtype=np.int64)) * numpy_dtype(t["dtype"]).itemsize
@@ -69,16 +75,31 @@ def driver(gp: GeneratedProgram) -> str:
     for i in range(len(plan["outputs"])):
         lines.append(f'  mlso_emu::write_file((dir + "/out{i}.bin").c_str(), out{i}, {sizes[("output", i)]});')
     lines += ["  return 0;", "}", ""]
-    return "#include <string>\n" + "\n".join(lines)
+    return "\n".join(lines)
+
+
+def bundle_source(programs: Sequence[GeneratedProgram]) -> str:
+    """One translation unit running program argv[2] of `programs` (kernels renamed per program)."""
+    parts = ["#include <string>", '#include "mlso.cuh"']
+    for i, gp in enumerate(programs):
+        text = gp.source + "\n" + _runner(gp, f"run_p{i}")
+        parts.append(re.sub(r"\bmlso_k(\d+)\b", rf"p{i}_k\1", text))
+    cases = " ".join(f"case {i}: return run_p{i}(argv[1]);" for i in range(len(programs)))
+    parts.append(f"int main(int argc, char** argv) {{ if (argc < 3) return 2; "
+                 f"switch (std::atoi(argv[2])) {{ {cases} }} return 2; }}")
+    return "\n".join(parts) + "\n"
 
 
 def build(gp: GeneratedProgram) -> Path:
     """The emulation executable for gp (cached by content hash)."""
+    return _build_source(driver(gp))
+
+
+def _build_source(src: str) -> Path:
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         raise EnvironmentProblem("no host C++ compiler (g++) for the kernel emulator",
                                  "Install g++ 12 or newer (nvcc needs one anyway).")
-    src = driver(gp)
     key = hashlib.sha256("\0".join([src, " ".join(CXX_FLAGS), templates_digest()]).encode()).hexdigest()
     root = knobs().cache_dir / "emu"
     exe = root / key
@@ -99,9 +120,31 @@ def build(gp: GeneratedProgram) -> Path:
     return exe
 
 
+class Bundle:
+    """Several programs in a few emulator binaries (one g++ run per binary, built in parallel)."""
+
+    def __init__(self, programs: dict[str, GeneratedProgram], binaries: int = 2) -> None:
+        import concurrent.futures as cf
+
+        names = list(programs)
+        chunks = [names[i::binaries] for i in range(binaries) if names[i::binaries]]
+        with cf.ThreadPoolExecutor(len(chunks) or 1) as ex:
+            exes = list(ex.map(lambda c: _build_source(bundle_source([programs[n] for n in c])), chunks))
+        self._where = {n: (exe, i) for c, exe in zip(chunks, exes) for i, n in enumerate(c)}
+        self.programs = programs
+
+    def run(self, name: str, inputs: Sequence[np.ndarray], timeout: float = 600) -> list[np.ndarray]:
+        exe, index = self._where[name]
+        return _execute(exe, self.programs[name], inputs, timeout, [str(index)])
+
+
 def run(gp: GeneratedProgram, inputs: Sequence[np.ndarray], timeout: float = 600) -> list[np.ndarray]:
     """Execute gp on the CPU; outputs start as NaN, so unwritten elements stay NaN."""
-    exe = build(gp)
+    return _execute(build(gp), gp, inputs, timeout, [])
+
+
+def _execute(exe: Path, gp: GeneratedProgram, inputs: Sequence[np.ndarray], timeout: float,
+             extra: list[str]) -> list[np.ndarray]:
     plan = gp.plan
     with tempfile.TemporaryDirectory() as tmp:
         for i, (x, t) in enumerate(zip(inputs, plan["inputs"])):
@@ -109,7 +152,7 @@ def run(gp: GeneratedProgram, inputs: Sequence[np.ndarray], timeout: float = 600
             if list(arr.shape) != list(t["shape"]):
                 raise ValueError(f"input {i} has shape {arr.shape}, the plan wants {t['shape']}")
             (Path(tmp) / f"in{i}.bin").write_bytes(arr.tobytes())
-        res = subprocess.run([str(exe), tmp], capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run([str(exe), tmp, *extra], capture_output=True, text=True, timeout=timeout)
         if res.returncode != 0:
             raise RuntimeError(f"emulated run failed ({res.returncode}): {res.stderr[:2000]}")
         outs = []

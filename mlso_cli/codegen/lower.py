@@ -133,7 +133,11 @@ class Lowering:
         taken_proj: set[tuple[Node, int]] = set()
         for k, n in enumerate(self.kg.outputs):
             key = (n.src[0], n.arg) if n.op is Op.PROJ else None
-            if n.op is Op.INPUT or n in taken or (key is not None and key in taken_proj):
+            # An output that other kernels also read goes out through a copy: the node keeps fp32
+            # scratch that may stay scaled (a split-KV partial, a softmax numerator), and only the
+            # copy materialises the exact value, which may overflow where the result does not.
+            used = any(c is not n for c in self.consumers.get(n, []))
+            if n.op is Op.INPUT or n in taken or (key is not None and key in taken_proj) or used:
                 n = synthetic.copy(n, k)
                 roots.add(n)
             taken.add(n)

@@ -1,0 +1,129 @@
+"""Time the generated kernels of fixture μGraphs on the GPU (CUDA-graph replay), as BENCHMARKS.md says.
+
+    python benchmarks/fixture_kernels.py --fixtures tests.fixtures.ugraphs --out bench.json
+    python benchmarks/fixture_kernels.py --fixtures tests.fixtures.ugraphs --only gqa_bs1,ntrans_bs16
+
+The module named by --fixtures exposes FIXTURES: dict[str, Callable[[], KernelGraph]]. Each graph is
+generated and compiled (nvcc, cached), loaded with the PyCUDA launcher, and timed: median of
+--repeats (5) repeats of --iters (200) runs replayed from one CUDA graph, random non-zero normal
+inputs, input buffers rotated through several copies when they fit in the 60 MB L2. Prints a
+markdown table (name, µs, target µs from BENCHMARKS.md where there is one) and writes JSON to --out.
+A fixture that fails to compile or run is reported and the others still run (exit status 1).
+--verify also checks each output against the float64 interpreter (slow for large fixtures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import importlib
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+TARGETS_US: dict[str, float] = {
+    "gqa_bs1": 12.2, "gqa_bs8": 26.1, "gqa_bs16": 26.2,
+    "qknorm_gqa_bs1": 14.8, "qknorm_gqa_bs8": 28.0, "qknorm_gqa_bs16": 28.0,
+    "rmsnorm_linear_bs1": 13.0, "rmsnorm_linear_bs8": 13.1, "rmsnorm_linear_bs16": 13.2,
+    "lora_bs1": 6.0, "gated_mlp_bs1": 18.8,
+    "ntrans_bs1": 2.2, "ntrans_bs8": 2.2, "ntrans_bs16": 2.2,
+}
+"""Targets of BENCHMARKS.md (max(best peer / 1.5, floor / 0.9)), microseconds."""
+
+
+def _parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--fixtures", required=True, help="module path exposing FIXTURES, e.g. tests.fixtures.ugraphs")
+    p.add_argument("--only", default="", help="comma-separated names or globs (default: all)")
+    p.add_argument("--out", default="", help="write JSON results here")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--device", type=int, default=0)
+    p.add_argument("--verify", action="store_true", help="compare outputs with the float64 interpreter")
+    return p.parse_args()
+
+
+def _selected(names: list[str], only: str) -> list[str]:
+    if not only:
+        return names
+    pats = [s.strip() for s in only.split(",") if s.strip()]
+    return [n for n in names if any(fnmatch.fnmatch(n, p) for p in pats)]
+
+
+def _verify(kg, prog) -> float:
+    """Largest norm-wise relative error of the outputs against the float64 interpreter."""
+    import numpy as np
+
+    from mlso_cli.runtime.launcher import numpy_dtype
+    from mlso_cli.verify.interpreter import run
+
+    rng = np.random.default_rng(7)
+    ins = [rng.standard_normal(n.shape).astype(numpy_dtype(n.dtype.value)) for n in kg.inputs]
+    got = prog.run(ins, poison_outputs=True)
+    want = run(kg, ins, mode="float64")
+    errs = []
+    for g, w in zip(got, want):
+        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        errs.append(float(np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-30)))
+    return max(errs)
+
+
+def main() -> int:
+    args = _parse()
+    from mlso_cli.codegen import compile_program
+    from mlso_cli.runtime.launcher import Program
+
+    fixtures = importlib.import_module(args.fixtures).FIXTURES
+    names = _selected(list(fixtures), args.only)
+    gpu = ""
+    try:
+        import pycuda.driver as cuda
+
+        cuda.init()
+        gpu = cuda.Device(args.device).name()
+    except Exception as exc:  # reported in the JSON; every fixture will then fail to load
+        gpu = f"unavailable ({exc})"
+    results, errors = [], []
+    for name in names:
+        try:
+            t0 = time.time()
+            kg = fixtures[name]()
+            cp = compile_program(kg)
+            compile_s = time.time() - t0
+            with Program(cp.fatbin, cp.plan, device=args.device) as prog:
+                t = prog.time(warmup=args.warmup, repeats=args.repeats, iters=args.iters)
+                err = _verify(kg, prog) if args.verify else None
+            row = {"name": name, "us": round(t.median_us, 3), "samples_us": [round(s, 3) for s in t.samples_us],
+                   "method": t.method, "rotated_sets": t.rotated_sets, "launches": len(cp.plan["launches"]),
+                   "smem_max": cp.plan["smem_max"], "target_us": TARGETS_US.get(name), "compile_s": round(compile_s, 2)}
+            if err is not None:
+                row["rel_error"] = err
+            if t.note:
+                row["note"] = t.note
+            results.append(row)
+            print(f"{name}: {t.median_us:.2f} us ({t.method}, {len(cp.plan['launches'])} launches)", file=sys.stderr)
+        except Exception as exc:
+            errors.append({"name": name, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
+            print(f"{name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    print("\n| fixture | µs | target µs | launches | method |\n|---|---:|---:|---:|---|")
+    for r in results:
+        target = f"{r['target_us']:.1f}" if r["target_us"] else "—"
+        print(f"| {r['name']} | {r['us']:.2f} | {target} | {r['launches']} | {r['method']} |")
+    for e in errors:
+        print(f"| {e['name']} | FAILED: {e['error'][:80]} | | | |")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"gpu": gpu, "repeats": args.repeats, "iters": args.iters,
+                                              "results": results, "errors": errors}, indent=1))
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
