@@ -57,7 +57,30 @@ def _exp_sum():
     return _kg([a, c], [b.unary(Op.EXP, b.add(a, c))]), _kg([a, c], [b.mul(b.unary(Op.EXP, a), b.unary(Op.EXP, c))])
 
 
+def _stabilised_softmax():
+    """softmax with an explicit max subtraction (what float code computes) vs without."""
+    x = _x(0, (4, 6))
+    e = b.unary(Op.EXP, x)
+    plain = b.div(e, b.reduce(Op.REDUCE_SUM, e, 1))
+    es = b.unary(Op.EXP, b.sub(x, b.reduce(Op.REDUCE_MAX, x, 1)))
+    return _kg([x], [plain]), _kg([x], [b.div(es, b.reduce(Op.REDUCE_SUM, es, 1))])
+
+
+def _thread_fused():
+    """sigmoid(x) * (y + 2) as kernel ops vs fused in registers (a THREAD op in a block graph)."""
+    x, y = _x(0, (4, 4)), _x(1, (4, 4))
+    ref = _kg([x, y], [b.mul(b.unary(Op.SIGMOID, x), b.add(y, b.const(2)))])
+    bx, by = b.iter_(0, (2, 4), F32, False), b.iter_(1, (2, 4), F32, False)
+    body = b.mul(_sigmoid_prims(b.thread_in(0)), b.add(b.thread_in(1), b.const(2)))
+    out = b.save(b.thread(body, [bx, by]), 0, (0, None, None), F32)
+    bg = b.block_graph((2, 1, 1), 1, [InputMap((0, None, None)), InputMap((0, None, None))], [out])
+    (o,) = b.graph_def([x, y], bg)
+    return ref, _kg([x, y], [o])
+
+
 EQUIVALENT = {
+    "thread_fused": _thread_fused,
+    "stabilised_softmax": _stabilised_softmax,
     "split_kv_attention": lambda: ex.gqa_pair(2, 8, 4, 32, 2, 2, 2),
     "split_kv_attention_fp16": lambda: ex.gqa_pair(2, 8, 4, 32, 2, 2, 2, DType.F16),
     "square": lambda: _unary_pair(lambda x: b.mul(x, x), lambda x: b.unary(Op.SQUARE, x)),
@@ -149,7 +172,24 @@ def _silu_vs_sigmoid():
     return _unary_pair(lambda x: b.unary(Op.SILU, x), lambda x: b.unary(Op.SIGMOID, x))
 
 
+def _wrong_softmax_scale():
+    def attn(scale):
+        q, k = _x(0, (4, 3)), _x(1, (3, 6))
+        e = b.unary(Op.EXP, b.mul(b.matmul(q, k), b.const(scale)))
+        return _kg([q, k], [b.div(e, b.reduce(Op.REDUCE_SUM, e, 1))])
+    return attn(Fraction(1, 8)), attn(Fraction(1, 4))
+
+
+def _stabiliser_with_wrong_axis():
+    x = _x(0, (4, 6))
+    e = b.unary(Op.EXP, x)
+    es = b.unary(Op.EXP, b.sub(x, b.reduce(Op.REDUCE_MAX, x, 0)))  # max over the wrong axis
+    return _stabilised_softmax()[0], _kg([x], [b.div(es, b.reduce(Op.REDUCE_SUM, e, 1))])
+
+
 NOT_EQUIVALENT = {
+    "wrong_softmax_scale": _wrong_softmax_scale,
+    "stabiliser_with_wrong_axis": _stabiliser_with_wrong_axis,
     "dropped_term": _dropped_term,
     "swapped_matmul_operands": _swapped_operands,
     "missing_normalisation": _missing_normalisation,
@@ -267,3 +307,40 @@ def test_wrong_fmap_is_rejected():
     ref = _kg([a, w], [b.matmul(a, w)])
     assert check_equivalent(ref, graph(InputMap((0, None, None), 1)), seed=4).equivalent
     assert not check_equivalent(ref, graph(InputMap((1, None, None), 0)), seed=4).equivalent
+
+
+def test_an_exp_arguments_unused_p_residue_is_never_computed(monkeypatch):
+    """Lazy residues: Q@K feeds only exp, which reads the q-residue, so no matmul mod p runs
+    for it; E@V is exp-dependent, so no matmul mod q runs for it."""
+    from mlso_cli.verify import fieldrun
+
+    calls: list[int] = []
+    real = field_mod.matmul_mod
+
+    def counting(x, y, r):
+        calls.append(r)
+        return real(x, y, r)
+
+    monkeypatch.setattr(field_mod, "matmul_mod", counting)
+    ref = ex.attention(2, 8, 4, 32)
+    fld = field_mod.Field.draw(np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    fieldrun.run_field(ref, [fld.random(n.shape, rng) for n in ref.inputs], fld)
+    assert calls == [fld.q, fld.p]
+
+
+def test_oracle_outputs_keep_q_residues():
+    """rsqrt is an oracle atom with both residues, so a norm's output is exp-free and its p- and
+    q-residue tests multiply: what is left of the per-trial bound is the bad-prime term of the
+    oracle argument (two primes >= 2^23 could divide its 52-bit coefficients)."""
+    eps = Fraction(1, 2**20)
+    x = _x(0, (4, 32))
+    ref = _kg([x], [ex.rmsnorm(x, eps)])
+    ss = b.reduce(Op.REDUCE_SUM, b.mul(x, x), 1)
+    cand = _kg([x], [b.mul(x, b.unary(Op.RSQRT, b.add(b.mul(ss, b.const(Fraction(1, 32))), b.const(eps))))])
+    pr, pc = analyse(ref), analyse(cand)
+    assert pr.outputs[0].q and pc.outputs[0].q
+    eps = trial_bound(pr, pc, field_mod.Field.draw(np.random.default_rng(0)))
+    assert eps <= 2.1 / field_mod.Q_ELIGIBLE
+    v = check_equivalent(ref, cand, seed=0)
+    assert v.equivalent and v.trials <= 4

@@ -84,9 +84,10 @@ def test_exp_is_a_homomorphism_and_falls_back_without_a_q_residue(fld):
     assert fld.mul(fld.exp(a), fld.exp(fld.neg(a))).equal(FieldArray(np.ones(50, np.int64), None))
     e = fld.exp(a)
     assert e.q is None and all(pow(int(v), fld.q, fld.p) == 1 for v in e.p)
-    # exp of an exp-dependent value: a consistent oracle of the p-residue
+    # exp of an exp-dependent value: a consistent oracle of the p-residue (with both residues)
     ee1, ee2 = fld.exp(e), fld.exp(FieldArray(e.p.copy(), None))
-    assert ee1.equal(ee2) and ee1.q is None
+    assert ee1.equal(ee2) and np.array_equal(ee1.q, ee2.q)
+    assert ee1.equal(fld.oracle("exp", e))
 
 
 def test_inverse_and_zero_denominators(fld):
@@ -131,7 +132,9 @@ def test_oracles_are_consistent_keyed_and_symmetric(fld):
     assert m.equal(fld.oracle("max", c, a))
     stacked = FieldArray(np.stack([a.p, c.p], 1), np.stack([a.q, c.q], 1))
     assert m.equal(fld.reshape(fld.oracle_reduce("max", stacked, 1), (100,)))
-    assert m.q is None and np.all((m.p >= 0) & (m.p < fld.p))
+    assert np.all((m.p >= 0) & (m.p < fld.p)) and np.all((m.q >= 0) & (m.q < fld.q))
+    # both residues are hashes of the p-residue only: a different q-residue changes nothing
+    assert fld.oracle("max", FieldArray(a.p, (a.q + 1) % fld.q), c).equal(m)
 
 
 def test_constants_map_by_one_rule(fld):

@@ -228,3 +228,23 @@ def test_bad_mode_and_bad_inputs_are_rejected():
         run(kg, _qkv(1, 2, 2, 4))
     with pytest.raises(ValueError, match="inputs"):
         run(kg, _qkv(1, 2, 2, 2)[:2])
+
+
+def test_in_block_normalisation_at_logits_of_100():
+    """One kernel: the POST phase divides the two rescaling accumulators (FlashAttention form)."""
+    g, m, d, n, loop = 2, 8, 4, 32, 4
+    q, k, v = b.input_(0, (g, m, d), DType.F16), b.input_(1, (g, d, n), DType.F16), b.input_(2, (g, n, d), DType.F16)
+    bq = b.iter_(0, (1, m // 2, d), DType.F16, False)
+    bk, bv = b.iter_(1, (1, d, n // loop), DType.F16, True), b.iter_(2, (1, n // loop, d), DType.F16, True)
+    s = b.matmul(bq, bk)
+    o = b.div(b.accumulate(Op.ACC_EXP_WSUM, s, bv), b.accumulate(Op.ACC_EXP_SUM, s))
+    maps = [InputMap((0, 1, None)), InputMap((0, None, None), 2), InputMap((0, None, None), 1)]
+    (out,) = b.graph_def([q, k, v], b.block_graph((g, 2, 1), loop, maps, [b.save(o, 0, (0, 1, None), DType.F16)]))
+    kg = _kg([q, k, v], [out])
+    xs = _qkv()
+    s_max = np.abs(xs[0] @ xs[1]).max()
+    xs = [xs[0] * np.sqrt(100 / s_max), xs[1] * np.sqrt(100 / s_max), xs[2]]
+    ref = _softmax_v(*[round_to(x, DType.F16) for x in xs])
+    for mode in ("float32", "simulate"):
+        got = run(kg, xs, mode)[0]
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3, mode

@@ -10,13 +10,14 @@ oracle results (each a fresh variable of degree 1). `Deg` bounds, over all entri
   hn, hd  log2 of the L1 norms of N and D's integer coefficients (for the bad-prime term);
   vary    the axes along which D may differ between entries. A sum along an axis where D does
           not vary keeps the common denominator; otherwise clearing denominators multiplies;
-  q       True while the tensor is exp- and oracle-free, so its q-residue is a rational function
-          of the inputs of the same degree.
+  q       True while the tensor is exp-free, so its q-residue is a rational function of the same
+          degree in the q-residues of the inputs and oracle atoms.
 Rules (the algebra methods below): add/sub (n1+d2 v n2+d1, d1+d2); mul adds degrees; inverse
 swaps N and D; matmul over K adds degrees (a common denominator along K, else K-fold); a sum keeps
 degrees (common denominator) or grows K-fold; exp and oracles return fresh atoms and record their
-argument (exp arguments with a known q-residue are polynomials over Z_q: `exp_args`; all other
-oracle arguments are p-residue functions: `oracle_args`); every inverse adds numel * deg(N) to
+argument (exp arguments with a known q-residue are rational functions over Z_q: `exp_args`; an
+exp of an exp-dependent value is an oracle; oracle arguments are p-residue functions:
+`oracle_args`); every inverse adds numel * deg(N) to
 `risk`, the Schwartz-Zippel mass of "some denominator vanishes" that conditions the bound.
 Inside a block graph one representative block is analysed (every block has the same structure)
 and risk is multiplied by the number of blocks.
@@ -114,8 +115,8 @@ class DegreeAlgebra:
     def const(self, v: Fraction) -> Deg:
         return Deg((), 0, 0, math.log2(max(abs(v.numerator), 1)), math.log2(v.denominator))
 
-    def _atom(self, shape: tuple[int, ...]) -> Deg:
-        return Deg(tuple(shape), 1, 0, 0.0, 0.0, frozenset(), False)
+    def _atom(self, shape: tuple[int, ...], q: bool) -> Deg:
+        return Deg(tuple(shape), 1, 0, 0.0, 0.0, frozenset(), q)
 
     def add(self, a: Deg, b: Deg) -> Deg:
         shape = broadcast_shapes(a.shape, b.shape)
@@ -144,9 +145,9 @@ class DegreeAlgebra:
         if a.q:
             self.exp_args = self.exp_args.join(a)
             self.has_exp = True
-        else:
-            self.oracle_args = self.oracle_args.join(a)
-        return self._atom(a.shape)
+            return self._atom(a.shape, False)
+        self.oracle_args = self.oracle_args.join(a)
+        return self._atom(a.shape, True)  # the fallback oracle
 
     def oracle(self, name: str, *args: Deg) -> Deg:
         for a in args:
@@ -154,11 +155,11 @@ class DegreeAlgebra:
         shape: tuple[int, ...] = ()
         for a in args:
             shape = broadcast_shapes(shape, a.shape)
-        return self._atom(shape)
+        return self._atom(shape, True)
 
     def oracle_reduce(self, name: str, a: Deg, axis: int) -> Deg:
         self.oracle_args = self.oracle_args.join(a)
-        return self._atom(a.shape[:axis] + (1,) + a.shape[axis + 1:])
+        return self._atom(a.shape[:axis] + (1,) + a.shape[axis + 1:], True)
 
     def q_known(self, a: Deg) -> bool:
         return a.q

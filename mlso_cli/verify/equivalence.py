@@ -12,7 +12,8 @@ results z_j = exp(u_j) and the oracle results o_k = F_k(w_k). Two programs are e
 every output is the same rational function of the atoms, where exp atoms with equal arguments
 are equal and exp(a)exp(b) = exp(a+b), and oracles with equal keys and arguments are equal.
 In the field an input is a uniform pair (x mod p, x mod q); exp(u) = g^(u mod q) lies in the
-order-q subgroup H of Z_p*; an oracle value is uniform in Z_p.
+order-q subgroup H of Z_p* and its q-residue is unknown; an oracle value is a uniform pair
+(o mod p, o mod q) drawn by hashing its argument's p-residue.
 
 Suppose A and B are not equivalent, and fix an output entry where they differ, A = N_A/D_A,
 B = N_B/D_B. A false accept at that entry needs one of these events:
@@ -26,17 +27,18 @@ B = N_B/D_B. A false accept at that entry needs one of these events:
        else S = p.
  (2) Two formally different exp arguments u1 != u2 collide mod q, so the field identifies two
      exp atoms that the model keeps apart. The exponent enters as a variable over Z_q: u_j is a
-     rational function of x mod q of degree <= (n_u, d_u), and u1 - u2 = 0 is a zero of a
-     polynomial of degree <= n_u + d_u: probability (n_u + d_u)/q + bad(h_u) for q.
+     rational function of (x mod q, o mod q) of degree <= (n_u, d_u), and u1 - u2 = 0 is a zero
+     of a polynomial of degree <= n_u + d_u: probability (n_u + d_u)/q + bad(h_u) for q.
  (3) Two formally different oracle arguments collide mod p: (n_w + d_w)/S + bad(h_w) for p.
 As in Mirage's analysis of LAX programs, (2) and (3) are charged once per trial for the pair of
 arguments that distinguishes the programs; atoms with distinct arguments are then modelled as
-independent uniform values (exp: uniform on H, oracle: uniform on Z_p). For programs without
-exp and oracles this is Schwartz-Zippel exactly; with them it is that idealisation.
+independent uniform values (exp: uniform on H, oracle: uniform pair). For programs without exp
+and oracles this is Schwartz-Zippel exactly; with them it is that idealisation.
     eps_p = (D + deg_oracle_args)/S + deg_exp_args/q + bad_p(H) + bad_p(h_w) + bad_q(h_u)
-If the differing output is exp- and oracle-free in both programs, its q-residues are compared
-too, and its p and q residues depend on independent draws (x mod p, x mod q):
-    eps_pq = (D/p)(D/q) + bad_p(H) + bad_q(H)
+If the differing output is exp-free in both programs, its q-residues are compared too. Given the
+p-side sample (x mod p, hence every oracle argument), its q-residue is a rational function of
+fresh uniform values (x mod q, o mod q), so the two Schwartz-Zippel events multiply:
+    eps_pq = (D/p)(D/q) + deg_oracle_args/S + bad_p(H) + bad_q(H) + bad_p(h_w)
 and eps = min(eps_p, eps_pq). The differing entry is unknown, so a trial's bound is the maximum
 over outputs.
 
@@ -108,7 +110,8 @@ def trial_bound(pa: Profile, pb: Profile, fld: Field) -> float:
         deg, height = _cleared(a, b)
         eps = deg / s + args_term + _bad(height, LOG_P_MIN)
         if a.q and b.q:
-            eps = min(eps, (deg / fld.p) * (deg / fld.q) + _bad(height, LOG_P_MIN) + _bad(height, LOG_Q_MIN))
+            both = (deg / fld.p) * (deg / fld.q) + orc.degree / s + _bad(orc.height, LOG_P_MIN)
+            eps = min(eps, both + _bad(height, LOG_P_MIN) + _bad(height, LOG_Q_MIN))
         worst = max(worst, eps)
     rho = 2 * (pa.risk + pb.risk) / fld.q
     return 1.0 if rho >= 1 else min(1.0, worst / (1 - rho))

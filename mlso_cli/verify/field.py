@@ -14,13 +14,17 @@ for some k in K_CHOICES; p is then k*q + 1 for a random such k.
 Uninterpreted functions (sqrt, erf, max, gelu's Phi, ...) are keyed random oracles on the
 p-residue: a 64-bit mixing hash of (key, salt, argument), vectorised on numpy uint64, so the same
 argument under the same key gives the same value within one Field (one trial) and independent
-values across trials. max/reduce_max hash the multiset of their arguments (sum of mixed
-hashes), so they are symmetric: max(a, b) = max(b, a) = reduce_max([a, b]).
+values across trials. An oracle value is a fresh atom with no algebraic law to respect, so it
+gets both residues (two independent hashes of the argument): its q-residue is known, and
+exp(x - max(x)) stays a true exp, so a softmax with an explicit stabiliser equals one without.
+max/reduce_max hash the multiset of their arguments (sum of mixed hashes), so they are
+symmetric: max(a, b) = max(b, a) = reduce_max([a, b]).
 
 Exactness: residues are int64 below 2^27, so elementwise products (< 2^54) and sums are exact in
-int64. Matmul goes through float64 BLAS on limbs: one operand is split into limbs of w bits with
-w + bits(r) + ceil(log2 K) <= 53, so every partial dot product is an integer below 2^53 and
-exact in any summation order: two limbs for K <= 2^12, three up to K = 2^13.
+int64. Matmul goes through float64 BLAS (matmul_mod): one matmul of centered residues when
+K * (r/2)^2 < 2^53 (the q-residue up to K = 64), else one operand is split into limbs of w bits
+with K * 2^w * r < 2^53, so every partial dot product is an integer below 2^53 and exact in any
+summation order. Residues are lazy (FieldArray): only the ones something reads are computed.
 """
 
 from __future__ import annotations
@@ -167,9 +171,9 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def _key(name: str, salt: int) -> tuple[np.uint64, np.uint64]:
+def _key(name: str, salt: int) -> tuple[np.uint64, np.uint64, np.uint64]:
     h = hashlib.sha256(f"{name}:{salt}".encode()).digest()
-    return np.uint64(int.from_bytes(h[:8], "little")), np.uint64(int.from_bytes(h[8:16], "little"))
+    return tuple(np.uint64(int.from_bytes(h[i:i + 8], "little")) for i in (0, 8, 16))  # type: ignore[return-value]
 
 
 # ---- modular helpers on int64 arrays -----------------------------------------------------------
@@ -245,7 +249,7 @@ class Field:
             hi.append(hi[-1] * step % p)
         self._exp_lo = np.array(lo, dtype=np.int64)
         self._exp_hi = np.array(hi, dtype=np.int64)
-        self._keys: dict[str, tuple[np.uint64, np.uint64]] = {}
+        self._keys: dict[str, tuple[np.uint64, np.uint64, np.uint64]] = {}
         self._last_exp: tuple[FieldArray, FieldArray] | None = None
 
     @classmethod
@@ -345,37 +349,48 @@ class Field:
         self._last_exp = (a, out)
         return out
 
-    def _salted(self, name: str) -> tuple[np.uint64, np.uint64]:
+    def _salted(self, name: str) -> tuple[np.uint64, np.uint64, np.uint64]:
         k = self._keys.get(name)
         if k is None:
             k = self._keys[name] = _key(name, self.salt)
         return k
 
+    def _atom(self, h: Callable[[], np.ndarray], name: str, shape: tuple[int, ...]) -> FieldArray:
+        """An oracle value from the hash h of its argument: independent p- and q-residues."""
+        _, kp, kq = self._salted(name)
+        return FieldArray(lambda: (mix64(h() ^ kp) % np.uint64(self.p)).astype(np.int64),
+                          lambda: (mix64(h() ^ kq) % np.uint64(self.q)).astype(np.int64), shape)
+
     def oracle(self, name: str, *args: FieldArray) -> FieldArray:
         """A keyed random function of the p-residues; several arguments combine symmetrically."""
-        k1, k2 = self._salted(name)
+        k1 = self._salted(name)[0]
         shape: tuple[int, ...] = ()
         for a in args:
             shape = np.broadcast_shapes(shape, a.shape)
+        memo: list[np.ndarray] = []
 
-        def fp() -> np.ndarray:
-            h = None
-            for a in args:
-                t = mix64(a.p.astype(np.uint64) ^ k1)
-                h = t if h is None else h + t
-            return (mix64(h ^ k2) % np.uint64(self.p)).astype(np.int64)
+        def h() -> np.ndarray:
+            if not memo:
+                total = None
+                for a in args:
+                    t = mix64(a.p.astype(np.uint64) ^ k1)
+                    total = t if total is None else total + t
+                memo.append(total)
+            return memo[0]
 
-        return FieldArray(fp, None, shape)
+        return self._atom(h, name, shape)
 
     def oracle_reduce(self, name: str, a: FieldArray, axis: int) -> FieldArray:
         """The oracle of the multiset of values along `axis` (keepdims)."""
-        k1, k2 = self._salted(name)
+        k1 = self._salted(name)[0]
+        memo: list[np.ndarray] = []
 
-        def fp() -> np.ndarray:
-            h = np.sum(mix64(a.p.astype(np.uint64) ^ k1), axis=axis, keepdims=True, dtype=np.uint64)
-            return (mix64(h ^ k2) % np.uint64(self.p)).astype(np.int64)
+        def h() -> np.ndarray:
+            if not memo:
+                memo.append(np.sum(mix64(a.p.astype(np.uint64) ^ k1), axis=axis, keepdims=True, dtype=np.uint64))
+            return memo[0]
 
-        return FieldArray(fp, None, a.shape[:axis] + (1,) + a.shape[axis + 1:])
+        return self._atom(h, name, a.shape[:axis] + (1,) + a.shape[axis + 1:])
 
     def q_known(self, a: FieldArray) -> bool:
         return a.q_known()

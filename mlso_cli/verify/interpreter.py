@@ -180,19 +180,11 @@ class Float32Backend(FloatBackend):
         return self._round(value, node)
 
     def acc_step(self, node: Node, state: Any, args: list[Any]) -> Any:
-        args = [sc.plain(a) for a in args]
         with np.errstate(all="ignore"):
-            if node.op is Op.ACC_EXP_SUM:
-                return sc.exp_sum_step(state, *args)
-            if node.op is Op.ACC_EXP_WSUM:
-                return sc.exp_wsum_step(state, *args)
-            return args[0] if state is None else state + args[0]
+            return F32_ACC_STEPS[node.op](state, *[sc.plain(a) for a in args])
 
     def acc_final(self, node: Node, state: Any, steps: int) -> Any:
-        if node.op in (Op.ACC_EXP_SUM, Op.ACC_EXP_WSUM):
-            m, v = state
-            return sc.Scaled(v, m)
-        return state
+        return F32_ACC_FINAL.get(node.op, lambda s: s)(state)
 
     def buffer(self, bg: BlockGraph, save: Node) -> Any:
         return _ScaledBuffer(bg.output_shape(save))
@@ -208,6 +200,20 @@ class Float32Backend(FloatBackend):
 
     def finish(self, buf: Any) -> Any:
         return buf.v if buf.m is None else sc.Scaled(buf.v, buf.m)
+
+
+F32_ACC_STEPS: dict[Op, Callable[..., Any]] = {
+    Op.ACC_SUM: lambda state, x: x if state is None else state + x,
+    Op.ACC_EXP_SUM: sc.exp_sum_step,
+    Op.ACC_EXP_WSUM: sc.exp_wsum_step,
+}
+"""float32 mode: accumulator -> step function (running max for the rescaling accumulators)."""
+
+F32_ACC_FINAL: dict[Op, Callable[[Any], Any]] = {
+    Op.ACC_EXP_SUM: lambda state: sc.Scaled(state[1], state[0]),
+    Op.ACC_EXP_WSUM: lambda state: sc.Scaled(state[1], state[0]),
+}
+"""float32 mode: (running max m, scaled sum) -> the value sum * exp(m), kept log-scaled."""
 
 
 def backend(mode: str) -> FloatBackend:

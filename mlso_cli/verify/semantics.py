@@ -12,6 +12,8 @@ The canonical forms of DESIGN.md live here, so equivalent spellings meet in the 
   gelu(x)    = x * Phi(x), Phi an oracle          relu(x) = max(x, 0), max an oracle
   square(x)  = x * x                   reduce_mean = reduce_sum * (1/n)
   x / y      = x * inverse(y)          cast = identity
+Oracles (sqrt, erf, Phi, max) are keyed functions of the p-residue that return both residues
+(field.py), so exp(x - max(x)) is a true exp and a stabilised softmax equals a plain one.
 """
 
 from __future__ import annotations
