@@ -1,5 +1,9 @@
 """`mlso verify A B`: run both models on random inputs and compare them to an fp64 evaluation of A.
 
+When B holds mlso kernels (ai.mlso::MlsoKernel), each node's embedded μGraph is first checked
+against its function body (the original region, lifted) with the finite-field checker; every
+verdict carries its false-accept bound, and the bounds are union-bounded over the run.
+
 B passes an output when its norm-wise relative error ||B - ref|| / ||ref|| is within the limit
 for its dtype (fp32 1e-5, fp16 2e-3, bf16 1e-2) or no worse than twice A's own error at the same
 inputs (A is the user's model as ONNX Runtime runs it; B is not blamed for A's rounding). With
@@ -93,6 +97,7 @@ def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, r
         raise VerificationFailed("A and B have different graph outputs")
     rt_default, rt_per = _parse_tol(rtol, "--rtol")
     at_default, at_per = _parse_tol(atol, "--atol")
+    kernel_rows = field_check_kernels(b, seed)
     sess_a, sess_b = _session(a, gpu), _session(b, gpu)
     rng = np.random.default_rng(seed)
     rows, failed = [], False
@@ -120,14 +125,20 @@ def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, r
                              "max_abs_err_b": float(diff.max()) if diff.size else 0.0, "pass": ok})
     if not rows:
         raise VerificationFailed("no input scale gave a finite fp64 reference", "Try --scales 1")
-    summary = {"type": "summary", "pass": not failed, "checks": len(rows),
-               "failed": sum(not r["pass"] for r in rows)}
+    kernels_ok = all(k["equivalent"] for k in kernel_rows)
+    summary = {"type": "summary", "pass": not failed and kernels_ok, "checks": len(rows),
+               "failed": sum(not r["pass"] for r in rows), "kernels": len(kernel_rows),
+               "kernels_equivalent": sum(k["equivalent"] for k in kernel_rows),
+               "false_accept_bound": sum(k["bound"] for k in kernel_rows) if kernel_rows else None}
     if as_json:
-        for r in rows:
+        for r in kernel_rows + rows:
             click.echo(json.dumps(r))
         click.echo(json.dumps(summary))
     if chatty():
-        _print(rows, summary)
+        _print(rows, summary, kernel_rows)
+    if not kernels_ok:
+        bad = next(k for k in kernel_rows if not k["equivalent"])
+        raise VerificationFailed(f"mlso kernel '{bad['node']}' does not compute its region: {bad['detail']}")
     if failed:
         worst = max((r for r in rows if not r["pass"]), key=lambda r: r["rel_err_b"])
         raise VerificationFailed(
@@ -135,8 +146,48 @@ def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, r
             f"{worst['rel_err_b']:.3g} (limit {worst['limit']:g}, A's own error {worst['rel_err_a']:.3g})")
 
 
-def _print(rows, summary) -> None:
+def field_check_kernels(model: onnx.ModelProto, seed: int) -> list[dict]:
+    """Check each MlsoKernel's μGraph against its lifted fallback body in the finite field."""
+    kernels = [n for n in model.graph.node if n.domain == "ai.mlso"]
+    if not kernels:
+        return []
+    from mlso_cli.bench.harness import region_model
+    from mlso_cli.frontend.analyse import analyse
+    from mlso_cli.frontend.lift import with_input_order
+    from mlso_cli.frontend.load import loaded_from_proto
+    from mlso_cli.ir import loads
+    from mlso_cli.runtime import check_model
+    from mlso_cli.verify.equivalence import check_equivalent
+
+    rows = []
+    for k, checked in enumerate(check_model(model), start=1):
+        node = checked.node
+        row = {"type": "kernel", "node": node.name, "equivalent": False, "bound": 1.0, "trials": 0, "detail": ""}
+        rows.append(row)
+        program = loads(checked.ugraph_json)
+        body = loaded_from_proto(region_model(model, node), f"body of {node.name}")
+        lifted = analyse(body).lifted
+        covered = sum(len(lr.region.nodes) for lr in lifted)
+        if len(lifted) != 1 or covered != sum(1 for n in body.graph.node if n.op_type != "Constant"):
+            row["detail"] = "its function body is not one liftable region"
+            continue
+        reference = with_input_order(lifted[0].graph, program.input_names, program)
+        verdict = check_equivalent(reference, program, seed=seed, runs_so_far=k)
+        row.update(equivalent=verdict.equivalent, bound=verdict.bound, trials=verdict.trials, detail=verdict.detail)
+    return rows
+
+
+def _print(rows, summary, kernel_rows=()) -> None:
     from rich.table import Table
+
+    if kernel_rows:
+        kt = Table(title="mlso kernels vs their regions (finite field)", title_justify="left")
+        for col in ("node", "verdict", "false-accept bound", "trials"):
+            kt.add_column(col)
+        for k in kernel_rows:
+            kt.add_row(k["node"], "equivalent" if k["equivalent"] else f"NOT equivalent: {k['detail']}",
+                       f"{k['bound']:.2e}", str(k["trials"]))
+        stderr().print(kt)
 
     t = Table(title=f"verify: {'PASS' if summary['pass'] else 'FAIL'} ({summary['checks']} checks)", title_justify="left")
     for col in ("output", "scale", "sample", "dtype", "err A", "err B", "max |B-ref|", "limit", "result"):

@@ -506,6 +506,32 @@ def _prune_inputs(kg: KernelGraph) -> KernelGraph:
     return b.kernel_graph([mapping[i] for i in keep], [rebuild(o) for o in kg.outputs], names, list(kg.output_names))
 
 
+def with_input_order(kg: KernelGraph, names: list[str] | tuple[str, ...], like: KernelGraph) -> KernelGraph:
+    """The same graph with its inputs in the order `names`; inputs it does not read are added,
+    shaped as in `like` (so two graphs over one signature can be compared input by input)."""
+    by_name = dict(zip(kg.input_names, kg.inputs))
+    like_by_name = dict(zip(like.input_names, like.inputs))
+    new_inputs, mapping = [], {}
+    for j, name in enumerate(names):
+        old = by_name.get(name) or like_by_name[name]
+        node = b.input_(j, old.shape, old.dtype)
+        new_inputs.append(node)
+        if name in by_name:
+            mapping[by_name[name]] = node
+    memo: dict[Node, Node] = {}
+
+    def rebuild(n: Node) -> Node:
+        if n in mapping:
+            return mapping[n]
+        got = memo.get(n)
+        if got is None:
+            got = n.replace(src=tuple(rebuild(s) for s in n.src)) if n.src else n
+            memo[n] = got
+        return got
+
+    return b.kernel_graph(new_inputs, [rebuild(o) for o in kg.outputs], list(names), list(kg.output_names))
+
+
 def lift_all(loaded: LoadedModel, regions: list[Region]) -> tuple[list[LiftedRegion], list[tuple[Region, str]]]:
     """Lift every region; regions that fail are returned with the reason instead."""
     consts = constant_values(loaded.model)

@@ -200,6 +200,14 @@ def collect_types(model: onnx.ModelProto) -> tuple[dict[str, tuple[int, ...]], d
     return shapes, dtypes
 
 
+def loaded_from_proto(model: onnx.ModelProto, source: str = "<memory>") -> LoadedModel:
+    """A LoadedModel for an in-memory model whose inputs are already static (no folding)."""
+    _static_input_shapes(model)
+    model = infer_shapes(model)
+    shapes, dtypes = collect_types(model)
+    return LoadedModel(model=model, source=source, base_dir=None, shapes=shapes, dtypes=dtypes)
+
+
 def load_model(
     source: str, input_shapes: dict[str, tuple[int, ...]] | None = None, *, fold: bool = True
 ) -> LoadedModel:
