@@ -13,13 +13,11 @@ from pathlib import Path
 
 import click
 
-from mlso_cli import __version__
 from mlso_cli.commands.options import input_shape_option, json_option
 from mlso_cli.console import chatty, stderr
 from mlso_cli.errors import InputError, UsageError
 from mlso_cli.frontend.analyse import analyse
 from mlso_cli.frontend.load import load_model, parse_input_shapes
-from mlso_cli.ir import dumps
 from mlso_cli.search.cost import onnx_region_cost, program_cost
 
 
@@ -85,32 +83,27 @@ def optimize_cmd(model, out, input_shapes, as_json, min_speedup, seed, force) ->
 
 
 def _package(loaded, chosen, seed: int):
-    """Compile each chosen region and replace it by an MlsoKernel node."""
-    import numpy as np
+    """Compile each chosen region's program and replace the region by an MlsoKernel node."""
     import onnx
-    from onnx import numpy_helper
 
-    from mlso_cli.codegen import compile_program
-    from mlso_cli.package import PackagedRegion, package_model
+    from mlso_cli.codegen import DEFAULT_TARGETS, compile_program
+    from mlso_cli.package import standard_metadata
+    from mlso_cli.package.assemble import Built, assemble
 
     model = onnx.ModelProto()
     model.CopyFrom(loaded.model)
     if loaded.base_dir is not None and any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
         onnx.load_external_data_for_model(model, str(loaded.base_dir))
-    regions = []
+    items = []
     progress = _progress(len(chosen))
     for lr in chosen:
-        for name, arr in lr.extra_inputs.items():
-            if name not in {t.name for t in model.graph.initializer}:
-                model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
         prog = compile_program(lr.graph)
-        regions.append(PackagedRegion(
-            node_indices=list(lr.region.nodes), inputs=list(lr.graph.input_names), outputs=list(lr.graph.output_names),
-            binary=prog.fatbin, plan=prog.plan, ugraph_json=dumps(lr.graph), source_sha256=prog.source_sha256))
+        items.append((lr, Built(lr.graph, prog.fatbin, prog.plan, prog.source_sha256)))
         progress(lr.region.id)
-    meta = {"mlso.version": __version__, "mlso.targets": "sm_80,sm_90a", "mlso.seed": str(seed),
-            "mlso.verification": "lifted programs (identical to the original regions by construction)"}
-    return package_model(model, regions, meta)
+    # The lifted program is the region itself, lifted: equal by construction, so no field check
+    # is needed here and the false-accept bound is 0. Searched programs will carry their bound.
+    meta = standard_metadata(targets=DEFAULT_TARGETS, seed=seed, verification_bound=0.0)
+    return assemble(model, items, meta)
 
 
 def _progress(total: int):

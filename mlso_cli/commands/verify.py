@@ -152,8 +152,7 @@ def field_check_kernels(model: onnx.ModelProto, seed: int) -> list[dict]:
     if not kernels:
         return []
     from mlso_cli.bench.harness import region_model
-    from mlso_cli.frontend.analyse import analyse
-    from mlso_cli.frontend.lift import with_input_order
+    from mlso_cli.frontend.lift import LiftError, lift_whole_graph, with_input_order
     from mlso_cli.frontend.load import loaded_from_proto
     from mlso_cli.ir import loads
     from mlso_cli.runtime import check_model
@@ -166,12 +165,12 @@ def field_check_kernels(model: onnx.ModelProto, seed: int) -> list[dict]:
         rows.append(row)
         program = loads(checked.ugraph_json)
         body = loaded_from_proto(region_model(model, node), f"body of {node.name}")
-        lifted = analyse(body).lifted
-        covered = sum(len(lr.region.nodes) for lr in lifted)
-        if len(lifted) != 1 or covered != sum(1 for n in body.graph.node if n.op_type != "Constant"):
-            row["detail"] = "its function body is not one liftable region"
+        try:
+            lifted = lift_whole_graph(body)
+        except LiftError as exc:
+            row["detail"] = f"its function body cannot be lifted: {exc}"
             continue
-        reference = with_input_order(lifted[0].graph, program.input_names, program)
+        reference = with_input_order(lifted.graph, program.input_names, program)
         verdict = check_equivalent(reference, program, seed=seed, runs_so_far=k)
         row.update(equivalent=verdict.equivalent, bound=verdict.bound, trials=verdict.trials, detail=verdict.detail)
     return rows

@@ -532,6 +532,17 @@ def with_input_order(kg: KernelGraph, names: list[str] | tuple[str, ...], like: 
     return b.kernel_graph(new_inputs, [rebuild(o) for o in kg.outputs], list(names), list(kg.output_names))
 
 
+def lift_whole_graph(loaded: LoadedModel) -> LiftedRegion:
+    """Lift every non-Constant node of a graph as one region (an MlsoKernel's fallback body)."""
+    nodes = loaded.graph.node
+    idx = tuple(i for i, n in enumerate(nodes) if n.op_type != "Constant")
+    outputs = tuple(o.name for o in loaded.graph.output)
+    produced = {o for i in idx for o in nodes[i].output}
+    inputs = tuple(dict.fromkeys(x for i in idx for x in nodes[i].input if x and x not in produced))
+    region = Region(0, idx, inputs, outputs, "body", tuple(nodes[i].op_type for i in idx))
+    return lift_region(loaded, region)
+
+
 def lift_all(loaded: LoadedModel, regions: list[Region]) -> tuple[list[LiftedRegion], list[tuple[Region, str]]]:
     """Lift every region; regions that fail are returned with the reason instead."""
     consts = constant_values(loaded.model)

@@ -1,0 +1,80 @@
+"""`mlso optimize` end to end on the CPU: compile with nvcc, package, run the fallback, verify."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+
+from tests.helpers import SMALL, TRANSFORMER, TRANSFORMER_SHAPE, run_cli
+
+EVERY = ["gqa", "rmsnorm_linear", "gated_mlp", "lora", "ntrans", "qknorm_real", "mla", "layernorm_linear"]
+
+
+@pytest.mark.parametrize("name", EVERY)
+def test_optimize_then_verify(tmp_path, name):
+    src = next(p for p in SMALL if p.stem == name)
+    out = tmp_path / "fast.onnx"
+    r = run_cli("optimize", str(src), "-o", str(out), "--min-speedup", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
+    assert rows[-1] == {"type": "summary", "output": str(out), "regions": 1, "packaged": 1}
+    m = onnx.load(str(out))
+    onnx.checker.check_model(m)
+    assert sum(n.domain == "ai.mlso" for n in m.graph.node) == 1
+    r = run_cli("verify", str(src), str(out), "--samples", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.decode().splitlines()[-1])
+    assert summary["pass"] and summary["kernels_equivalent"] == 1
+
+
+def test_optimize_transformer_all_regions(tmp_path):
+    out = tmp_path / "t.onnx"
+    r = run_cli("optimize", str(TRANSFORMER), *TRANSFORMER_SHAPE, "-o", str(out), "--min-speedup", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.decode().splitlines()[-1])
+    assert summary["packaged"] == summary["regions"] >= 4
+    r = run_cli("verify", str(TRANSFORMER), str(out), *TRANSFORMER_SHAPE, "--samples", "1", "--scales", "1")
+    assert r.returncode == 0, r.stderr
+
+
+def test_never_slower_by_default_keeps_unprofitable_regions(tmp_path):
+    src = next(p for p in SMALL if p.stem == "gqa")
+    out = tmp_path / "o.onnx"
+    r = run_cli("optimize", str(src), "-o", str(out), "--json", "--min-speedup", "1000")
+    assert r.returncode == 0
+    rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
+    assert rows[0]["packaged"] is False and "kept original" in rows[0]["why"]
+    assert not any(n.domain == "ai.mlso" for n in onnx.load(str(out)).graph.node)
+
+
+def test_optimize_refuses_to_overwrite(tmp_path):
+    src = next(p for p in SMALL if p.stem == "gqa")
+    before = src.read_bytes()
+    r = run_cli("optimize", str(src), "-o", str(src))
+    assert r.returncode == 2 and src.read_bytes() == before
+    out = tmp_path / "exists.onnx"
+    out.write_bytes(b"keep me")
+    r = run_cli("optimize", str(src), "-o", str(out))
+    assert r.returncode == 2 and out.read_bytes() == b"keep me" and b"--force" in r.stderr
+    r = run_cli("optimize", str(src), "-o", str(out), "--force", "--min-speedup", "0")
+    assert r.returncode == 0 and out.read_bytes() != b"keep me"
+
+
+def test_missing_nvcc_is_an_environment_problem(tmp_path):
+    src = next(p for p in SMALL if p.stem == "lora")
+    out = tmp_path / "o.onnx"
+    r = run_cli("optimize", str(src), "-o", str(out), "--min-speedup", "0",
+                env={"MLSO_NVCC": "/nonexistent/nvcc", "MLSO_CACHE_DIR": str(tmp_path / "cache")})
+    assert r.returncode == 4, r.stderr
+    assert len(r.stderr.decode().strip().splitlines()) == 1 and b"nvcc" in r.stderr
+    assert not out.exists() and not list(tmp_path.glob("o.onnx*"))
+
+
+def test_bad_model_leaves_no_output(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00" * 10)
+    out = tmp_path / "o.onnx"
+    r = run_cli("optimize", str(bad), "-o", str(out))
+    assert r.returncode == 1 and not out.exists()
