@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (after the staging of ../shared/device/README.md): the GPU test
+# suite, the fixture kernel timings and the model-level benchmark, with logs under $OUT.
+#   carry: .device-stage/gpu.sh .device-stage/onnxruntime .mlso-cache
+set -u
+source .device-stage/gpu.sh env
+export PYTHONPATH="$PWD:$PYTHONPATH" PYTHONUNBUFFERED=1
+export MLSO_CACHE_DIR="$PWD/.mlso-cache" MLSO_ORT_INCLUDE="$PWD/.device-stage/onnxruntime"
+OUT=${OUT:-/tmp/mlso-out}; mkdir -p "$OUT"
+what=${1:-all}
+{ date -u; git log -1 --format=%H 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; } > "$OUT/machine.txt" 2>&1
+python3 -m models.build_models > "$OUT/models.log" 2>&1 || echo "models build failed"
+if [ "$what" = all ] || [ "$what" = tests ]; then
+  timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu tests -p no:cacheprovider -rfE > "$OUT/gpu_tests.log" 2>&1
+  tail -40 "$OUT/gpu_tests.log" 2>/dev/null
+fi
+if [ "$what" = all ] || [ "$what" = kernels ]; then
+  timeout ${KERNEL_TIMEOUT:-150} python3 benchmarks/fixture_kernels.py --fixtures tests.fixtures.ugraphs --out "$OUT/fixture_kernels.json" > "$OUT/fixture_kernels.md" 2>&1
+  tail -40 "$OUT/fixture_kernels.md"
+fi
+if [ "$what" = all ] || [ "$what" = models ]; then
+  timeout ${MODEL_TIMEOUT:-200} python3 benchmarks/model_bench.py --out "$OUT/model_bench.json" ${ROWS:+--rows $ROWS} > "$OUT/model_bench.md" 2>&1
+  tail -40 "$OUT/model_bench.md"
+fi
