@@ -248,3 +248,5 @@ inline void write_file(const char* path, const std::vector<unsigned char>& buf, 
 }
 
 }  // namespace mlso_emu
+
+inline void __syncwarp(unsigned = 0xffffffffu) { mlso_emu::ctx.warp->bar.arrive_and_wait(); }

@@ -60,6 +60,8 @@ if TYPE_CHECKING:
 XYZ = ("x", "y", "z")
 MMA_TYPES = (DType.F16, DType.BF16)
 SMEM_LIMIT = SMEM_BUDGET["sm_90"]
+DEEP_PIPELINE_LIMIT = SMEM_BUDGET["sm_80"] - 4096
+"""A 3-stage pipeline is used only when the kernel then still fits an sm_80 block."""
 PHASES = (Phase.PRE, Phase.LOOP, Phase.POST)
 
 
@@ -143,11 +145,17 @@ class BlockKernel:
         for n in self.nodes:
             if n.op is Op.ACC_SUM and n.src[0].op is Op.MATMUL and self.consumers[n.src[0]] == [n]:
                 self.fused[n.src[0]] = n
+        self.fused_reduce: dict[Node, Node] = {}
+        for n in self.nodes:
+            r = n.src[0] if n.op is Op.ACC_SUM else None
+            if r is not None and r.op in REDUCE and isinstance(r.arg, int) and self.consumers[r] == [n]:
+                self.fused_reduce[r] = n
         has_mm = any(n.op is Op.MATMUL for n in self.nodes) or any(g.wsums for g in self.groups.values())
         self.nt = 128 if has_mm else 256
         self.nw = self.nt // 32
         self.materialised: set[Node] = set(self.iters) | set(self.stab.values())
-        self.materialised |= {n for n in self.nodes if n.op in REDUCE or n.op in ACCUMULATORS}
+        self.materialised |= {n for n in self.nodes if (n.op in REDUCE and n not in self.fused_reduce)
+                              or n.op in ACCUMULATORS}
         self.materialised |= {n for n in self.nodes if n.op is Op.MATMUL and n not in self.fused}
         self.materialised |= {g.m for g in self.groups.values()}
         self.order = self._schedule()
@@ -189,7 +197,8 @@ class BlockKernel:
         return order
 
     # ---- shared memory -----------------------------------------------------------------------
-    def _layout(self, pad: bool) -> None:
+    def _layout(self, pad: bool, stages: int) -> None:
+        self.nstage = stages
         self.smem = 0
         self.ptrs: list[tuple[str, str, int]] = []  # (C type, name, byte offset)
         self.storage: dict[Node, Storage] = {}
@@ -201,8 +210,8 @@ class BlockKernel:
             nbytes = (strides[0] * it.shape[0] if it.shape else 1) * it.dtype.itemsize
             base = f"s{it.arg}"
             if it.phase is Phase.LOOP:
-                self._alloc(CTYPE[it.dtype], f"{base}_0", nbytes)
-                self._alloc(CTYPE[it.dtype], f"{base}_1", nbytes)
+                for k in range(stages):
+                    self._alloc(CTYPE[it.dtype], f"{base}_{k}", nbytes)
             else:
                 self._alloc(CTYPE[it.dtype], base, nbytes)
             self.storage[it] = Storage(base, it.dtype, it.shape, strides)
@@ -349,7 +358,16 @@ class BlockKernel:
 
     # ---- emission helpers --------------------------------------------------------------------
     def emitter(self) -> Emitter:
-        return Emitter(self.storage, self.stab, self.names)
+        return Emitter(self.storage, self.stab, self.names, self._note)
+
+    def _note(self, n: Node) -> None:
+        self._reads.add(self.storage[n].ptr)
+
+    def _r(self, *ptrs: str) -> None:
+        self._reads.update(ptrs)
+
+    def _w(self, *ptrs: str) -> None:
+        self._writes.update(ptrs)
 
     def kernel_emitter(self) -> Emitter:
         return self.lw.emitter(self.uses, self.names)
@@ -399,6 +417,7 @@ class BlockKernel:
 
         code(f"// stage {st.src.op.value}{list(st.src.shape)} as {s.dtype.value}")
         self._elementwise(code, st.src.shape, body)
+        self._w(s.ptr)
 
     def _batch_offset(self, op: Operand, out_batch: tuple[int, ...]) -> str:
         bt = decompose("bt", out_batch)
@@ -406,12 +425,9 @@ class BlockKernel:
         return f"[&](int bt) -> int {{ return {offset(lead, op.strides[:-2], op.base)}; }}"
 
     def _pass_matmul(self, code: Code, plan: MatmulPlan, what: str) -> None:
-        for st in plan.stages:
-            if not st.done:
-                self._pass_stage(code, st)
-                code("__syncthreads();")
-                st.done = True
         a, b, c = plan.a, plan.b, plan.c
+        self._r(a.ptr, b.ptr, *([c.ptr] if plan.accumulate else []))
+        self._w(c.ptr)
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         out_batch = c.shape[:-2]
         batch = numel(out_batch)
@@ -456,7 +472,11 @@ class BlockKernel:
         self._pass_matmul(code, self.plans[n], f"matmul -> {list(n.shape)}")
 
     def _pass_reduce(self, code: Code, n: Node) -> None:
-        st = self.storage[n]
+        into = self.fused_reduce.get(n)
+        st = self.storage[into] if into is not None else self.storage[n]
+        self._w(st.ptr)
+        if into is not None:
+            self._r(st.ptr)
         x = n.src[0]
         weighted = isinstance(n.arg, synthetic.RowMax) and n.arg.weighted
         axis = n.arg.axis if isinstance(n.arg, synthetic.RowMax) else n.arg
@@ -485,12 +505,12 @@ class BlockKernel:
             val = f"{acc} / {float(length)}f" if n.op is Op.REDUCE_MEAN else acc
             sc = state.get("scale")
             if sc is not None:
-                bs = structural(sc, tokens)
+                bs = structural(sc, tokens) if into is None else None
                 if bs is not None:
                     st.scale = bs
                 else:
                     val = em.materialise(Val(val, sc))
-            return [f"{st.ptr}[o] = {val};"]
+            return [f"{st.ptr}[o] {'+=' if into is not None else '='} {val};"]
 
         code(f"// {n.op.value} axis {axis} of {list(x.shape)}" + (" (softmax stabiliser)" if weighted or
                                                                   isinstance(n.arg, synthetic.RowMax) else ""))
@@ -501,6 +521,8 @@ class BlockKernel:
             self._pass_matmul(code, self.plans[n.src[0]], "accumulate matmul")
             return
         st = self.storage[n]
+        self._r(st.ptr)
+        self._w(st.ptr)
 
         def body(em: Emitter, coords: Coords) -> list[str]:
             return [f"{st.ptr}[e] += {em.plain(n.src[0], coords)};"]
@@ -508,9 +530,68 @@ class BlockKernel:
         code(f"// acc_sum{list(n.shape)}")
         self._elementwise(code, n.shape, body)
 
+    def _rows_aligned(self, g: Group) -> bool:
+        rows = g.m.shape[:-1]
+        return all(acc.shape[:-1] == rows for acc in g.wsums)
+
+    def _pass_group_rows(self, code: Code, g: Group) -> None:
+        """One pass per row r of s (a warp per row, or a thread when rows are short):
+        m' = max(m, max_c s[r, c]); alpha = exp(m - m'); p = exp(s - m') (staged for P @ v);
+        sum accumulators l = l * alpha + sum_c p; weighted-sum rows *= alpha; m = m'."""
+        m, s = self.storage[g.m], g.s
+        length, rows = s.shape[-1], g.m.numel
+        warp_mode = length >= 32
+        tokens = decompose("o", g.m.shape)
+        sc = canon(s.shape, tokens[:-1] + (LOOP_VAR,))
+        start, step = ("lane", "32") if warp_mode else ("0", "1")
+        self._r(m.ptr, *(self.storage[a].ptr for a in g.sums + g.wsums))
+        self._w(m.ptr, *(self.storage[a].ptr for a in g.sums + g.wsums))
+        code(f"// rescaling accumulators over s{list(s.shape)}: row max, rescale, exp(s - m), row sums")
+        head = f"for (int o = warp; o < {rows}; o += {self.nw})" if warp_mode else \
+            f"for (int o = threadIdx.x; o < {rows}; o += {self.nt})"
+        with code.block(head):
+            em = self.emitter()
+            v = em.plain(s, sc)
+            code("float mx = mlso::neg_inf();")
+            with code.block(f"for (int {LOOP_VAR} = {start}; {LOOP_VAR} < {length}; {LOOP_VAR} += {step})"):
+                code.extend(em.lines)
+                code(f"mx = fmaxf(mx, {v});")
+            if warp_mode:
+                code("mx = mlso::warp_allreduce<mlso::MaxOp>(mx);")
+            code(f"const float mo = {m.ptr}[o];", "const float mn = fmaxf(mo, mx);",
+                 "const float alpha = mlso::rescale(mo, mn);", "float sm = 0.0f;")
+            em = self.emitter()
+            v = em.plain(s, sc)
+            with code.block(f"for (int {LOOP_VAR} = {start}; {LOOP_VAR} < {length}; {LOOP_VAR} += {step})"):
+                code.extend(em.lines)
+                code(f"const float p = mlso::exp_rel({v}, mn);", "sm += p;")
+                if g.wsums:
+                    p = g.p
+                    self._w(p.ptr)
+                    code(f"{p.ptr}[{offset(sc, p.strides)}] = mlso::from_f32<{CTYPE[p.dtype]}>(p);")
+            if warp_mode and g.sums:
+                code("sm = mlso::warp_allreduce<mlso::SumOp>(sm);")
+            for acc in g.wsums:
+                a, n = self.storage[acc], acc.shape[-1]
+                with code.block(f"for (int c = {start}; c < {n}; c += {step})"):
+                    code(f"{a.ptr}[o * {n} + c] *= alpha;")
+            if warp_mode:
+                code("__syncwarp();")
+            tail = [f"{m.ptr}[o] = mn;"] + [f"{self.storage[a].ptr}[o] = {self.storage[a].ptr}[o] * alpha + sm;"
+                                            for a in g.sums]
+            if warp_mode:
+                with code.block("if (lane == 0)"):
+                    code.extend(tail)
+            else:
+                code.extend(tail)
+
     def _pass_group(self, code: Code, g: Group) -> None:
+        """General form (weighted sums whose rows do not align with s's rows): separate passes."""
         m, s = self.storage[g.m], g.s
         length = s.shape[-1]
+        touched = [m.ptr, g.alpha, *(self.storage[a].ptr for a in g.sums + g.wsums)] + ([g.p.ptr] if g.p else [])
+        self._r(*touched)
+        self._w(*touched)
 
         def s_coords(tokens: Coords) -> Coords:
             return canon(s.shape, tokens[:-1] + (LOOP_VAR,))
@@ -554,11 +635,6 @@ class BlockKernel:
                 return [f"{p.ptr}[{offset(coords, p.strides)}] = mlso::from_f32<{ctype}>({val});"]
 
             self._elementwise(code, s.shape, stage_p)
-            code("__syncthreads();")
-            for acc in g.wsums:
-                self._pass_matmul(code, self.plans[acc], "exp(s - m) @ v")
-                if acc is not g.wsums[-1]:
-                    code("__syncthreads();")
 
     def _row_index(self, g: Group, shape: tuple[int, ...]) -> Callable[[Coords], str]:
         """Offset into the running max of a WSUM element at coords (rows align to s's rows)."""
@@ -693,9 +769,14 @@ class BlockKernel:
 
     # ---- the kernel --------------------------------------------------------------------------
     def build(self) -> Kernel:
-        for pad in (True, False):
-            self._layout(pad)
-            if self.smem <= SMEM_LIMIT:
+        # deeper cp.async pipelines only where the loop is long enough and the kernel still fits
+        # an sm_80 block; padding rows against bank conflicts only where it fits at all
+        options = [(True, 3, DEEP_PIPELINE_LIMIT), (True, 2, SMEM_LIMIT), (False, 2, SMEM_LIMIT)]
+        for pad, stages, limit in options:
+            if stages > 2 and (self.bg.loop < 3 or not self.loop_iters):
+                continue
+            self._layout(pad, stages)
+            if self.smem <= limit:
                 break
         else:
             raise CodegenError(f"graph-defined kernel needs {self.smem} bytes of shared memory (limit {SMEM_LIMIT})",
@@ -722,63 +803,103 @@ class BlockKernel:
         what = f"graph-defined kernel, grid {list(self.bg.grid)}, loop {self.bg.loop}"
         return Kernel(self.name, code.text(), self.bg.grid, (self.nt, 1, 1), self.smem, self.uses.params(), what)
 
-    def _emit_body(self, code: Code) -> None:
-        code("MLSO_DYNAMIC_SMEM(smem);")
-        code("const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;")
-        code("(void)lane; (void)warp;")
-        for ctype, name, off in self.ptrs:
-            code(f"{ctype}* const {name} = reinterpret_cast<{ctype}*>(smem + {off});")
-        loop_iters = self.loop_iters
-        has_loop = bool(loop_iters)
-        for it in self.iters:
-            if it.phase is Phase.PRE:
-                self._load(code, it, None, f"s{it.arg}", True)
-        for it in loop_iters:
-            self._load(code, it, "0", f"s{it.arg}_0", True)
-        code("mlso::cp_async_commit();", "mlso::cp_async_wait<0>();", "__syncthreads();")
+    def _stage_ptr(self, i: int, step: str) -> str:
+        """The buffer of loop tile i that holds step `step` (a C expression)."""
+        if self.nstage == 2:
+            return f"(({step}) & 1 ? s{i}_1 : s{i}_0)"
+        k = f"(({step}) % {self.nstage})"
+        expr = f"s{i}_{self.nstage - 1}"
+        for j in range(self.nstage - 2, -1, -1):
+            expr = f"({k} == {j} ? s{i}_{j} : {expr})"
+        return expr
 
+    def _pass_list(self) -> tuple[dict[Phase, list[Callable[[Code], None]]], list[Node]]:
+        """Passes per phase in dependency order, and the SAVE nodes. Staging copies go right
+        before their first matmul when in the same phase, else at the end of the operand's phase."""
         passes: dict[Phase, list[Callable[[Code], None]]] = {p: [] for p in PHASES}
         saves: list[Node] = []
         last_of_group = {}
         for n in self.order:
             if n in self.group_of:
                 last_of_group[self.group_of[n].s] = n
+
+        def stage(plans: list[MatmulPlan]) -> None:
+            for plan in plans:
+                for st in plan.stages:
+                    passes[st.phase].append(lambda c, st=st: self._stage_once(c, st))
+
         for n in self.order:
             if n.op is Op.ITER or n in (g.m for g in self.groups.values()):
                 continue
             if n.op is Op.SAVE:
                 saves.append(n)
                 continue
-            plan = self.plans.get(n)
-            if plan is not None:
-                for st in plan.stages:
-                    if st.phase is not (n.phase or Phase.PRE):
-                        passes[st.phase].append(lambda c, st=st: self._stage_once(c, st))
             if n in self.group_of:
                 g = self.group_of[n]
                 if last_of_group[g.s] is n:
-                    for w in g.wsums:
-                        for st in self.plans[w].stages:
-                            if st.phase is not Phase.LOOP:
-                                passes[st.phase].append(lambda c, st=st: self._stage_once(c, st))
-                    passes[Phase.LOOP].append(lambda c, g=g: self._pass_group(c, g))
+                    plans = [self.plans[w] for w in g.wsums]
+                    stage(plans)
+                    if self._rows_aligned(g):
+                        passes[Phase.LOOP].append(lambda c, g=g: self._pass_group_rows(c, g))
+                    else:
+                        passes[Phase.LOOP].append(lambda c, g=g: self._pass_group(c, g))
+                    for plan in plans:
+                        passes[Phase.LOOP].append(lambda c, plan=plan: self._pass_matmul(c, plan, "exp(s - m) @ v"))
                 continue
             if n.op in ACCUMULATORS:
+                if n.src[0] in self.fused_reduce:
+                    passes[Phase.LOOP].append(lambda c, r=n.src[0]: self._pass_reduce(c, r))
+                    continue
                 if n.src[0] in self.fused:
-                    fplan = self.plans[n.src[0]]
-                    for st in fplan.stages:
-                        if st.phase is not Phase.LOOP:
-                            passes[st.phase].append(lambda c, st=st: self._stage_once(c, st))
+                    stage([self.plans[n.src[0]]])
                 passes[Phase.LOOP].append(lambda c, n=n: self._pass_acc_sum(c, n))
                 continue
             rule = PASSES.get(n.op)
             if rule is None:
                 raise CodegenError(f"block op {n.op.value} has no pass")
-            passes[n.phase or Phase.PRE].append(lambda c, n=n, rule=rule: rule(self, c, n))
+            phase = n.phase or Phase.PRE
+            if n in self.plans:
+                stage([self.plans[n]])
+            passes[phase].append(lambda c, n=n, rule=rule: rule(self, c, n))
+        return passes, saves
 
-        for p in passes[Phase.PRE]:
-            p(code)
-            code("__syncthreads();")
+    def _emit_passes(self, code: Code, passes: list[Callable[[Code], None]]) -> None:
+        """Emit passes with a barrier only where a pass reads or writes shared memory that an
+        earlier pass since the last barrier wrote, or writes what one read (RAW, WAW, WAR)."""
+        reads: set[str] = set()
+        writes: set[str] = set()
+        for p in passes:
+            sub = Code(code.ind)
+            self._reads, self._writes = set(), set()
+            p(sub)
+            if not sub.lines:
+                continue
+            r, w = self._reads, self._writes
+            if (r & writes) or (w & (reads | writes)):
+                code("__syncthreads();")
+                reads, writes = set(), set()
+            code.lines.extend(sub.lines)
+            reads |= r
+            writes |= w
+
+    def _emit_body(self, code: Code) -> None:
+        code("MLSO_DYNAMIC_SMEM(smem);")
+        code("const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;")
+        code("(void)lane; (void)warp;")
+        for ctype, name, off in self.ptrs:
+            code(f"{ctype}* const {name} = reinterpret_cast<{ctype}*>(smem + {off});")
+        self._reads, self._writes = set(), set()
+        loop_iters, ns, loop = self.loop_iters, self.nstage, self.bg.loop
+        for it in self.iters:
+            if it.phase is Phase.PRE:
+                self._load(code, it, None, f"s{it.arg}", True)
+        for k in range(min(ns - 1, loop) if loop_iters else 0):
+            for it in loop_iters:
+                self._load(code, it, str(k), f"s{it.arg}_{k}", True)
+        code("mlso::cp_async_commit();", "mlso::cp_async_wait<0>();", "__syncthreads();")
+        passes, saves = self._pass_list()
+        self._emit_passes(code, passes[Phase.PRE])
+        code("__syncthreads();")
         inits = [n for n in self.order if n.op in ACCUMULATORS]
         for acc in inits:
             code(f"for (int e = threadIdx.x; e < {acc.numel}; e += {self.nt}) {self.storage[acc].ptr}[e] = 0.0f;")
@@ -787,21 +908,19 @@ class BlockKernel:
                  f"{self.storage[g.m].ptr}[e] = mlso::neg_inf();")
         if inits:
             code("__syncthreads();")
-        if has_loop:
-            with code.block(f"for (int it = 0; it < {self.bg.loop}; ++it)"):
+        if loop_iters or passes[Phase.LOOP]:
+            with code.block(f"for (int it = 0; it < {loop}; ++it)"):
                 for it in loop_iters:
-                    ctype = CTYPE[it.dtype]
-                    code(f"{ctype}* const s{it.arg} = (it & 1) ? s{it.arg}_1 : s{it.arg}_0;")
-                with code.block(f"if (it + 1 < {self.bg.loop})"):
-                    for it in loop_iters:
-                        self._load(code, it, "it + 1", f"((it & 1) ? s{it.arg}_0 : s{it.arg}_1)", True)
-                code("mlso::cp_async_commit();", "mlso::cp_async_wait<1>();", "__syncthreads();")
-                for p in passes[Phase.LOOP]:
-                    p(code)
-                    code("__syncthreads();")
-        for p in passes[Phase.POST]:
-            p(code)
-            code("__syncthreads();")
+                    code(f"{CTYPE[it.dtype]}* const s{it.arg} = {self._stage_ptr(it.arg, 'it')};")
+                if loop_iters:
+                    with code.block(f"if (it + {ns - 1} < {loop})"):
+                        for it in loop_iters:
+                            self._load(code, it, f"it + {ns - 1}", self._stage_ptr(it.arg, f"it + {ns - 1}"), True)
+                    code("mlso::cp_async_commit();", f"mlso::cp_async_wait<{ns - 1}>();", "__syncthreads();")
+                self._emit_passes(code, passes[Phase.LOOP])
+                code("__syncthreads();")
+        self._emit_passes(code, passes[Phase.POST])
+        code("__syncthreads();")
         written: set[Node] = set()
         for s in saves:
             self._pass_save(code, s, written)

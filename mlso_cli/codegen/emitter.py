@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from mlso_cli.codegen import synthetic
 from mlso_cli.codegen.cfmt import (
     Coords,
     Names,
@@ -23,15 +24,16 @@ from mlso_cli.codegen.cfmt import (
     canon,
     contiguous,
     decompose,
+    mentions,
     offset,
 )
 from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.scale import BINARY, UNARY_DEGREE, Scale, Storage, Val
-from mlso_cli.codegen.synthetic import Copy
+from mlso_cli.codegen.synthetic import Combined, Copy
 from mlso_cli.codegen.views import strided, view_strides
 from mlso_cli.ir.node import Node, const_value
 from mlso_cli.ir.ops import BINARY as BINARY_OPS
-from mlso_cli.ir.ops import UNARY, Op
+from mlso_cli.ir.ops import REDUCE, UNARY, Op
 
 UNARY_FN: dict[Op, str] = {
     Op.EXP: "mlso::ew::exp", Op.SQUARE: "mlso::ew::square", Op.SQRT: "mlso::ew::sqrt",
@@ -116,6 +118,21 @@ class Emitter:
         coords = canon(shape, decompose(flat, shape))
         self._flats.setdefault((coords, shape), flat)
         return coords
+
+    def child(self) -> Emitter:
+        """An emitter for a nested loop body: same storage and names, its own lines and memo."""
+        em = Emitter(self.storage, self.stab, self.names, self.on_use)
+        em._flats = dict(self._flats)
+        em._thread = list(self._thread)
+        em._thread_ids = self._thread_ids + 1000
+        return em
+
+    def loop(self, var: str, length: int, body: Emitter, folds: list[tuple[str, str, str, str]]) -> None:
+        """Append `for (var < length) { body; acc = fold(acc, value) }` for each (acc, init, fold, value)."""
+        for acc, init, _, _ in folds:
+            self.lines.append(f"float {acc} = {init};")
+        inner = " ".join(body.lines + [f"{acc} = {fold.format(a=acc, b=val)};" for acc, _, fold, val in folds])
+        self.lines.append(f"for (int {var} = 0; {var} < {length}; ++{var}) {{ {inner} }}")
 
     def var(self, expr: str, ctype: str = "float") -> str:
         name = self.names.new("t")
@@ -218,6 +235,67 @@ def _reshape(em: Emitter, n: Node, coords: Coords) -> Val:
     return em.value(src, em.coords_of_flat(flat, src.shape))
 
 
+_FOLD = {"sum": ("0.0f", "{a} + {b}"), "max": ("mlso::neg_inf()", "fmaxf({a}, {b})")}
+
+
+def _reduce(em: Emitter, n: Node, coords: Coords) -> Val:
+    """A reduction evaluated in place (a loop in the consumer's kernel), for reductions over a
+    short or strided axis that feed one elementwise kernel: the split-KV combine is one of them.
+    Scaled inputs follow kernels.emit_reduce: an axis the scale does not vary along keeps the
+    scale; partials with their own maxima are rescaled to the global max (a Combined node,
+    shared by every reduction over the same partials, so num / den cancels)."""
+    if isinstance(n.arg, Combined):
+        return _combined(em, n, coords)
+    if not isinstance(n.arg, int):
+        raise CodegenError(f"{n.op.value} with arg {n.arg!r} must be materialised")
+    x, axis = n.src[0], n.arg
+    length = x.shape[axis]
+    r = em.names.new("ri")
+    inner = list(coords)
+    inner[axis] = r
+    inner_t = canon(x.shape, inner)
+    op = "max" if n.op is Op.REDUCE_MAX else "sum"
+    probe = em.child().value(x, inner_t).scale
+    varying = probe is not None and any(mentions(c, r) for c in probe.mcoords)
+    body = em.child()
+    acc = em.names.new("acc")
+    init, fold = _FOLD[op]
+    scale = None
+    if probe is None or (not varying and (op == "sum" or probe.degree > 0)):
+        v = body.value(x, inner_t)
+        em.loop(r, length, body, [(acc, init, fold, v.code)])
+        scale = v.scale
+    elif op == "sum" and probe.degree == 1:
+        dims = tuple(j for j, c in enumerate(probe.mcoords) if mentions(c, r))
+        mg_node = synthetic.combined(probe.key, dims)
+        mg_coords = canon(mg_node.shape, tuple("0" if j in dims else c for j, c in enumerate(probe.mcoords)))
+        mg = em.value(mg_node, mg_coords).code
+        v = body.value(x, inner_t)
+        m = body.mvalue(v.scale)
+        em.loop(r, length, body, [(acc, init, fold, f"{v.code} * mlso::partial_weight({m}, {mg})")])
+        scale = Scale(mg_node, 1, mg_coords)
+    else:
+        em.loop(r, length, body, [(acc, init, fold, body.plain(x, inner_t))])
+    out = acc if n.op is not Op.REDUCE_MEAN else em.var(f"{acc} / {c_float(length)}")
+    return Val(out, scale)
+
+
+def _combined(em: Emitter, n: Node, coords: Coords) -> Val:
+    """Max of a partial-max buffer over its partial dims (nested loops), in place."""
+    m = n.src[0]
+    loops = [(j, em.names.new("rm")) for j in n.arg.dims]
+    inner = list(coords)
+    for j, var in loops:
+        inner[j] = var
+    body = em.child()
+    val = body.value(m, canon(m.shape, inner)).code
+    acc = em.names.new("mg")
+    em.lines.append(f"float {acc} = mlso::neg_inf();")
+    head = " ".join(f"for (int {var} = 0; {var} < {m.shape[j]}; ++{var})" for j, var in loops)
+    em.lines.append(f"{head} {{ {' '.join(body.lines)} {acc} = fmaxf({acc}, {val}); }}")
+    return Val(acc)
+
+
 def _thread(em: Emitter, n: Node, coords: Coords) -> Val:
     inputs = [em.value(s, bcast(s.shape, coords)) for s in n.src]
     em.push_thread(inputs)
@@ -241,4 +319,5 @@ RULES: dict[Op, Callable[[Emitter, Node, Coords], Val]] = {
     Op.RESHAPE: _reshape,
     Op.THREAD: _thread,
     Op.THREAD_IN: _thread_in,
+    **{op: _reduce for op in REDUCE},
 }

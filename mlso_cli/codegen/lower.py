@@ -31,6 +31,9 @@ from mlso_cli.ir.ops import REDUCE, VIEW, DType, Op
 
 ROOT_OPS = frozenset({Op.MATMUL, Op.GRAPH_DEF}) | REDUCE
 INT_LIMIT = 2**31 - 1
+INLINE_REDUCE_MAX_LEN = 64
+"""Reductions over a strided axis up to this long are evaluated inside their one elementwise
+consumer (a loop per element) instead of as a kernel of their own: the split-KV combine."""
 
 
 class Uses:
@@ -115,7 +118,7 @@ class Lowering:
     # ---- roots -------------------------------------------------------------------------------
     def _roots(self) -> tuple[set[Node], list[Node]]:
         """(root set, output targets): which nodes get kernels, and what each output slot holds."""
-        roots: set[Node] = {n for n in self.order if n.op in ROOT_OPS} | set(self.stab.values())
+        roots: set[Node] = {n for n in self.order if n.op in (Op.MATMUL, Op.GRAPH_DEF)} | set(self.stab.values())
         outs = set(self.kg.outputs)
         users: dict[Node, set[Node]] = {}
         for n in reversed(self.order):
@@ -124,7 +127,12 @@ class Lowering:
             u: set[Node] = set()
             for c in self.consumers.get(n, []):
                 u |= {c} if c in roots else users.get(c, set())
-            if n in outs or (n.op not in VIEW and len(u) > 1):
+            if n.op in REDUCE:
+                if n in outs or not self._inline_reduce(n, u):
+                    roots.add(n)
+                else:
+                    users[n] = u
+            elif n in outs or (n.op not in VIEW and len(u) > 1):
                 roots.add(n)
             else:
                 users[n] = u
@@ -145,6 +153,16 @@ class Lowering:
                 taken_proj.add(key)
             targets.append(n)
         return roots, targets
+
+    @staticmethod
+    def _inline_reduce(n: Node, users: set[Node]) -> bool:
+        """A reduction over a short strided axis with one elementwise kernel using it."""
+        x = n.src[0]
+        strided_axis = any(d > 1 for d in x.shape[n.arg + 1:])
+        if not strided_axis or x.shape[n.arg] > INLINE_REDUCE_MAX_LEN or len(users) != 1:
+            return False
+        (user,) = users
+        return user.op not in ROOT_OPS
 
     def _deps(self, root: Node, roots: set[Node]) -> list[Node]:
         out: list[Node] = []

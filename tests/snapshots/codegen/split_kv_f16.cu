@@ -25,16 +25,17 @@ extern "C" __global__ void __launch_bounds__(128) mlso_k0(const __half* __restri
   mlso::cp_async_commit();
   mlso::cp_async_wait<0>();
   __syncthreads();
+  __syncthreads();
   for (int e = threadIdx.x; e < 256; e += 128) sm1[e] = 0.0f;
   for (int e = threadIdx.x; e < 16; e += 128) sm2[e] = 0.0f;
   for (int e = threadIdx.x; e < 16; e += 128) sm3[e] = mlso::neg_inf();
   __syncthreads();
   for (int it = 0; it < 2; ++it) {
-    __half* const s1 = (it & 1) ? s1_1 : s1_0;
-    __half* const s2 = (it & 1) ? s2_1 : s2_0;
+    __half* const s1 = ((it) & 1 ? s1_1 : s1_0);
+    __half* const s2 = ((it) & 1 ? s2_1 : s2_0);
     if (it + 1 < 2) {
-      mlso::copy_chunks<true, 128, 64>([&](int c) -> const __half* { return in1 + ((int)blockIdx.x * 1) * 2048 + ((c / 4)) * 128 + (c % 4) * 8 + (int)blockIdx.z * 64 + (it + 1) * 32; }, [&](int c) -> __half* { return ((it & 1) ? s1_0 : s1_1) + ((c / 4)) * 40 + (c % 4) * 8; });
-      mlso::copy_chunks<true, 128, 64>([&](int c) -> const __half* { return in2 + ((int)blockIdx.x * 1) * 2048 + ((c / 2) + (int)blockIdx.z * 64 + (it + 1) * 32) * 16 + (c % 2) * 8; }, [&](int c) -> __half* { return ((it & 1) ? s2_0 : s2_1) + ((c / 2)) * 24 + (c % 2) * 8; });
+      mlso::copy_chunks<true, 128, 64>([&](int c) -> const __half* { return in1 + ((int)blockIdx.x * 1) * 2048 + ((c / 4)) * 128 + (c % 4) * 8 + (int)blockIdx.z * 64 + (it + 1) * 32; }, [&](int c) -> __half* { return ((it + 1) & 1 ? s1_1 : s1_0) + ((c / 4)) * 40 + (c % 4) * 8; });
+      mlso::copy_chunks<true, 128, 64>([&](int c) -> const __half* { return in2 + ((int)blockIdx.x * 1) * 2048 + ((c / 2) + (int)blockIdx.z * 64 + (it + 1) * 32) * 16 + (c % 2) * 8; }, [&](int c) -> __half* { return ((it + 1) & 1 ? s2_1 : s2_0) + ((c / 2)) * 24 + (c % 2) * 8; });
     }
     mlso::cp_async_commit();
     mlso::cp_async_wait<1>();
@@ -42,107 +43,67 @@ extern "C" __global__ void __launch_bounds__(128) mlso_k0(const __half* __restri
     // matmul -> [1, 16, 32]: ([1, 16, 16] x [1, 16, 32]), mma
     mlso::block_mma<__half, 1, 16, 16, 32, 16, 1, true, false, false, 4>(s0, 24, [&](int bt) -> int { return 0; }, s1, 40, [&](int bt) -> int { return 0; }, sm0, 32, 512);
     __syncthreads();
-    // rescaling accumulators over s[1, 16, 32]: running max, rescale, add exp(s - m)
+    // rescaling accumulators over s[1, 16, 32]: row max, rescale, exp(s - m), row sums
     for (int o = warp; o < 16; o += 4) {
-      float acc = mlso::neg_inf();
+      float mx = mlso::neg_inf();
       for (int rr = lane; rr < 32; rr += 32) {
         const float t0 = mlso::to_f32(sm0[o * 32 + rr]);
         const float t1 = mlso::ew::mul(t0, 2.5e-1f);
-        acc = fmaxf(acc, t1);
+        mx = fmaxf(mx, t1);
       }
-      acc = mlso::warp_allreduce<mlso::MaxOp>(acc);
-      if (lane == 0) {
-        const float mo = sm3[o];
-        const float mn = fmaxf(mo, acc);
-        alpha0[o] = mlso::rescale(mo, mn);
-        sm3[o] = mn;
-      }
-    }
-    __syncthreads();
-    for (int o = warp; o < 16; o += 4) {
-      float acc = 0.0f;
+      mx = mlso::warp_allreduce<mlso::MaxOp>(mx);
+      const float mo = sm3[o];
+      const float mn = fmaxf(mo, mx);
+      const float alpha = mlso::rescale(mo, mn);
+      float sm = 0.0f;
       for (int rr = lane; rr < 32; rr += 32) {
         const float t2 = mlso::to_f32(sm0[o * 32 + rr]);
         const float t3 = mlso::ew::mul(t2, 2.5e-1f);
-        acc = acc + mlso::exp_rel(t3, sm3[o]);
+        const float p = mlso::exp_rel(t3, mn);
+        sm += p;
+        p0[o * 40 + rr] = mlso::from_f32<__half>(p);
       }
-      acc = mlso::warp_allreduce<mlso::SumOp>(acc);
+      sm = mlso::warp_allreduce<mlso::SumOp>(sm);
+      for (int c = lane; c < 16; c += 32) {
+        sm1[o * 16 + c] *= alpha;
+      }
+      __syncwarp();
       if (lane == 0) {
-        sm2[o] = sm2[o] * alpha0[o] + acc;
+        sm3[o] = mn;
+        sm2[o] = sm2[o] * alpha + sm;
       }
-    }
-    for (int e = threadIdx.x; e < 256; e += 128) {
-      sm1[e] *= alpha0[(e / 16)];
-    }
-    for (int e = threadIdx.x; e < 512; e += 128) {
-      const float t4 = mlso::to_f32(sm0[((e / 32)) * 32 + (e % 32)]);
-      const float t5 = mlso::ew::mul(t4, 2.5e-1f);
-      p0[((e / 32)) * 40 + (e % 32)] = mlso::from_f32<__half>(mlso::exp_rel(t5, sm3[(e / 32)]));
     }
     __syncthreads();
     // exp(s - m) @ v: ([1, 16, 32] x [1, 32, 16]), mma accumulate
     mlso::block_mma<__half, 1, 16, 16, 16, 32, 1, true, false, true, 4>(p0, 40, [&](int bt) -> int { return 0; }, s2, 24, [&](int bt) -> int { return 0; }, sm1, 16, 256);
     __syncthreads();
   }
+  __syncthreads();
   // save output 0 (scaled partial + its max)
   for (int e = threadIdx.x; e < 256; e += 128) {
-    const float t6 = mlso::to_f32(sm1[((e / 16)) * 16 + (e % 16)]);
-    sc0[((int)blockIdx.z) * 1024 + ((int)blockIdx.x * 1) * 512 + ((e / 16) + (int)blockIdx.y * 16) * 16 + (e % 16)] = mlso::from_f32<float>(t6);
+    const float t4 = mlso::to_f32(sm1[((e / 16)) * 16 + (e % 16)]);
+    sc0[((int)blockIdx.z) * 1024 + ((int)blockIdx.x * 1) * 512 + ((e / 16) + (int)blockIdx.y * 16) * 16 + (e % 16)] = mlso::from_f32<float>(t4);
   }
   for (int e = threadIdx.x; e < 16; e += 128) {
     sc2[((int)blockIdx.z) * 64 + ((int)blockIdx.x * 1) * 32 + e + (int)blockIdx.y * 16] = sm3[e];
   }
   // save output 1 (scaled partial + its max)
   for (int e = threadIdx.x; e < 16; e += 128) {
-    const float t7 = mlso::to_f32(sm2[e]);
-    sc1[((int)blockIdx.z) * 64 + ((int)blockIdx.x * 1) * 32 + e + (int)blockIdx.y * 16] = mlso::from_f32<float>(t7);
+    const float t5 = mlso::to_f32(sm2[e]);
+    sc1[((int)blockIdx.z) * 64 + ((int)blockIdx.x * 1) * 32 + e + (int)blockIdx.y * 16] = mlso::from_f32<float>(t5);
   }
 }
 
-// mlso_k1: reduce_sum -> float32[1, 2, 32, 16] (split-KV combine); grid [4, 1, 1], block [256, 1, 1], smem 0 B
-extern "C" __global__ void __launch_bounds__(256) mlso_k1(const float* __restrict__ sc0, const float* __restrict__ sc2, float* __restrict__ sc3, float* __restrict__ sc4) {
-  for (int o = blockIdx.x * 256 + threadIdx.x; o < 1024; o += gridDim.x * 256) {
-    float mg = mlso::neg_inf();
-    for (int rr = 0; rr < 2; rr += 1) {
-      const float t0 = mlso::to_f32(sc2[rr * 64 + ((o / 512)) * 32 + (((o / 16)) % 32)]);
-      mg = fmaxf(mg, t0);
-    }
-    float acc = 0.0f;
-    for (int rr = 0; rr < 2; rr += 1) {
-      const float t1 = mlso::to_f32(sc0[rr * 1024 + ((o / 512)) * 512 + ((((o / 16)) % 32)) * 16 + (o % 16)]);
-      const float t2 = mlso::to_f32(sc2[rr * 64 + ((o / 512)) * 32 + (((o / 16)) % 32)]);
-      acc = acc + t1 * mlso::partial_weight(t2, mg);
-    }
-    sc3[o] = mlso::from_f32<float>(acc);
-    sc4[((o / 512)) * 32 + (((o / 16)) % 32)] = mg;
-  }
-}
-
-// mlso_k2: reduce_sum -> float32[1, 2, 32, 1] (split-KV combine); grid [1, 1, 1], block [256, 1, 1], smem 0 B
-extern "C" __global__ void __launch_bounds__(256) mlso_k2(const float* __restrict__ sc1, const float* __restrict__ sc2, float* __restrict__ sc4, float* __restrict__ sc5) {
-  for (int o = blockIdx.x * 256 + threadIdx.x; o < 64; o += gridDim.x * 256) {
-    float mg = mlso::neg_inf();
-    for (int rr = 0; rr < 2; rr += 1) {
-      const float t0 = mlso::to_f32(sc2[rr * 64 + ((o / 32)) * 32 + (o % 32)]);
-      mg = fmaxf(mg, t0);
-    }
-    float acc = 0.0f;
-    for (int rr = 0; rr < 2; rr += 1) {
-      const float t1 = mlso::to_f32(sc1[rr * 64 + ((o / 32)) * 32 + (o % 32)]);
-      const float t2 = mlso::to_f32(sc2[rr * 64 + ((o / 32)) * 32 + (o % 32)]);
-      acc = acc + t1 * mlso::partial_weight(t2, mg);
-    }
-    sc5[o] = mlso::from_f32<float>(acc);
-    sc4[((o / 32)) * 32 + (o % 32)] = mg;
-  }
-}
-
-// mlso_k3: reshape -> float16[2, 32, 16]; grid [4, 1, 1], block [256, 1, 1], smem 0 B
-extern "C" __global__ void __launch_bounds__(256) mlso_k3(__half* __restrict__ out0, const float* __restrict__ sc3, const float* __restrict__ sc5) {
+// mlso_k1: reshape -> float16[2, 32, 16]; grid [4, 1, 1], block [256, 1, 1], smem 0 B
+extern "C" __global__ void __launch_bounds__(256) mlso_k1(__half* __restrict__ out0, const float* __restrict__ sc0, const float* __restrict__ sc1, const float* __restrict__ sc2) {
   for (int i = blockIdx.x * 256 + threadIdx.x; i < 1024; i += gridDim.x * 256) {
-    const float t0 = mlso::to_f32(sc3[i]);
-    const float t1 = mlso::to_f32(sc5[((i / 512)) * 32 + (((i / 16)) % 32)]);
-    const float t2 = mlso::ew::div(t0, t1);
-    out0[i] = mlso::from_f32<__half>(t2);
+    float mg0 = mlso::neg_inf();
+    for (int rm0 = 0; rm0 < 2; ++rm0) { const float t1 = mlso::to_f32(sc2[rm0 * 64 + ((i / 512)) * 32 + (((i / 16)) % 32)]); mg0 = fmaxf(mg0, t1); }
+    float acc0 = 0.0f;
+    for (int ri0 = 0; ri0 < 2; ++ri0) { const float t2 = mlso::to_f32(sc0[ri0 * 1024 + ((i / 512)) * 512 + ((((i / 16)) % 32)) * 16 + (i % 16)]); const float t3 = mlso::to_f32(sc2[ri0 * 64 + ((i / 512)) * 32 + (((i / 16)) % 32)]); acc0 = acc0 + t2 * mlso::partial_weight(t3, mg0); }
+    float acc1 = 0.0f;
+    for (int ri1 = 0; ri1 < 2; ++ri1) { const float t5 = mlso::to_f32(sc1[ri1 * 64 + ((i / 512)) * 32 + (((i / 16)) % 32)]); const float t6 = mlso::to_f32(sc2[ri1 * 64 + ((i / 512)) * 32 + (((i / 16)) % 32)]); acc1 = acc1 + t5 * mlso::partial_weight(t6, mg0); }
+    const float t7 = mlso::ew::div(acc0, acc1);
+    out0[i] = mlso::from_f32<__half>(t7);
   }
 }
