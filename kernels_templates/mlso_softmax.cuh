@@ -23,6 +23,11 @@ __device__ __forceinline__ float rescale(float m_old, float m_new) {
 // exp(s - m) with the safe offset: the per-element term of a stabilised sum.
 __device__ __forceinline__ float exp_rel(float s, float m) { return expf(s - safe_max(m)); }
 
+// Combine step of split-KV: weight of partial i relative to the global max.
+__device__ __forceinline__ float partial_weight(float m_i, float m_global) {
+  return m_i == neg_inf() ? 0.0f : expf(m_i - safe_max(m_global));
+}
+
 // The running state of one row: max m and sum l (true sum = l * exp(m)).
 struct OnlineSoftmax {
   float m;
@@ -47,10 +52,44 @@ struct OnlineSoftmax {
   __device__ __forceinline__ float value() const { return l * expf(m); }
 };
 
-// Combine step of split-KV: weight of partial i relative to the global max.
-__device__ __forceinline__ float partial_weight(float m_i, float m_global) {
-  return m_i == neg_inf() ? 0.0f : expf(m_i - safe_max(m_global));
-}
+// Online softmax for one row with its weighted sum held in registers: (m, l, o[N]), true values
+// l * exp(m) and o * exp(m). raise() rescales l and o by exp(m_old - m_new); add(s, v) adds
+// exp(s - m) and exp(s - m) * v[0..N). merge() combines two partial states (split-KV).
+template <int N>
+struct OnlineSoftmaxRow {
+  static_assert(N >= 1 && N <= 256, "OnlineSoftmaxRow: N in 1..256 registers");
+  float m, l, o[N];
+  __device__ __forceinline__ OnlineSoftmaxRow() : m(neg_inf()), l(0.0f) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) o[i] = 0.0f;
+  }
+  __device__ __forceinline__ void raise(float m_step) {
+    const float m_new = fmaxf(m, m_step);
+    const float alpha = rescale(m, m_new);
+    l *= alpha;
+#pragma unroll
+    for (int i = 0; i < N; ++i) o[i] *= alpha;
+    m = m_new;
+  }
+  template <typename T>
+  __device__ __forceinline__ void add(float s, const T* v) {
+    const float p = exp_rel(s, m);
+    l += p;
+#pragma unroll
+    for (int i = 0; i < N; ++i) o[i] += p * to_f32(v[i]);
+  }
+  __device__ __forceinline__ void merge(const OnlineSoftmaxRow& other) {
+    const float m_new = fmaxf(m, other.m);
+    const float a = partial_weight(m, m_new), b = partial_weight(other.m, m_new);
+    l = l * a + other.l * b;
+#pragma unroll
+    for (int i = 0; i < N; ++i) o[i] = o[i] * a + other.o[i] * b;
+    m = m_new;
+  }
+  // The normalised output o / l: the running max cancels.
+  __device__ __forceinline__ float out(int i) const { return o[i] / l; }
+};
+
 
 // The exact value of a scaled number: v * exp(dm), where dm = degree * M. Computed as
 // (v * e) * e with e = exp(dm / 2) so that a small v times a large exp(dm) does not overflow

@@ -313,3 +313,34 @@ def test_unsupported_op_reports_codegen_error():
     em = Emitter({}, {}, __import__("mlso_cli.codegen.cfmt", fromlist=["Names"]).Names())
     with pytest.raises(CodegenError):
         em.value(b.matmul(x, b.transpose(x, (1, 0))), ("c0", "c1"))
+
+
+def test_online_softmax_row_template_on_emulator():
+    """mlso::OnlineSoftmaxRow (raise / add / merge) against the exact softmax average, logits +-150."""
+    from mlso_cli.codegen.program import GeneratedProgram
+
+    source = '''#include "mlso.cuh"
+extern "C" __global__ void __launch_bounds__(32) mlso_k0(const float* __restrict__ in0,
+    const float* __restrict__ in1, float* __restrict__ out0) {
+  if (threadIdx.x != 0) return;
+  mlso::OnlineSoftmaxRow<4> a, b;
+  for (int j = 0; j < 24; ++j) { a.raise(in0[j]); a.add(in0[j], in1 + 4 * j); }
+  for (int j = 24; j < 40; ++j) { b.raise(in0[j]); b.add(in0[j], in1 + 4 * j); }
+  a.merge(b);
+  for (int i = 0; i < 4; ++i) out0[i] = a.out(i);
+}
+'''
+    plan = {"version": 1, "targets": ["sm_80"], "smem_max": 0,
+            "inputs": [{"dtype": "float32", "shape": [40]}, {"dtype": "float32", "shape": [40, 4]}],
+            "outputs": [{"dtype": "float32", "shape": [4]}], "scratch": [], "zero": [],
+            "launches": [{"kernel": "mlso_k0", "grid": [1, 1, 1], "block": [32, 1, 1], "smem": 0,
+                          "args": [{"kind": "input", "index": 0}, {"kind": "input", "index": 1},
+                                   {"kind": "output", "index": 0}]}]}
+    rng = np.random.default_rng(3)
+    s = (rng.standard_normal(40) * 60).astype(np.float32)
+    s[30] = 150.0  # the max arrives late, in the second partial
+    v = rng.standard_normal((40, 4)).astype(np.float32)
+    (got,) = hostemu.run(GeneratedProgram(source, plan, ["mlso_k0"]), [s, v])
+    w = np.exp(s.astype(np.float64) - s.max())
+    want = (w[:, None] * v).sum(0) / w.sum()
+    assert T.rel_error(got, want) < 1e-6

@@ -11,6 +11,8 @@ fixture (tests/fixtures/ugraphs.FIXTURES) and the lifted small models.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,17 @@ from tests import test_codegen_graphs as T
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _precompile():
+    """Compile every program these tests run, in parallel (nvcc is single-threaded and the GPU
+    machine's time is the scarce resource); later compile_program calls hit the cache."""
+    from mlso_cli.codegen import compile_program
+
+    graphs = [f() for f in T.GRAPHS.values()] + [f() for f in _fixtures().values()]
+    with cf.ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as ex:
+        list(ex.map(compile_program, graphs))
 
 
 def _run(kg, inputs: list[np.ndarray]) -> list[np.ndarray]:

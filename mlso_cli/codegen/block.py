@@ -943,6 +943,10 @@ PASSES: dict[Op, Callable[[BlockKernel, Code, Node], None]] = {
 def emit_graph_def(lw: Lowering, gd: Node) -> Kernel:
     if not isinstance(gd.arg, BlockGraph):
         raise CodegenError("GRAPH_DEF without a block graph")
+    gx, gy, gz = gd.arg.grid
+    if gx > 2**31 - 1 or gy > 65535 or gz > 65535:
+        raise CodegenError(f"grid {gd.arg.grid} exceeds CUDA's limits (x < 2^31, y and z <= 65535)",
+                           "Map the largest grid dimension to x.")
     return BlockKernel(lw, gd).build()
 
 

@@ -128,6 +128,11 @@ class Program:
     def __init__(self, fatbin: bytes, plan: dict[str, Any], device: int = 0) -> None:
         self.plan = plan
         self._cuda = cuda = _pycuda()
+        try:
+            from pycuda._pvt_struct import pack
+        except ImportError:
+            pack = None
+        self._pack = pack
         self._ctx = cuda.Device(device).retain_primary_context()
         self._closed = False
         self._allocs: list[Any] = []
@@ -182,8 +187,14 @@ class Program:
             cuda.memset_d8_async(ptr, 0, size, stream)
         for launch in self.plan["launches"]:
             args = [table[a["kind"]][a["index"]] for a in launch["args"]]
-            self._funcs[launch["kernel"]].prepared_async_call(
-                tuple(launch["grid"]), tuple(launch["block"]), stream, *args, shared_size=int(launch["smem"]))
+            fn = self._funcs[launch["kernel"]]
+            grid, block, smem = tuple(launch["grid"]), tuple(launch["block"]), int(launch["smem"])
+            if self._pack is not None and hasattr(fn, "_launch_kernel"):
+                # a bare cuLaunchKernel: prepared_async_call would first call the legacy
+                # cuFuncSetBlockShape, which has no business inside a graph capture
+                fn._launch_kernel(grid, block, self._pack("P" * len(args), *args), smem, stream)
+            else:
+                fn.prepared_async_call(grid, block, stream, *args, shared_size=smem)
 
     def _upload(self, inputs: Sequence[Any]) -> list[int]:
         if len(inputs) != len(self.plan["inputs"]):
