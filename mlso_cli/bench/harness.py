@@ -87,3 +87,35 @@ def region_model(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.ModelProt
     m = helper.make_model(g, opset_imports=[o for o in model.opset_import if o.domain in ("", "ai.onnx")])
     m.ir_version = model.ir_version
     return m
+
+
+@dataclass(frozen=True)
+class RegionTiming:
+    node: str
+    overload: str
+    """The node's function overload ("r0", "r1", ...: the region's position when packaged)."""
+    orig_us: float
+    """The region's original nodes (the kernel's fallback body) in ONNX Runtime on the CUDA EP."""
+    kernel_us: float
+    """The mlso program, by CUDA-graph replay through PyCUDA."""
+
+    @property
+    def speedup(self) -> float:
+        return self.orig_us / self.kernel_us if self.kernel_us else 0.0
+
+
+def time_regions(model: onnx.ModelProto, gpu: int, *, repeats: int = 5, iters: int = 100) -> list[RegionTiming]:
+    """Each MlsoKernel of a packaged model: its original region vs its program, on one GPU."""
+    from mlso_cli import runtime
+    from mlso_cli.runtime.launcher import Program
+
+    out = []
+    providers = [("CUDAExecutionProvider", {"device_id": gpu})]
+    for checked in runtime.check_model(model):
+        sub = region_model(model, checked.node)
+        t_orig = time_session(runtime.session(sub.SerializeToString(), providers=providers), random_feeds(sub), gpu,
+                              repeats=repeats, iters=iters)
+        with Program(checked.binary, checked.plan, device=gpu) as prog:
+            t_fast = prog.time(warmup=10, repeats=repeats, iters=iters)
+        out.append(RegionTiming(checked.node.name, checked.overload, t_orig.median_us, t_fast.median_us))
+    return out

@@ -40,13 +40,12 @@ def bench_cmd(orig, fast, gpu, input_shapes, as_json, repeats, iters, cuda_graph
     """Time ORIG and FAST in ONNX Runtime on the CUDA EP, whole models and per region."""
     info = _require_gpu(gpu)
     from mlso_cli import runtime
-    from mlso_cli.bench.harness import random_feeds, region_model, time_session
+    from mlso_cli.bench.harness import random_feeds, time_regions, time_session
 
     shapes = parse_input_shapes(input_shapes)
     a = load_model(orig, shapes, fold=False).model
     b = load_model(fast, shapes, fold=False).model
     feeds = random_feeds(a)
-    providers = [("CUDAExecutionProvider", {"device_id": gpu})]
     rows = []
     for label, graph_opt in [("ort", False)] + ([("ort-cuda-graph", True)] if cuda_graph else []):
         opts = [("CUDAExecutionProvider", {"device_id": gpu, "enable_cuda_graph": "1" if graph_opt else "0"})]
@@ -54,18 +53,9 @@ def bench_cmd(orig, fast, gpu, input_shapes, as_json, repeats, iters, cuda_graph
         tb = time_session(runtime.session(b.SerializeToString(), providers=opts), feeds, gpu, repeats=repeats, iters=iters)
         rows.append({"type": "model", "mode": label, "orig_us": ta.median_us, "fast_us": tb.median_us,
                      "speedup": ta.median_us / tb.median_us})
-    regions = runtime.check_model(b)
-    for checked in regions:
-        node = checked.node
-        sub = region_model(b, node)
-        t_orig = time_session(runtime.session(sub.SerializeToString(), providers=providers), random_feeds(sub), gpu,
-                              repeats=repeats, iters=iters)
-        from mlso_cli.runtime.launcher import Program
-
-        prog = Program(checked.binary, checked.plan, device=gpu)
-        t_fast = prog.time(warmup=10, repeats=repeats, iters=iters)
-        rows.append({"type": "region", "node": node.name, "orig_us": t_orig.median_us, "kernel_us": t_fast.median_us,
-                     "speedup": t_orig.median_us / t_fast.median_us})
+    for rt in time_regions(b, gpu, repeats=repeats, iters=iters):
+        rows.append({"type": "region", "node": rt.node, "orig_us": rt.orig_us, "kernel_us": rt.kernel_us,
+                     "speedup": rt.speedup})
     if as_json:
         for r in rows:
             click.echo(json.dumps({**r, "gpu": info.name}))

@@ -1,0 +1,49 @@
+"""optimize --gpu, verify --gpu and bench on a real GPU (skipped cleanly without one)."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+
+from tests.helpers import SMALL, run_cli
+
+
+def _small(name):
+    return next(p for p in SMALL if p.stem == name)
+
+
+def test_gpu_flags_without_a_gpu_are_environment_problems(tmp_path):
+    from mlso_cli.runtime import gpu_info
+
+    if gpu_info(0) is not None:
+        pytest.skip("this machine has a GPU")
+    out = tmp_path / "o.onnx"
+    r = run_cli("optimize", str(_small("gqa")), "-o", str(out), "--gpu", "0")
+    assert r.returncode == 4 and not out.exists()
+    r = run_cli("bench", str(_small("gqa")), str(_small("gqa")), "--gpu", "0")
+    assert r.returncode == 4 and b"GPU" in r.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["ntrans", "gqa"])
+def test_optimize_measures_then_verify_and_bench_on_gpu(tmp_path, name):
+    out = tmp_path / "fast.onnx"
+    r = run_cli("optimize", str(_small(name)), "-o", str(out), "--gpu", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
+    region = rows[0]
+    assert "measured" in region["why"] and region["us_before"] > 0 and region["us_after"] > 0
+    # never slower: a region is packaged only if its measured program is faster
+    assert region["packaged"] == (region["speedup"] > 1.0)
+    onnx.checker.check_model(onnx.load(str(out)))
+    r = run_cli("verify", str(_small(name)), str(out), "--gpu", "0", "--samples", "1")
+    assert r.returncode == 0, r.stderr
+    forced = tmp_path / "forced.onnx"
+    assert run_cli("optimize", str(_small(name)), "-o", str(forced), "--min-speedup", "0").returncode == 0
+    r = run_cli("bench", str(_small(name)), str(forced), "--gpu", "0", "--json", "--repeats", "3", "--iters", "20")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
+    assert {x["type"] for x in rows} == {"model", "region"}
+    assert all(x["orig_us"] > 0 and (x.get("fast_us") or x.get("kernel_us")) > 0 for x in rows)
