@@ -448,9 +448,6 @@ def lift_region(loaded: LoadedModel, region: Region, consts: dict[str, np.ndarra
             if want is not None and tuple(want) != val.shape:
                 raise LiftError(f"{node.op_type} '{node.name}': lifted shape {val.shape} != ONNX shape {tuple(want)}")
             ctx.env[name] = val
-    for m in ctx.masks:
-        if any(m in n.src for n in ctx.env.values() if n.op not in (Op.EXP,) and n not in ctx.masks):
-            pass
     outputs = []
     for name in region.outputs:
         node = ctx.env[name]
@@ -477,33 +474,29 @@ def _check_masks_consumed(ctx: _Ctx, outputs: list[Node]) -> None:
                 raise LiftError("Where: a masked value is used by something other than Softmax/Exp")
 
 
-def _prune_inputs(kg: KernelGraph) -> KernelGraph:
-    """Drop inputs no output depends on (shape tensors read as constants) and renumber."""
-    used = {n for n in kg.nodes() if n.op is Op.INPUT and any(n in o.src or o is n for o in kg.nodes())}
-    reachable = set()
-    from mlso_cli.ir import toposort
-
-    for n in toposort(list(kg.outputs)):
-        if n.op is Op.INPUT:
-            reachable.add(n)
-    del used
-    keep = [i for i in kg.inputs if i in reachable]
-    if len(keep) == len(kg.inputs):
-        return kg
-    mapping = {old: b.input_(j, old.shape, old.dtype) for j, old in enumerate(keep)}
-    memo: dict[Node, Node] = {}
+def _substitute(roots: tuple[Node, ...], mapping: dict[Node, Node]) -> list[Node]:
+    """The DAGs under roots with the nodes in mapping replaced (shared subterms stay shared)."""
+    memo: dict[Node, Node] = dict(mapping)
 
     def rebuild(n: Node) -> Node:
-        if n in mapping:
-            return mapping[n]
         got = memo.get(n)
         if got is None:
             got = n.replace(src=tuple(rebuild(s) for s in n.src)) if n.src else n
             memo[n] = got
         return got
 
-    names = [kg.input_names[i.arg] for i in keep]
-    return b.kernel_graph([mapping[i] for i in keep], [rebuild(o) for o in kg.outputs], names, list(kg.output_names))
+    return [rebuild(r) for r in roots]
+
+
+def _prune_inputs(kg: KernelGraph) -> KernelGraph:
+    """Drop inputs no output depends on (shape tensors read as constants) and renumber."""
+    from mlso_cli.ir import toposort
+
+    reachable = {n for n in toposort(list(kg.outputs)) if n.op is Op.INPUT}
+    keep = [i for i in kg.inputs if i in reachable]
+    if len(keep) == len(kg.inputs):
+        return kg
+    return with_input_order(kg, [kg.input_names[i.arg] for i in keep], kg)
 
 
 def with_input_order(kg: KernelGraph, names: list[str] | tuple[str, ...], like: KernelGraph) -> KernelGraph:
@@ -518,18 +511,7 @@ def with_input_order(kg: KernelGraph, names: list[str] | tuple[str, ...], like: 
         new_inputs.append(node)
         if name in by_name:
             mapping[by_name[name]] = node
-    memo: dict[Node, Node] = {}
-
-    def rebuild(n: Node) -> Node:
-        if n in mapping:
-            return mapping[n]
-        got = memo.get(n)
-        if got is None:
-            got = n.replace(src=tuple(rebuild(s) for s in n.src)) if n.src else n
-            memo[n] = got
-        return got
-
-    return b.kernel_graph(new_inputs, [rebuild(o) for o in kg.outputs], list(names), list(kg.output_names))
+    return b.kernel_graph(new_inputs, _substitute(kg.outputs, mapping), list(names), list(kg.output_names))
 
 
 def lift_whole_graph(loaded: LoadedModel) -> LiftedRegion:
