@@ -78,3 +78,34 @@ def test_bad_model_leaves_no_output(tmp_path):
     out = tmp_path / "o.onnx"
     r = run_cli("optimize", str(bad), "-o", str(out))
     assert r.returncode == 1 and not out.exists()
+
+
+def test_model_too_large_for_memory_is_refused(tmp_path, monkeypatch):
+    from mlso_cli.errors import InputError
+    from mlso_cli.frontend import load
+
+    monkeypatch.setattr(load, "available_memory", lambda: 1 << 20)
+    load.require_memory(1 << 10, "small")
+    with pytest.raises(InputError, match="GiB of memory"):
+        load.require_memory(1 << 30, "a big model")
+
+
+def test_optimize_external_data_model(tmp_path):
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32), "W")
+    g = helper.make_graph([helper.make_node("MatMul", ["X", "W"], ["Y"]), helper.make_node("Relu", ["Y"], ["Z"])],
+                          "ext", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 64])],
+                          [helper.make_tensor_value_info("Z", TensorProto.FLOAT, [4, 64])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 10
+    src = tmp_path / "in" / "ext.onnx"
+    src.parent.mkdir()
+    onnx.save(m, str(src), save_as_external_data=True, location="ext.data", size_threshold=0)
+    out = tmp_path / "out" / "fast.onnx"
+    out.parent.mkdir()
+    r = run_cli("optimize", str(src), "-o", str(out), "--min-speedup", "0")
+    assert r.returncode == 0, r.stderr
+    r = run_cli("verify", str(src), str(out), "--samples", "1")
+    assert r.returncode == 0, r.stderr

@@ -14,7 +14,7 @@ import click
 from mlso_cli.commands.options import input_shape_option, json_option
 from mlso_cli.console import chatty, stderr
 from mlso_cli.errors import EnvironmentProblem
-from mlso_cli.frontend.load import load_model, parse_input_shapes
+from mlso_cli.frontend.load import load_model, parse_input_shapes, with_weights
 
 
 def _require_gpu(gpu: int):
@@ -43,8 +43,8 @@ def bench_cmd(orig, fast, gpu, input_shapes, as_json, repeats, iters, cuda_graph
     from mlso_cli.bench.harness import random_feeds, time_regions, time_session
 
     shapes = parse_input_shapes(input_shapes)
-    a = load_model(orig, shapes, fold=False).model
-    b = load_model(fast, shapes, fold=False).model
+    a = with_weights(load_model(orig, shapes, fold=False))
+    b = with_weights(load_model(fast, shapes, fold=False))
     feeds = random_feeds(a)
     rows = []
     for label, graph_opt in [("ort", False)] + ([("ort-cuda-graph", True)] if cuda_graph else []):

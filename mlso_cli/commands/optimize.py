@@ -124,13 +124,12 @@ def _package(loaded, items, seed: int):
     import onnx
 
     from mlso_cli.codegen import DEFAULT_TARGETS
+    from mlso_cli.frontend.load import with_weights
     from mlso_cli.package import standard_metadata
     from mlso_cli.package.assemble import assemble
 
     model = onnx.ModelProto()
-    model.CopyFrom(loaded.model)
-    if loaded.base_dir is not None and any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
-        onnx.load_external_data_for_model(model, str(loaded.base_dir))
+    model.CopyFrom(with_weights(loaded))
     # The lifted program is the region itself, lifted: equal by construction, so no field check
     # is needed here and the false-accept bound is 0. Searched programs will carry their bound.
     meta = standard_metadata(targets=DEFAULT_TARGETS, seed=seed, verification_bound=0.0)

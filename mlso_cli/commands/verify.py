@@ -20,8 +20,8 @@ import onnx
 
 from mlso_cli.commands.options import input_shape_option, json_option
 from mlso_cli.console import chatty, stderr
-from mlso_cli.errors import EnvironmentProblem, UsageError, VerificationFailed
-from mlso_cli.frontend.load import load_model, parse_input_shapes
+from mlso_cli.errors import EnvironmentProblem, MlsoError, UsageError, VerificationFailed
+from mlso_cli.frontend.load import load_model, parse_input_shapes, with_weights
 from mlso_cli.verify.reference64 import input_specs, reference_outputs
 
 LIMITS = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 2e-3}
@@ -49,14 +49,18 @@ def _session(model: onnx.ModelProto, gpu: int | None):
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     data = model.SerializeToString()
-    if gpu is None:
-        return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
     try:
+        if gpu is None:
+            return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
         from mlso_cli import runtime
 
         return runtime.session(data, providers=[("CUDAExecutionProvider", {"device_id": gpu})])
-    except ImportError:
-        raise EnvironmentProblem("the mlso runtime is not available", "Reinstall mlso") from None
+    except MlsoError:
+        raise
+    except Exception as exc:  # ORT's own load errors: report them in one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise EnvironmentProblem(f"ONNX Runtime could not load {model.graph.name or 'the model'}: {first[:300]}",
+                                 "Check the model loads with onnxruntime, or report it with the model") from None
 
 
 def _rel(out: np.ndarray, ref: np.ndarray) -> float:
@@ -84,8 +88,8 @@ def _rel(out: np.ndarray, ref: np.ndarray) -> float:
 def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, rtol, atol, gpu, field) -> None:
     """Check that model B computes what model A computes (exit 3 when it does not)."""
     shapes = parse_input_shapes(input_shapes)
-    a = load_model(model_a, shapes, fold=False).model
-    b = load_model(model_b, shapes, fold=False).model
+    a = with_weights(load_model(model_a, shapes, fold=False))
+    b = with_weights(load_model(model_b, shapes, fold=False))
     try:
         scale_list = [float(s) for s in scales.split(",") if s.strip()]
     except ValueError:

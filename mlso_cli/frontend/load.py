@@ -200,6 +200,48 @@ def collect_types(model: onnx.ModelProto) -> tuple[dict[str, tuple[int, ...]], d
     return shapes, dtypes
 
 
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux MemAvailable), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def external_data_bytes(model: onnx.ModelProto) -> int:
+    total = 0
+    for t in model.graph.initializer:
+        if t.data_location == TensorProto.EXTERNAL:
+            total += int(next((e.value for e in t.external_data if e.key == "length"), 0) or 0)
+    return total
+
+
+def require_memory(nbytes: int, what: str) -> None:
+    """Fail before loading weights that cannot fit, instead of being killed half-way."""
+    free = available_memory()
+    if free is not None and nbytes > 0.9 * free:
+        raise InputError(
+            f"{what} needs {nbytes / 2**30:.1f} GiB of memory but {free / 2**30:.1f} GiB is available",
+            "Run on a machine with more memory, or free some",
+        )
+
+
+def with_weights(loaded: LoadedModel) -> onnx.ModelProto:
+    """The model with external data read into memory (for ONNX Runtime sessions from bytes)."""
+    model = loaded.model
+    if loaded.base_dir is None or not any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer):
+        return model
+    require_memory(2 * external_data_bytes(model), f"loading {loaded.source} with its weights")
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    onnx.load_external_data_for_model(m, str(loaded.base_dir))
+    return m
+
+
 def loaded_from_proto(model: onnx.ModelProto, source: str = "<memory>") -> LoadedModel:
     """A LoadedModel for an in-memory model whose inputs are already static (no folding)."""
     _static_input_shapes(model)
