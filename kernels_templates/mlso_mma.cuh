@@ -9,6 +9,8 @@
 #pragma once
 
 #include "mlso_common.cuh"
+#include "mlso_reduce.cuh"
+#include "mlso_softmax.cuh"
 
 namespace mlso {
 
@@ -168,12 +170,14 @@ __device__ __forceinline__ void warp_mma_strip(float (&acc)[NB][4], const T* A, 
 // ---- the whole block: C[b] (+)= A[b] * B[b] on shared-memory tiles ------------------------------
 // MP rows (a multiple of 16; rows >= M are padding and never stored), N columns, K depth, BATCH
 // independent products. aoff(b) / boff(b) give element offsets of batch b's A and B; C batch b
-// starts at c + b * cbs. Strips of 16 x 8*NB are dealt round-robin to the NW warps.
-// No barrier inside: callers __syncthreads() before reading C.
+// starts at c + b * cbs. With ACCUM and rs != nullptr, C's row r of batch b is first multiplied
+// by rs[b * M + r] (the online-softmax rescale, fused into the accumulator load). Strips of
+// 16 x 8*NB are dealt round-robin to the NW warps. No barrier inside: callers __syncthreads()
+// before reading C.
 template <typename T, int BATCH, int MP, int M, int N, int K, int NB, bool AK, bool BK, bool ACCUM, int NW,
           class AOff, class BOff>
 __device__ __forceinline__ void block_mma(const T* A, int lda, AOff aoff, const T* B, int ldb, BOff boff, float* c,
-                                          int ldc, int cbs) {
+                                          int ldc, int cbs, const float* rs = nullptr) {
   static_assert(MP % 16 == 0 && MP >= M && N % (8 * NB) == 0 && K % 16 == 0, "block_mma tile shape");
   constexpr int SM = MP / 16, SN = N / (8 * NB), STRIPS = BATCH * SM * SN;
   for (int s = threadIdx.x >> 5; s < STRIPS; s += NW) {
@@ -183,6 +187,17 @@ __device__ __forceinline__ void block_mma(const T* A, int lda, AOff aoff, const 
     float* cb = c + bt * cbs;
     if (ACCUM) {
       load_acc<NB>(acc, cb, ldc, m0, n0, M);
+      if (rs != nullptr) {  // rescale rows of C first: C[b][r] *= rs[b * M + r]
+        const int r = m0 + ((threadIdx.x & 31) >> 2);
+        const float f0 = r < M ? rs[bt * M + r] : 0.0f, f1 = r + 8 < M ? rs[bt * M + r + 8] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < NB; ++j) {
+          acc[j][0] *= f0;
+          acc[j][1] *= f0;
+          acc[j][2] *= f1;
+          acc[j][3] *= f1;
+        }
+      }
     } else {
       zero_acc<NB>(acc);
     }
@@ -190,5 +205,111 @@ __device__ __forceinline__ void block_mma(const T* A, int lda, AOff aoff, const 
     store_acc<NB>(acc, cb, ldc, m0, n0, M);
   }
 }
+
+// ---- online-softmax attention rows held in registers (flash-attention style) ----------------------
+// One warp owns 16 rows (m0..m0+15) of a score tile S = A (16 x KQ) * B (KQ x NS) per loop step and
+// of the weighted sum O (16 x NV) = sum over steps of exp(S - m) * V (NS x NV). The running max m,
+// the sum l and O stay in registers across steps: no S or O round trip through shared memory.
+// Each thread holds rows r = m0 + lane/4 and r + 8 (the mma C layout); the C fragments of S are
+// the A fragments of P (m16n8k16), so exp(S - m) goes to the second mma without leaving registers.
+// Semantics are those of the shared-memory row pass: m' = max(m, rowmax S), alpha = rescale(m, m'),
+// l = l * alpha + sum exp_rel(S, m'), O = O * alpha + fp16(exp_rel(S, m')) * V. flush() writes
+// O, l and m in the layout of the shared-memory accumulators (O row-major with row stride ldo).
+template <typename T>
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  const T v[2] = {from_f32<T>(lo), from_f32<T>(hi)};
+  unsigned r;
+  __builtin_memcpy(&r, v, 4);
+  return r;
+}
+
+template <typename T, int NS, int KQ, int NV, bool AK, bool BK, bool VK>
+struct FlashRows {
+  static_assert(NS % 16 == 0 && KQ % 16 == 0 && NV % 8 == 0, "FlashRows tile shape");
+  float o[NV / 8][4];
+  float m[2], l[2];
+  __device__ __forceinline__ FlashRows() {
+#pragma unroll
+    for (int j = 0; j < NV / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    m[0] = m[1] = neg_inf();
+    l[0] = l[1] = 0.0f;
+  }
+  // vs != nullptr: the weighted operand is V scaled per key (row j of V times vs[j]); the factor
+  // goes onto P's columns instead (exp(s_j - m) * vs[j]), so V is read as stored. l is unscaled.
+  __device__ __forceinline__ void step(const T* A, int lda, const T* B, int ldb, const T* V, int ldv, int m0,
+                                       const float* vs = nullptr) {
+    float s[NS / 8][4];
+    zero_acc<NS / 8>(s);
+    warp_mma_strip<NS / 8, KQ, AK, BK, T>(s, A, lda, B, ldb, m0, 0);
+    float mx[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+    for (int j = 0; j < NS / 8; ++j) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
+    }
+    float mn[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = warp_allreduce<MaxOp, 4>(mx[h]);
+      mn[h] = fmaxf(m[h], mx[h]);
+      const float alpha = rescale(m[h], mn[h]);
+      l[h] *= alpha;
+#pragma unroll
+      for (int j = 0; j < NV / 8; ++j) {
+        o[j][2 * h] *= alpha;
+        o[j][2 * h + 1] *= alpha;
+      }
+      m[h] = mn[h];
+    }
+#pragma unroll
+    for (int kk = 0; kk < NS / 16; ++kk) {
+      float p[2][4];
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          p[t][i] = exp_rel(s[2 * kk + t][i], mn[i >> 1]);
+          l[i >> 1] += p[t][i];
+        }
+      }
+      if (vs != nullptr) {
+        const int c0 = kk * 16 + 2 * (threadIdx.x & 3);
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          const float f0 = vs[c0 + 8 * t], f1 = vs[c0 + 8 * t + 1];
+          p[t][0] *= f0;
+          p[t][1] *= f1;
+          p[t][2] *= f0;
+          p[t][3] *= f1;
+        }
+      }
+      unsigned a[4];
+      a[0] = pack2<T>(p[0][0], p[0][1]);
+      a[1] = pack2<T>(p[0][2], p[0][3]);
+      a[2] = pack2<T>(p[1][0], p[1][1]);
+      a[3] = pack2<T>(p[1][2], p[1][3]);
+#pragma unroll
+      for (int j = 0; j < NV / 8; ++j) {
+        unsigned b[2];
+        load_b_frag<VK>(b, V, ldv, kk * 16, j * 8);
+        mma_16816<T>(o[j], a, b);
+      }
+    }
+  }
+  // O to o_smem (row stride ldo), l to each of the nl sum buffers, m to m_smem; rows m0..m0+15.
+  __device__ __forceinline__ void flush(float* o_smem, int ldo, float* const* l_smem, int nl, float* m_smem,
+                                        int m0) const {
+    store_acc<NV / 8>(o, o_smem, ldo, m0, 0, m0 + 16);
+    const int lane = threadIdx.x & 31, r = m0 + (lane >> 2);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float lt = warp_allreduce<SumOp, 4>(l[h]);
+      if ((lane & 3) == 0) {
+        m_smem[r + 8 * h] = m[h];
+        for (int i = 0; i < nl; ++i) l_smem[i][r + 8 * h] = lt;
+      }
+    }
+  }
+};
 
 }  // namespace mlso

@@ -48,7 +48,7 @@ from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.program import Kernel
 from mlso_cli.codegen.scale import BufferScale, Storage, Val, structural
 from mlso_cli.codegen.stabilise import consumers_of, stabilisers
-from mlso_cli.codegen.teams import LOOP_VAR, Pass, choose_mode, emit_passes
+from mlso_cli.codegen.teams import FOLD, LOOP_VAR, Pass, choose_mode, emit_passes
 from mlso_cli.codegen.views import strided
 from mlso_cli.ir.graph import PARTIAL, BlockGraph
 from mlso_cli.ir.node import Node
@@ -63,6 +63,8 @@ SMEM_LIMIT = SMEM_BUDGET["sm_90"]
 DEEP_PIPELINE_LIMIT = SMEM_BUDGET["sm_80"] - 4096
 """A 3-stage pipeline is used only when the kernel then still fits an sm_80 block."""
 PHASES = (Phase.PRE, Phase.LOOP, Phase.POST)
+SM_COUNT_HINT = 132
+"""SMs of the target GPU (H100/H200), for choices that depend on blocks per SM."""
 
 
 def _ceil_to(x: int, m: int) -> int:
@@ -121,6 +123,7 @@ class MatmulPlan:
     a_kmajor: bool = True
     b_kmajor: bool = False
     stages: list[Stage] = field(default_factory=list)
+    row_scale: str | None = None  # fp32 per-row factor applied to C before accumulating (online-softmax alpha)
 
 
 class BlockKernel:
@@ -150,8 +153,8 @@ class BlockKernel:
             r = n.src[0] if n.op is Op.ACC_SUM else None
             if r is not None and r.op in REDUCE and isinstance(r.arg, int) and self.consumers[r] == [n]:
                 self.fused_reduce[r] = n
-        has_mm = any(n.op is Op.MATMUL for n in self.nodes) or any(g.wsums for g in self.groups.values())
-        self.nt = 128 if has_mm else 256
+        self.flash = self._flash_group()
+        self.nt = 32 * (self.flash.s.shape[-2] // 16) if self.flash else 256
         self.nw = self.nt // 32
         self.materialised: set[Node] = set(self.iters) | set(self.stab.values())
         self.materialised |= {n for n in self.nodes if (n.op in REDUCE and n not in self.fused_reduce)
@@ -160,6 +163,102 @@ class BlockKernel:
         self.materialised |= {g.m for g in self.groups.values()}
         self.order = self._schedule()
         self.loop_iters = [n for n in self.iters if n.phase is Phase.LOOP]
+
+    def _flash_group(self) -> Group | None:
+        """The group whose loop runs in registers (mlso::FlashRows), if one qualifies: s is a
+        loop-phase matmul used only by the group, one weighted sum over rows aligned with s,
+        16-row warp strips (16 <= rows <= 128), at most 128 keys per step and 128 value columns."""
+        found = []
+        for g in self.groups.values():
+            s = g.s
+            if s.op is not Op.MATMUL or s.phase is not Phase.LOOP or len(g.wsums) != 1:
+                continue
+            w = g.wsums[0]
+            rows, keys = s.shape[-2], s.shape[-1]
+            if numel(s.shape[:-2]) != 1 or rows % 16 or not 16 <= rows <= 128 or keys % 16 or keys > 128:
+                continue
+            if w.shape[-1] % 8 or w.shape[-1] > 128 or w.shape[:-1] != g.m.shape[:-1] or w.src[1].phase is not Phase.LOOP:
+                continue
+            if not all(c in g.sums or c in g.wsums for c in self.consumers[s]):
+                continue
+            found.append(g)
+        return found[0] if len(found) == 1 else None
+
+    def _flash_ok(self) -> bool:
+        g = self.flash
+        if g is None:
+            return False
+        sp, wp = self.plans.get(g.s), self.plans.get(g.wsums[0])
+        if not (sp is not None and wp is not None and sp.kind == "mma" and wp.kind == "mma" and not sp.accumulate
+                and sp.dtype == wp.dtype == g.p_dtype and sp.a.shape[-2] % 16 == 0):
+            return False
+        self.flash_v, self.flash_f = (wp.b, wp.b_kmajor), None
+        scaled = self._flash_scaled_v(g.wsums[0].src[1], sp.dtype)
+        if scaled is not None:
+            self.flash_f = scaled[2]
+            self.flash_fbuf = self._alloc("float", self.names.new("vs"), g.s.shape[-1] * 4)
+        return True
+
+    def _flash_scaled_v(self, v: Node, dtype: DType) -> tuple[Operand, bool, Node] | None:
+        """v = x * f with f one factor per key (row of v) and x a 16-bit tile in shared memory: the
+        register pass then reads x as stored and puts f on P's columns (no staged copy of x * f)."""
+        if v.op is not Op.MUL:
+            return None
+        keys = v.shape[-2]
+        for x, f in (v.src, v.src[::-1]):
+            if x.shape != v.shape or f.shape[-1] != 1 or len(f.shape) != len(v.shape) or numel(f.shape) != keys:
+                continue
+            if f.shape[-2] != keys:
+                continue
+            op = self._direct(x)
+            if op is None or op.dtype != dtype:
+                continue
+            ok, kmajor = self._mma_ok(op, "B")
+            if ok:
+                return op, kmajor, f
+        return None
+
+    def _flash_args(self, plan: MatmulPlan, op: Operand, contiguous_last: bool) -> str:
+        off = f"({self._batch_offset(op, plan.c.shape[:-2])})(0)"
+        return f"{op.ptr} + {off}, {op.ld(contiguous_last)}"
+
+    def _pass_flash(self, code: Code, g: Group) -> None:
+        sp, wp = self.plans[g.s], self.plans[g.wsums[0]]
+        vop, vk = self.flash_v
+        self._r(sp.a.ptr, sp.b.ptr, vop.ptr)
+        vs = ""
+        f = self.flash_f
+        if f is not None:
+            fb = self.flash_fbuf
+
+            def body(em: Emitter, coords: Coords) -> list[str]:
+                return [f"{fb}[e] = {em.plain(f, coords)};"]
+
+            code(f"// per-key factor of the weighted operand, {list(f.shape)}")
+            self._elementwise(code, f.shape, body)
+            code("__syncthreads();")
+            self._w(fb)
+            vs = f", {fb}"
+        code("// online softmax in registers: s = matmul, m, l and exp(s - m) @ v per 16-row warp strip")
+        code(f"flash.step({self._flash_args(sp, sp.a, sp.a_kmajor)}, {self._flash_args(sp, sp.b, not sp.b_kmajor)}, "
+             f"{self._flash_args(wp, vop, not vk)}, warp * 16{vs});")
+
+    def _flash_decl(self) -> str:
+        g = self.flash
+        sp = self.plans[g.s]
+        return (f"mlso::FlashRows<{CTYPE[sp.dtype]}, {g.s.shape[-1]}, {sp.a.shape[-1]}, {g.wsums[0].shape[-1]}, "
+                f"{_bool(sp.a_kmajor)}, {_bool(sp.b_kmajor)}, {_bool(self.flash_v[1])}> flash;")
+
+    def _flash_flush(self, code: Code) -> None:
+        g = self.flash
+        w = self.storage[g.wsums[0]]
+        sums = [self.storage[a].ptr for a in g.sums]
+        code("// the register state to the shared-memory accumulators")
+        if sums:
+            code(f"float* const flash_l[] = {{{', '.join(sums)}}};")
+        code(f"flash.flush({w.ptr}, {g.wsums[0].shape[-1]}, {'flash_l' if sums else 'nullptr'}, {len(sums)}, "
+             f"{self.storage[g.m].ptr}, warp * 16);")
+        code("__syncthreads();")
 
     # ---- analysis ----------------------------------------------------------------------------
     def _deps(self, n: Node) -> list[Node]:
@@ -205,22 +304,38 @@ class BlockKernel:
         self.stages: dict[tuple, Stage] = {}
         self.plans: dict[Node, MatmulPlan] = {}
         self.red = self._alloc("float", "red", 32 * 4)
-        for it in self.iters:
+        fl = self.flash
+        # loop tiles first, in one contiguous region: after the loop it is dead, and the register
+        # pass keeps its weighted sum there (flushed once the last step is done)
+        region = _ceil_to(self.smem, 128)
+        for it in sorted(self.iters, key=lambda i: i.phase is not Phase.LOOP):
             strides = self._tile_strides(it.shape, it.dtype, pad)
             nbytes = (strides[0] * it.shape[0] if it.shape else 1) * it.dtype.itemsize
             base = f"s{it.arg}"
             if it.phase is Phase.LOOP:
                 for k in range(stages):
                     self._alloc(CTYPE[it.dtype], f"{base}_{k}", nbytes)
+                region_end = self.smem
             else:
                 self._alloc(CTYPE[it.dtype], base, nbytes)
             self.storage[it] = Storage(base, it.dtype, it.shape, strides)
+        self.flash_alias = None
         for n in self.order:
             if n in self.materialised and n.op is not Op.ITER:
-                self._fp32(n)
+                if fl is not None and n is fl.s:  # never stored: S lives in registers
+                    self.storage[n] = Storage(self._unbacked("float", self.names.new("sm")), DType.F32, n.shape,
+                                              contiguous(n.shape))
+                elif fl is not None and n is fl.wsums[0] and self.loop_iters and n.numel * 4 <= region_end - region:
+                    name = self.names.new("sm")
+                    self.ptrs.append(("float", name, region))
+                    self.storage[n] = Storage(name, DType.F32, n.shape, contiguous(n.shape))
+                    self.flash_alias = n
+                else:
+                    self._fp32(n)
         for g in self.groups.values():
             self._fp32(g.m)
-            g.alpha = self._alloc("float", self.names.new("alpha"), g.m.numel * 4)
+            name = self.names.new("alpha")
+            g.alpha = self._unbacked("float", name) if g is fl else self._alloc("float", name, g.m.numel * 4)
         for n in self.nodes:
             if n.op is Op.MATMUL:
                 out = self.fused.get(n, n)
@@ -229,7 +344,22 @@ class BlockKernel:
             if g.wsums:
                 self._plan_group_p(g)
                 for w in g.wsums:
-                    self.plans[w] = self._plan_matmul(None, w.src[1], self.storage[w], True, p_of=g)
+                    scaled = self._flash_scaled_v(w.src[1], g.p_dtype) if g is fl else None
+                    if scaled is not None:  # the register pass reads x of x * f as stored: no staging
+                        a = Operand(g.p.ptr, g.p.dtype, g.s.shape, g.p.strides)
+                        self.plans[w] = MatmulPlan("mma", a, scaled[0], self.storage[w], True, g.p_dtype, True,
+                                                   scaled[1])
+                    else:
+                        self.plans[w] = self._plan_matmul(None, w.src[1], self.storage[w], True, p_of=g)
+                    if self._rows_aligned(g):
+                        self.plans[w].row_scale = g.alpha
+        if not self._flash_ok():
+            self.flash = None
+
+    def _unbacked(self, ctype: str, name: str) -> str:
+        """A name for a buffer the generated code never touches (the register pass's S, P, alpha)."""
+        self.ptrs.append((ctype, name, 0))
+        return name
 
     def _alloc(self, ctype: str, name: str, nbytes: int) -> str:
         off = _ceil_to(self.smem, 128)
@@ -317,7 +447,10 @@ class BlockKernel:
         shape = s.shape[:-2] + (rows, s.shape[-1])
         strides = contiguous(shape[:-1] + (shape[-1] + pad,))
         nbytes = (strides[0] * shape[0] if shape else 1) * dt.itemsize
-        name = self._alloc(CTYPE[dt], self.names.new("p"), nbytes)
+        if g is self.flash:  # P stays in registers
+            name = self._unbacked(CTYPE[dt], self.names.new("p"))
+        else:
+            name = self._alloc(CTYPE[dt], self.names.new("p"), nbytes)
         g.p = Storage(name, dt, shape, strides)
         g.p_dtype = dt
 
@@ -396,9 +529,18 @@ class BlockKernel:
                 emit_passes(code, [Pass("acc", op, em.lines, expr)], length, mode, self.nt)
                 code.extend(fin.lines + tail)
         elif mode == "warp":
-            with code.block(f"for (int o = warp; o < {count}; o += {self.nw})"):
-                emit_passes(code, [Pass("acc", op, em.lines, expr)], length, mode, self.nt)
-                with code.block("if (lane == 0)"):
+            team = self._team_width(length, count)
+            per = 32 // team
+            init, fold, red = FOLD[op]
+            with code.block(f"for (int ob = warp * {per}; ob < {count}; ob += {self.nw * per})"):
+                code(f"const int o = ob + (lane / {team}), tl = lane % {team};")
+                code(f"float acc = {init};")
+                head, first = self._team_loop(code, team, length)
+                with code.block(head):
+                    code.extend(first + em.lines)
+                    code(f"acc = {fold.format(a='acc', b=expr)};")
+                code(f"acc = mlso::warp_allreduce<{red}, {team}>(acc);")
+                with code.block("if (tl == 0)"):
                     code.extend(fin.lines + tail)
         else:
             with code.block(f"for (int o = 0; o < {count}; ++o)"):
@@ -426,7 +568,7 @@ class BlockKernel:
 
     def _pass_matmul(self, code: Code, plan: MatmulPlan, what: str) -> None:
         a, b, c = plan.a, plan.b, plan.c
-        self._r(a.ptr, b.ptr, *([c.ptr] if plan.accumulate else []))
+        self._r(a.ptr, b.ptr, *([c.ptr] if plan.accumulate else []), *([plan.row_scale] if plan.row_scale else []))
         self._w(c.ptr)
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         out_batch = c.shape[:-2]
@@ -441,7 +583,7 @@ class BlockKernel:
             code(f"mlso::block_mma<{CTYPE[plan.dtype]}, {batch}, {mp}, {m}, {n}, {k}, {nb}, {_bool(plan.a_kmajor)}, "
                  f"{_bool(plan.b_kmajor)}, {_bool(plan.accumulate)}, {self.nw}>({a.ptr}, {lda}, "
                  f"{self._batch_offset(a, out_batch)}, {b.ptr}, {ldb}, {self._batch_offset(b, out_batch)}, "
-                 f"{c.ptr}, {n}, {m * n});")
+                 f"{c.ptr}, {n}, {m * n}{', ' + plan.row_scale if plan.row_scale else ''});")
             return
         bt = decompose("bt", out_batch)
         ca = canon(a.shape, bcast(a.shape[:-2], bt) + ("mm", "kk"))
@@ -450,6 +592,8 @@ class BlockKernel:
         eb = f"mlso::to_f32({b.ptr}[{offset(cb, b.strides, b.base)}])"
         total = batch * m * n
         init = f"{c.ptr}[o]" if plan.accumulate else "0.0f"
+        if plan.accumulate and plan.row_scale:
+            init = f"{c.ptr}[o] * {plan.row_scale}[o / {n}]"
         head = [f"const int bt = o / {m * n};", f"const int mm = (o / {n}) % {m};", f"const int nn = o % {n};"]
         if plan.kind == "simt":
             with code.block(f"for (int o = threadIdx.x; o < {total}; o += {self.nt})"):
@@ -534,53 +678,94 @@ class BlockKernel:
         rows = g.m.shape[:-1]
         return all(acc.shape[:-1] == rows for acc in g.wsums)
 
+    def _team_width(self, length: int, rows: int) -> int:
+        """Lanes per row for a row pass: enough teams that every row gets one at once (when the
+        block has that many lanes), at most 16 elements per lane, rows a multiple of 32/width."""
+        t_min = 1
+        while t_min < 32 and -(-length // t_min) > 16:
+            t_min *= 2
+        t_par = 32
+        while t_par > 1 and (32 // t_par) * self.nw < rows:
+            t_par //= 2
+        t = min(32, max(t_min, t_par))
+        while t < 32 and rows % (32 // t):
+            t *= 2
+        return t
+
+    @staticmethod
+    def _team_loop(code: Code, team: int, length: int) -> tuple[str, list[str]]:
+        """The loop of a team of `team` lanes over one row of `length`: (header, first lines).
+        Where rows of a power-of-two fp32 stride would put every team's lanes on the same banks,
+        each team starts its walk at a different column block (the fold is order-independent)."""
+        code("#pragma unroll")
+        if team < 32 and length % team == 0:
+            n = length // team
+            return (f"for (int ri = 0; ri < {n}; ++ri)",
+                    [f"const int {LOOP_VAR} = ((ri + lane / {team}) % {n}) * {team} + tl;"])
+        return f"for (int {LOOP_VAR} = tl; {LOOP_VAR} < {length}; {LOOP_VAR} += {team})", []
+
+    def _row_loop(self, code: Code, warp_mode: bool, team: int, length: int, start: str,
+                  step: str) -> tuple[str, list[str]]:
+        if warp_mode:
+            return self._team_loop(code, team, length)
+        code("#pragma unroll 4")
+        return f"for (int {LOOP_VAR} = {start}; {LOOP_VAR} < {length}; {LOOP_VAR} += {step})", []
+
     def _pass_group_rows(self, code: Code, g: Group) -> None:
-        """One pass per row r of s (a warp per row, or a thread when rows are short):
+        """One pass per row r of s (a team of lanes per row, or a thread when rows are short):
         m' = max(m, max_c s[r, c]); alpha = exp(m - m'); p = exp(s - m') (staged for P @ v);
-        sum accumulators l = l * alpha + sum_c p; weighted-sum rows *= alpha; m = m'."""
+        sum accumulators l = l * alpha + sum_c p; m = m'. Weighted sums are rescaled by alpha
+        (kept in g.alpha) as the P @ v matmul loads them."""
         m, s = self.storage[g.m], g.s
         length, rows = s.shape[-1], g.m.numel
         warp_mode = length >= 32
         tokens = decompose("o", g.m.shape)
         sc = canon(s.shape, tokens[:-1] + (LOOP_VAR,))
-        start, step = ("lane", "32") if warp_mode else ("0", "1")
-        self._r(m.ptr, *(self.storage[a].ptr for a in g.sums + g.wsums))
-        self._w(m.ptr, *(self.storage[a].ptr for a in g.sums + g.wsums))
-        code(f"// rescaling accumulators over s{list(s.shape)}: row max, rescale, exp(s - m), row sums")
-        head = f"for (int o = warp; o < {rows}; o += {self.nw})" if warp_mode else \
+        team = self._team_width(length, rows) if warp_mode else 1
+        start, step = ("tl", str(team)) if warp_mode else ("0", "1")
+        self._r(m.ptr, *(self.storage[a].ptr for a in g.sums))
+        self._w(m.ptr, *(self.storage[a].ptr for a in g.sums))
+        if g.wsums:
+            self._w(g.alpha)
+        code(f"// rescaling accumulators over s{list(s.shape)}: row max, rescale, exp(s - m), row sums"
+             + (f" ({team} lanes per row)" if warp_mode else ""))
+        per = 32 // team
+        head = f"for (int ob = warp * {per}; ob < {rows}; ob += {self.nw * per})" if warp_mode else \
             f"for (int o = threadIdx.x; o < {rows}; o += {self.nt})"
         with code.block(head):
+            if warp_mode:
+                code(f"const int o = ob + (lane / {team}), tl = lane % {team};")
             em = self.emitter()
             v = em.plain(s, sc)
             code("float mx = mlso::neg_inf();")
-            with code.block(f"for (int {LOOP_VAR} = {start}; {LOOP_VAR} < {length}; {LOOP_VAR} += {step})"):
-                code.extend(em.lines)
+            head, first = self._row_loop(code, warp_mode, team, length, start, step)
+            with code.block(head):
+                code.extend(first + em.lines)
                 code(f"mx = fmaxf(mx, {v});")
             if warp_mode:
-                code("mx = mlso::warp_allreduce<mlso::MaxOp>(mx);")
+                code(f"mx = mlso::warp_allreduce<mlso::MaxOp, {team}>(mx);")
             code(f"const float mo = {m.ptr}[o];", "const float mn = fmaxf(mo, mx);",
                  "const float alpha = mlso::rescale(mo, mn);", "float sm = 0.0f;")
             em = self.emitter()
             v = em.plain(s, sc)
-            with code.block(f"for (int {LOOP_VAR} = {start}; {LOOP_VAR} < {length}; {LOOP_VAR} += {step})"):
-                code.extend(em.lines)
+            head, first = self._row_loop(code, warp_mode, team, length, start, step)
+            with code.block(head):
+                code.extend(first + em.lines)
                 code(f"const float p = mlso::exp_rel({v}, mn);", "sm += p;")
                 if g.wsums:
                     p = g.p
                     self._w(p.ptr)
                     code(f"{p.ptr}[{offset(sc, p.strides)}] = mlso::from_f32<{CTYPE[p.dtype]}>(p);")
             if warp_mode and g.sums:
-                code("sm = mlso::warp_allreduce<mlso::SumOp>(sm);")
-            for acc in g.wsums:
-                a, n = self.storage[acc], acc.shape[-1]
-                with code.block(f"for (int c = {start}; c < {n}; c += {step})"):
-                    code(f"{a.ptr}[o * {n} + c] *= alpha;")
+                code(f"sm = mlso::warp_allreduce<mlso::SumOp, {team}>(sm);")
             if warp_mode:
                 code("__syncwarp();")
             tail = [f"{m.ptr}[o] = mn;"] + [f"{self.storage[a].ptr}[o] = {self.storage[a].ptr}[o] * alpha + sm;"
                                             for a in g.sums]
+            if g.wsums:
+                tail.append(f"{g.alpha}[o] = alpha;")
             if warp_mode:
-                with code.block("if (lane == 0)"):
+                with code.block("if (tl == 0)"):
                     code.extend(tail)
             else:
                 code.extend(tail)
@@ -772,15 +957,25 @@ class BlockKernel:
         # deeper cp.async pipelines only where the loop is long enough and the kernel still fits
         # an sm_80 block; padding rows against bank conflicts only where it fits at all
         options = [(True, 3, DEEP_PIPELINE_LIMIT), (True, 2, SMEM_LIMIT), (False, 2, SMEM_LIMIT)]
-        for pad, stages, limit in options:
-            if stages > 2 and (self.bg.loop < 3 or not self.loop_iters):
-                continue
-            self._layout(pad, stages)
-            if self.smem <= limit:
+        while True:
+            flash = self.flash
+            # the register pass: small blocks (a warp per 16 rows) with a small footprint, so that
+            # several blocks share an SM and hide each other's latency: double buffering is enough
+            # there. With at most one block per SM, shared memory buys nothing else: prefetch deeper.
+            shallow = flash is not None and numel(self.bg.grid) > SM_COUNT_HINT
+            for pad, stages, limit in (options[1:] if shallow else options):
+                if stages > 2 and (self.bg.loop < 3 or not self.loop_iters):
+                    continue
+                self._layout(pad, stages)
+                if self.smem <= limit:
+                    break
+            else:
+                raise CodegenError(f"graph-defined kernel needs {self.smem} bytes of shared memory "
+                                   f"(limit {SMEM_LIMIT})",
+                                   "Choose smaller tiles (a larger grid or loop) for this block graph.")
+            if self.flash is flash:
                 break
-        else:
-            raise CodegenError(f"graph-defined kernel needs {self.smem} bytes of shared memory (limit {SMEM_LIMIT})",
-                               "Choose smaller tiles (a larger grid or loop) for this block graph.")
+            self.nt, self.nw = 256, 8  # the register path does not apply after all: the usual block size
         self.proj_storage: dict[int, Storage] = {}
         projs = {n.arg: n for n in self.lw.order
                  if n.op is Op.PROJ and isinstance(n.arg, int) and n.src[0] == self.gd}
@@ -838,7 +1033,11 @@ class BlockKernel:
                 g = self.group_of[n]
                 if last_of_group[g.s] is n:
                     plans = [self.plans[w] for w in g.wsums]
-                    stage(plans)
+                    if not (g is self.flash and self.flash_f is not None):
+                        stage(plans)  # (a scaled weighted operand is read unscaled by the register pass)
+                    if g is self.flash:
+                        passes[Phase.LOOP].append(lambda c, g=g: self._pass_flash(c, g))
+                        continue
                     if self._rows_aligned(g):
                         passes[Phase.LOOP].append(lambda c, g=g: self._pass_group_rows(c, g))
                     else:
@@ -860,6 +1059,8 @@ class BlockKernel:
             phase = n.phase or Phase.PRE
             if n in self.plans:
                 stage([self.plans[n]])
+            if self.flash is not None and n is self.flash.s:
+                continue  # computed inside the register pass of its group
             passes[phase].append(lambda c, n=n, rule=rule: rule(self, c, n))
         return passes, saves
 
@@ -902,12 +1103,16 @@ class BlockKernel:
         code("__syncthreads();")
         inits = [n for n in self.order if n.op in ACCUMULATORS]
         for acc in inits:
+            if acc is self.flash_alias:
+                continue  # shares the loop tiles' memory; written once, by the register pass's flush
             code(f"for (int e = threadIdx.x; e < {acc.numel}; e += {self.nt}) {self.storage[acc].ptr}[e] = 0.0f;")
         for g in self.groups.values():
             code(f"for (int e = threadIdx.x; e < {g.m.numel}; e += {self.nt}) "
                  f"{self.storage[g.m].ptr}[e] = mlso::neg_inf();")
         if inits:
             code("__syncthreads();")
+        if self.flash is not None:
+            code(self._flash_decl())
         if loop_iters or passes[Phase.LOOP]:
             with code.block(f"for (int it = 0; it < {loop}; ++it)"):
                 for it in loop_iters:
@@ -919,6 +1124,8 @@ class BlockKernel:
                     code("mlso::cp_async_commit();", f"mlso::cp_async_wait<{ns - 1}>();", "__syncthreads();")
                 self._emit_passes(code, passes[Phase.LOOP])
                 code("__syncthreads();")
+        if self.flash is not None:
+            self._flash_flush(code)
         self._emit_passes(code, passes[Phase.POST])
         code("__syncthreads();")
         written: set[Node] = set()

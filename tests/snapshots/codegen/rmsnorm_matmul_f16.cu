@@ -2,8 +2,8 @@
 // uGraph sha256 cb52c2ab0cbb1ea2c3285e7092c8812ce7fdce46eddeb1211869ae9977d1300a; targets sm_80, sm_90a
 #include "mlso.cuh"
 
-// mlso_k0: graph-defined kernel, grid [2, 1, 1], loop 2; grid [2, 1, 1], block [128, 1, 1], smem 8448 B
-extern "C" __global__ void __launch_bounds__(128) mlso_k0(const __half* __restrict__ in0, const __half* __restrict__ in1, const __half* __restrict__ in2, __half* __restrict__ out0) {
+// mlso_k0: graph-defined kernel, grid [2, 1, 1], loop 2; grid [2, 1, 1], block [256, 1, 1], smem 8448 B
+extern "C" __global__ void __launch_bounds__(256) mlso_k0(const __half* __restrict__ in0, const __half* __restrict__ in1, const __half* __restrict__ in2, __half* __restrict__ out0) {
   MLSO_DYNAMIC_SMEM(smem);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   (void)lane; (void)warp;
@@ -17,30 +17,30 @@ extern "C" __global__ void __launch_bounds__(128) mlso_k0(const __half* __restri
   float* const sm0 = reinterpret_cast<float*>(smem + 6016);
   float* const sm1 = reinterpret_cast<float*>(smem + 7040);
   __half* const stg0 = reinterpret_cast<__half*>(smem + 7168);
-  mlso::copy_chunks<true, 128, 64>([&](int c) -> const __half* { return in0 + ((c / 4)) * 64 + (c % 4) * 8 + (0) * 32; }, [&](int c) -> __half* { return s0_0 + ((c / 4)) * 40 + (c % 4) * 8; });
-  mlso::copy_chunks<true, 128, 4>([&](int c) -> const __half* { return in1 + (c % 4) * 8 + (0) * 32; }, [&](int c) -> __half* { return s1_0 + (c % 4) * 8; });
-  mlso::copy_chunks<true, 128, 64>([&](int c) -> const __half* { return in2 + ((c / 2) + (0) * 32) * 32 + (c % 2) * 8 + (int)blockIdx.x * 16; }, [&](int c) -> __half* { return s2_0 + ((c / 2)) * 24 + (c % 2) * 8; });
+  mlso::copy_chunks<true, 256, 64>([&](int c) -> const __half* { return in0 + ((c / 4)) * 64 + (c % 4) * 8 + (0) * 32; }, [&](int c) -> __half* { return s0_0 + ((c / 4)) * 40 + (c % 4) * 8; });
+  mlso::copy_chunks<true, 256, 4>([&](int c) -> const __half* { return in1 + (c % 4) * 8 + (0) * 32; }, [&](int c) -> __half* { return s1_0 + (c % 4) * 8; });
+  mlso::copy_chunks<true, 256, 64>([&](int c) -> const __half* { return in2 + ((c / 2) + (0) * 32) * 32 + (c % 2) * 8 + (int)blockIdx.x * 16; }, [&](int c) -> __half* { return s2_0 + ((c / 2)) * 24 + (c % 2) * 8; });
   mlso::cp_async_commit();
   mlso::cp_async_wait<0>();
   __syncthreads();
   __syncthreads();
-  for (int e = threadIdx.x; e < 256; e += 128) sm0[e] = 0.0f;
-  for (int e = threadIdx.x; e < 16; e += 128) sm1[e] = 0.0f;
+  for (int e = threadIdx.x; e < 256; e += 256) sm0[e] = 0.0f;
+  for (int e = threadIdx.x; e < 16; e += 256) sm1[e] = 0.0f;
   __syncthreads();
   for (int it = 0; it < 2; ++it) {
     __half* const s0 = ((it) & 1 ? s0_1 : s0_0);
     __half* const s1 = ((it) & 1 ? s1_1 : s1_0);
     __half* const s2 = ((it) & 1 ? s2_1 : s2_0);
     if (it + 1 < 2) {
-      mlso::copy_chunks<true, 128, 64>([&](int c) -> const __half* { return in0 + ((c / 4)) * 64 + (c % 4) * 8 + (it + 1) * 32; }, [&](int c) -> __half* { return ((it + 1) & 1 ? s0_1 : s0_0) + ((c / 4)) * 40 + (c % 4) * 8; });
-      mlso::copy_chunks<true, 128, 4>([&](int c) -> const __half* { return in1 + (c % 4) * 8 + (it + 1) * 32; }, [&](int c) -> __half* { return ((it + 1) & 1 ? s1_1 : s1_0) + (c % 4) * 8; });
-      mlso::copy_chunks<true, 128, 64>([&](int c) -> const __half* { return in2 + ((c / 2) + (it + 1) * 32) * 32 + (c % 2) * 8 + (int)blockIdx.x * 16; }, [&](int c) -> __half* { return ((it + 1) & 1 ? s2_1 : s2_0) + ((c / 2)) * 24 + (c % 2) * 8; });
+      mlso::copy_chunks<true, 256, 64>([&](int c) -> const __half* { return in0 + ((c / 4)) * 64 + (c % 4) * 8 + (it + 1) * 32; }, [&](int c) -> __half* { return ((it + 1) & 1 ? s0_1 : s0_0) + ((c / 4)) * 40 + (c % 4) * 8; });
+      mlso::copy_chunks<true, 256, 4>([&](int c) -> const __half* { return in1 + (c % 4) * 8 + (it + 1) * 32; }, [&](int c) -> __half* { return ((it + 1) & 1 ? s1_1 : s1_0) + (c % 4) * 8; });
+      mlso::copy_chunks<true, 256, 64>([&](int c) -> const __half* { return in2 + ((c / 2) + (it + 1) * 32) * 32 + (c % 2) * 8 + (int)blockIdx.x * 16; }, [&](int c) -> __half* { return ((it + 1) & 1 ? s2_1 : s2_0) + ((c / 2)) * 24 + (c % 2) * 8; });
     }
     mlso::cp_async_commit();
     mlso::cp_async_wait<1>();
     __syncthreads();
     // stage mul[16, 32] as float16
-    for (int e = threadIdx.x; e < 512; e += 128) {
+    for (int e = threadIdx.x; e < 512; e += 256) {
       const float t0 = mlso::to_f32(s0[((e / 32)) * 40 + (e % 32)]);
       const float t1 = mlso::to_f32(s1[(e % 32)]);
       const float t2 = mlso::ew::mul(t0, t1);
@@ -48,17 +48,20 @@ extern "C" __global__ void __launch_bounds__(128) mlso_k0(const __half* __restri
     }
     __syncthreads();
     // accumulate matmul: ([16, 32] x [32, 16]), mma accumulate
-    mlso::block_mma<__half, 1, 16, 16, 16, 32, 1, true, false, true, 4>(stg0, 40, [&](int bt) -> int { return 0; }, s2, 24, [&](int bt) -> int { return 0; }, sm0, 16, 256);
+    mlso::block_mma<__half, 1, 16, 16, 16, 32, 1, true, false, true, 8>(stg0, 40, [&](int bt) -> int { return 0; }, s2, 24, [&](int bt) -> int { return 0; }, sm0, 16, 256);
     // reduce_sum axis 1 of [16, 32]
-    for (int o = warp; o < 16; o += 4) {
+    for (int ob = warp * 2; ob < 16; ob += 16) {
+      const int o = ob + (lane / 16), tl = lane % 16;
       float acc = 0.0f;
-      for (int rr = lane; rr < 32; rr += 32) {
+      #pragma unroll
+      for (int ri = 0; ri < 2; ++ri) {
+        const int rr = ((ri + lane / 16) % 2) * 16 + tl;
         const float t3 = mlso::to_f32(s0[o * 40 + rr]);
         const float t4 = mlso::ew::square(t3);
         acc = acc + t4;
       }
-      acc = mlso::warp_allreduce<mlso::SumOp>(acc);
-      if (lane == 0) {
+      acc = mlso::warp_allreduce<mlso::SumOp, 16>(acc);
+      if (tl == 0) {
         sm1[o] += acc;
       }
     }
@@ -66,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(128) mlso_k0(const __half* __restri
   }
   __syncthreads();
   // save output 0
-  for (int e = threadIdx.x; e < 256; e += 128) {
+  for (int e = threadIdx.x; e < 256; e += 256) {
     const float t5 = mlso::to_f32(sm0[((e / 16)) * 16 + (e % 16)]);
     const float t6 = mlso::to_f32(sm1[(e / 16)]);
     const float t7 = mlso::ew::mul(t6, 1.5625e-2f);
