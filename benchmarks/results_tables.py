@@ -27,7 +27,8 @@ ORT_RUN = {"gqa_bs1": 43.0, "gqa_bs8": 93.6, "gqa_bs16": 146.8, "qknorm_gqa_bs1"
 
 
 def kernel_table(path: str) -> str:
-    d = json.load(open(path))
+    with open(path) as f:
+        d = json.load(f)
     lines = ["| fixture | mlso kernel µs | launches | best peer µs | mlso / best peer | target µs | mlso / target |",
              "|---|---:|---:|---|---:|---:|---:|"]
     for r in d["results"]:
@@ -41,7 +42,8 @@ def kernel_table(path: str) -> str:
 
 
 def model_table(path: str) -> str:
-    rows = json.load(open(path))
+    with open(path) as f:
+        rows = json.load(f)
     lines = ["| model | verify --gpu 0 | worst rel. err (limit 2e-3) | ORT orig µs | ORT rewritten µs | speedup "
              "| region: ORT µs | region: mlso kernel µs | wrong shape fed |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
