@@ -18,7 +18,8 @@ TRANSFORMER_SHAPE = ["--input-shape", "hidden=1,16,64"]
 
 
 def run_cli(*args: str, stdin: bytes | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
     return subprocess.run([sys.executable, "-m", "mlso_cli", *args], input=stdin, capture_output=True,
                           cwd=ROOT, env=full_env, timeout=300)
 
