@@ -131,6 +131,20 @@ def flash_attention(dt: DType = F16, g: int = 2, m: int = 32, d: int = 16, n: in
     return b.kernel_graph([q, k, v], [out], ["Q", "K", "V"], ["O"])
 
 
+def flash_v_factor(dt: DType = F16, g: int = 2, m: int = 32, d: int = 16, n: int = 96, loop: int = 3) -> KernelGraph:
+    """qknorm-style flash attention: V is RMS-normalised per key inside the loop, a per-key factor
+    that code generation may fold into the exp terms instead of rewriting V."""
+    q, k, v = b.input_(0, (g, m, d), dt), b.input_(1, (g, d, n), dt), b.input_(2, (g, n, d), dt)
+    blk = _Blk((g, 2, 1), loop)
+    bq, bk, bv = blk.it(q, (0, 1, None)), blk.it(k, (0, None, None), 2), blk.it(v, (0, None, None), 1)
+    ms = b.mul(b.reduce(Op.REDUCE_SUM, b.unary(Op.SQUARE, bv), 2), b.const(Fraction(1, d)))
+    vn = b.mul(bv, b.unary(Op.RSQRT, b.add(ms, b.const(Fraction(1, 1 << 20)))))
+    s = b.matmul(bq, bk)
+    o = b.div(b.accumulate(Op.ACC_EXP_WSUM, s, vn), b.accumulate(Op.ACC_EXP_SUM, s))
+    (out,) = blk.launch([b.save(o, 0, (0, 1, None), dt)])
+    return b.kernel_graph([q, k, v], [out], ["Q", "K", "V"], ["O"])
+
+
 def partial_outputs(dt: DType = F32, g: int = 2, m: int = 16, d: int = 16, n: int = 64) -> KernelGraph:
     """Split-KV partials that are graph outputs themselves (saved exact), beside the combine."""
     q, k, v = b.input_(0, (g, m, d), dt), b.input_(1, (g, d, n), dt), b.input_(2, (g, n, d), dt)
@@ -208,6 +222,8 @@ GRAPHS: dict[str, Callable[[], KernelGraph]] = {
     "split_kv_bf16": partial(split_kv_attention, BF16),
     "split_kv_f32": partial(split_kv_attention, F32, n=64, d=8, m=16),
     "flash_f16": flash_attention,
+    "flash_bf16": partial(flash_attention, BF16),
+    "flash_v_factor_f16": flash_v_factor,
     "partial_outputs_f32": partial_outputs,
     "rmsnorm_matmul_f16": rmsnorm_matmul,
     "rmsnorm_matmul_f32": partial(rmsnorm_matmul, F32),
@@ -226,6 +242,8 @@ LOGIT_SCALE: dict[str, tuple[int, float]] = {
     "split_kv_bf16": (0, 100.0),
     "split_kv_f32": (0, 35.0),
     "flash_f16": (0, 25.0),
+    "flash_bf16": (0, 25.0),
+    "flash_v_factor_f16": (0, 25.0),
     "partial_outputs_f32": (0, 25.0),
     "block_softmax_f16": (0, 25.0),
 }
