@@ -7,7 +7,7 @@ with a q-residue that may be unknown, and no storage rounding (CAST is the ident
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -16,10 +16,10 @@ from mlso_cli.ir.graph import BlockGraph, KernelGraph
 from mlso_cli.ir.node import Node, const_value
 from mlso_cli.verify.field import Field, FieldArray
 from mlso_cli.verify.semantics import ACC_TERMS, SEMANTICS
-from mlso_cli.verify.walk import Index, evaluate
+from mlso_cli.verify.walk import LiteralBackend, evaluate
 
 
-class AlgebraBackend:
+class AlgebraBackend(LiteralBackend):
     """Walk backend over any algebra implementing the methods semantics.py uses."""
 
     def __init__(self, algebra: Any) -> None:
@@ -38,16 +38,6 @@ class AlgebraBackend:
 
     def store(self, node: Node, value: Any) -> Any:
         return value
-
-    def tile(self, value: Any, index: tuple[slice, ...]) -> Any:
-        return value[index]
-
-    def blocks(self, bg: BlockGraph) -> Iterable[Index]:
-        gx, gy, gz = bg.grid
-        return ((x, y, z) for x in range(gx) for y in range(gy) for z in range(gz))
-
-    def acc_init(self, node: Node) -> Any:
-        return None
 
     def acc_step(self, node: Node, state: Any, args: list[Any]) -> Any:
         term = ACC_TERMS[node.op](self.A, *args)

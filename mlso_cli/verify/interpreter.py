@@ -20,7 +20,7 @@ blocks and steps are Python loops.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from mlso_cli.ir.node import Node, const_value
 from mlso_cli.ir.ops import DType, Op
 from mlso_cli.verify import scaled as sc
 from mlso_cli.verify.storage import round_to
-from mlso_cli.verify.walk import Index, Observer, evaluate
+from mlso_cli.verify.walk import LiteralBackend, Observer, evaluate
 
 MODES = ("float64", "simulate", "float32")
 
@@ -79,7 +79,7 @@ OPS: dict[Op, Callable[..., np.ndarray]] = {
 """Op -> numpy function of (node, *args); the compute dtype follows the arguments."""
 
 
-class FloatBackend:
+class FloatBackend(LiteralBackend):
     """float64 and simulate modes: float64 arithmetic; `rounding` turns storage rounding on."""
 
     dtype: type = np.float64
@@ -110,16 +110,6 @@ class FloatBackend:
 
     def store(self, node: Node, value: Any) -> Any:
         return self._round(value, node)
-
-    def tile(self, value: Any, index: tuple[slice, ...]) -> Any:
-        return value[index]
-
-    def blocks(self, bg: BlockGraph) -> Iterable[Index]:
-        gx, gy, gz = bg.grid
-        return ((x, y, z) for x in range(gx) for y in range(gy) for z in range(gz))
-
-    def acc_init(self, node: Node) -> Any:
-        return None
 
     def acc_step(self, node: Node, state: Any, args: list[Any]) -> Any:
         with np.errstate(all="ignore"):

@@ -119,6 +119,21 @@ def save_index(bg: BlockGraph, save: Node, idx: Index) -> tuple[int | slice, ...
     return tuple(partial) + tuple(sl)
 
 
+class LiteralBackend:
+    """What every literal backend shares: numpy slicing for tiles, every block of the grid in
+    row-major order, and accumulators that start empty (the first step's term becomes the state)."""
+
+    def tile(self, value: Any, index: tuple[slice, ...]) -> Any:
+        return value[index]
+
+    def blocks(self, bg: BlockGraph) -> Iterable[Index]:
+        gx, gy, gz = bg.grid
+        return ((x, y, z) for x in range(gx) for y in range(gy) for z in range(gz))
+
+    def acc_init(self, node: Node) -> Any:
+        return None
+
+
 class _Plan:
     """A block graph's nodes split by phase, computed once per GRAPH_DEF execution."""
 
