@@ -146,3 +146,20 @@ def test_external_data_model(tmp_path):
     (tmp_path / "ext.data").unlink()
     with pytest.raises(InputError, match="external data"):
         load_model(str(path))
+
+
+def test_full_size_fp16_benchmark_models_are_one_region_each(tmp_path):
+    """The models of ../shared/BENCHMARKS.md at their real shapes (built in memory, not committed)."""
+    import onnx
+
+    from models.build_models import SPECS
+
+    for name, spec in SPECS.items():
+        for bs in spec.batch_sizes:
+            path = tmp_path / f"{name}_bs{bs}.onnx"
+            onnx.save(spec.build(bs, "float16", small=False), str(path))
+            loaded = load_model(str(path))
+            a = analyse(loaded)
+            assert len(a.partition.regions) == 1 and len(a.lifted) == 1, (name, bs)
+            region = a.partition.regions[0]
+            assert sorted(region.nodes) == [i for i, n in enumerate(loaded.graph.node) if n.op_type != "Constant"]
