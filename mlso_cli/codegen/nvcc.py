@@ -18,6 +18,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from functools import cache
@@ -29,7 +30,16 @@ from mlso_cli.codegen.program import GeneratedProgram
 from mlso_cli.errors import EnvironmentProblem
 from mlso_cli.knobs import knobs
 
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "kernels_templates"
+
+def _templates_dir() -> Path:
+    """kernels_templates/ of the source tree (editable installs, `python -m mlso_cli`), else the
+    copy a wheel installs under <prefix>/share/mlso/."""
+    tree = Path(__file__).resolve().parents[2] / "kernels_templates"
+    installed = Path(sys.prefix) / "share" / "mlso" / "kernels_templates"
+    return tree if tree.is_dir() or not installed.is_dir() else installed
+
+
+TEMPLATES_DIR = _templates_dir()
 BASE_FLAGS: tuple[str, ...] = ("-O3", "-std=c++17")
 NVCC_TIMEOUT_S = 900
 
