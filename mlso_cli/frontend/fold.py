@@ -19,7 +19,8 @@ MAX_FOLD_ELEMENTS = 4096
 _NEVER_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 
 
-def _const_value(node: onnx.NodeProto) -> np.ndarray | None:
+def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
+    """The value of a Constant node, whichever value_* attribute holds it (None if none does)."""
     for a in node.attribute:
         if a.name == "value":
             return numpy_helper.to_array(a.t)
@@ -84,7 +85,7 @@ def _fold_round(model: onnx.ModelProto) -> bool:
     new_nodes = []
     for node in g.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            v = _const_value(node)
+            v = constant_node_value(node)
             if v is not None:
                 known[node.output[0]] = v
             new_nodes.append(node)

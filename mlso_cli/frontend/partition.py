@@ -59,7 +59,7 @@ class Partition:
 
 def constant_values(model: onnx.ModelProto, limit: int = 1 << 16) -> dict[str, np.ndarray]:
     """Small constants (initializers and Constant nodes) that conditions may inspect."""
-    from mlso_cli.frontend.fold import _const_value
+    from mlso_cli.frontend.fold import constant_node_value
 
     out: dict[str, np.ndarray] = {}
     for t in model.graph.initializer:
@@ -67,7 +67,7 @@ def constant_values(model: onnx.ModelProto, limit: int = 1 << 16) -> dict[str, n
             out[t.name] = numpy_helper.to_array(t)
     for n in model.graph.node:
         if n.op_type == "Constant":
-            v = _const_value(n)
+            v = constant_node_value(n)
             if v is not None and v.size <= limit:
                 out[n.output[0]] = v
     return out

@@ -23,11 +23,11 @@ class _LazyConstants(Mapping):
     """Initializers and Constant-node values by name, converted to numpy only when read."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        from mlso_cli.frontend.fold import _const_value
+        from mlso_cli.frontend.fold import constant_node_value
 
         self._inits = {t.name: t for t in model.graph.initializer}
         self._nodes = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant" and n.output}
-        self._value = _const_value
+        self._value = constant_node_value
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name in self._inits:
