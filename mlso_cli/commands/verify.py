@@ -22,10 +22,12 @@ from mlso_cli.commands.options import input_shape_option, json_option
 from mlso_cli.console import chatty, stderr
 from mlso_cli.errors import EnvironmentProblem, MlsoError, UsageError, VerificationFailed
 from mlso_cli.frontend.load import load_model, parse_input_shapes, with_weights
+from mlso_cli.ir import DType
+from mlso_cli.verify.floatcheck import LIMITS
 from mlso_cli.verify.reference64 import input_specs, reference_outputs
 
-LIMITS = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 2e-3}
-BF16_LIMIT = 1e-2
+_DTYPE_OF = {np.dtype(np.float32): DType.F32, np.dtype(np.float16): DType.F16}
+"""numpy dtypes ONNX Runtime returns; anything else here is bfloat16."""
 
 
 def _parse_tol(values: tuple[str, ...], flag: str) -> tuple[float | None, dict[str, float]]:
@@ -118,7 +120,7 @@ def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, r
             got_b = dict(zip(outs_a, sess_b.run(outs_a, feeds)))
             for name in outs_a:
                 dt = got_b[name].dtype
-                limit = LIMITS.get(dt, BF16_LIMIT)
+                limit = LIMITS[_DTYPE_OF.get(dt, DType.BF16)]
                 ea, eb = _rel(got_a[name], ref[name]), _rel(got_b[name], ref[name])
                 diff = np.abs(got_b[name].astype(np.float64) - ref[name])
                 ok = eb <= max(limit, 2 * ea)

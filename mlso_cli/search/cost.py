@@ -21,7 +21,7 @@ import onnx
 from mlso_cli.frontend.load import LoadedModel
 from mlso_cli.frontend.partition import Region
 from mlso_cli.frontend.report import _FREE_VIEWS, _nbytes, node_flops
-from mlso_cli.ir import DType, KernelGraph, Node, Op
+from mlso_cli.ir import DType, KernelGraph, Node, Op, Phase
 from mlso_cli.ir.ops import VIEW
 from mlso_cli.ir.spec import tile_shape
 
@@ -125,7 +125,7 @@ def _block_graph_traffic(gd: Node) -> tuple[int, int]:
     for n in bg.nodes():
         if n.op is Op.MATMUL or n.op is Op.ACC_EXP_WSUM:
             per = 2 * n.numel * n.src[0].shape[-1]
-            flops += per * blocks * (bg.loop if n.phase is not None and n.phase.value == "loop" or n.op is Op.ACC_EXP_WSUM else 1)
+            flops += per * blocks * (bg.loop if n.phase is Phase.LOOP or n.op is Op.ACC_EXP_WSUM else 1)
         elif n.op not in VIEW and n.op not in (Op.ITER, Op.SAVE, Op.CONST):
             flops += n.numel * blocks
     return read + written, flops
