@@ -57,8 +57,9 @@ def time_session(sess, feeds: dict[str, np.ndarray], gpu: int, *, warmup: int = 
 
 def region_model(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.ModelProto:
     """A standalone model computing one MlsoKernel node's fallback body (the original region)."""
-    fn = next((f for f in model.functions if f.domain == node.domain and f.name == node.op_type
-               and getattr(f, "overload", "") == getattr(node, "overload", "")), None)
+    from mlso_cli.package.unpack import fallback_function
+
+    fn = fallback_function(model, node)
     if fn is None:
         raise ValueError(f"no function body for node {node.name}")
     inferred = onnx.shape_inference.infer_shapes(model)

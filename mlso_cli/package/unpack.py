@@ -16,7 +16,7 @@ from typing import Any
 import onnx
 
 from mlso_cli.errors import InputError
-from mlso_cli.runtime.check import MLSO_DOMAIN, MLSO_OP, check_node, is_mlso_node, tensor_bytes
+from mlso_cli.runtime.check import check_node, is_mlso_node, tensor_bytes
 
 
 @dataclass(frozen=True)
@@ -46,19 +46,22 @@ def _attr(node: onnx.NodeProto, name: str) -> str:
     return ""
 
 
+def fallback_function(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.FunctionProto | None:
+    """The model-local function (matched by domain, name and overload) that is the node's body."""
+    return next((f for f in model.functions if f.domain == node.domain and f.name == node.op_type
+                 and f.overload == node.overload), None)
+
+
 def regions_in(
     model: onnx.ModelProto, *, base_dir: Path | None = None, verify: bool = True
 ) -> list[RegionView]:
     """Every MlsoKernel node of the main graph, in node order."""
-    functions = {
-        f.overload: f for f in model.functions if f.domain == MLSO_DOMAIN and f.name == MLSO_OP
-    }
     initializers = {t.name: t for t in model.graph.initializer}
     views: list[RegionView] = []
     for i, node in enumerate(model.graph.node):
         if not is_mlso_node(node):
             continue
-        function = functions.get(node.overload)
+        function = fallback_function(model, node)
         if verify:
             c = check_node(model, i, base_dir=base_dir, initializers=initializers)
             views.append(
