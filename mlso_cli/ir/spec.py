@@ -168,7 +168,6 @@ def block_problems(bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90") 
         out.append("block outputs must be SAVE nodes with indices 0..n-1 in order")
     if not saves:
         out.append("block graph has no outputs")
-    smem = 0
     for n in toposort(saves):
         where = f"block {n.op.value}{n.shape}"
         if n.op not in BLOCK_OPS:
@@ -192,7 +191,6 @@ def block_problems(bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90") 
                 out.append(f"{where}: ITER dtype {n.dtype.value} differs from input {srcs[n.arg].dtype.value}")
             if n.phase is not want_phase:
                 out.append(f"{where}: ITER phase should be {want_phase.value}")
-            smem += n.numel * n.dtype.itemsize * (2 if n.phase is Phase.LOOP else 1)
             continue
         if n.op is Op.CONST:
             out.extend(_check_const(n))
@@ -209,7 +207,6 @@ def block_problems(bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90") 
                     out.append(f"{where}: wrong accumulator shape")
             except ShapeError as exc:
                 out.append(f"{where}: {exc}")
-            smem += n.numel * 4
             continue
         if n.op is Op.SAVE:
             out.extend(_check_save(bg, n))
@@ -225,12 +222,29 @@ def block_problems(bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90") 
             out.append(f"{where}: mixes loop-phase and post-loop values")
         elif phases and n.phase is not max(phases, key=_ORDER.__getitem__):
             out.append(f"{where}: phase should be {max(phases, key=_ORDER.__getitem__).value}")
-        if n.op is Op.MATMUL or n.op in REDUCE:
-            smem += n.numel * 4
+    if out:
+        return out
+    smem = block_smem(bg, srcs, arch)
     budget = SMEM_BUDGET[arch]
     if smem > budget:
         out.append(f"block graph needs {smem} bytes of shared memory; {arch} has {budget}")
     return out
+
+
+def block_smem(bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90") -> int:
+    """Bytes of shared memory one block of `bg` needs on `arch`: the figure the spec checker holds
+    to the arch's budget, and the one the block builder tracks as it grows a graph.
+
+    Today this is an estimate (ITER tiles, double-buffered when looped; fp32 accumulators, matmul
+    and reduction results); the lowering plan will make it the exact byte count codegen allocates.
+    """
+    smem = 0
+    for n in toposort(list(bg.outputs)):
+        if n.op is Op.ITER:
+            smem += n.numel * n.dtype.itemsize * (2 if n.phase is Phase.LOOP else 1)
+        elif n.op in ACCUMULATORS or n.op is Op.MATMUL or n.op in REDUCE:
+            smem += n.numel * 4
+    return smem
 
 
 def _check_save(bg: BlockGraph, n: Node) -> list[str]:
