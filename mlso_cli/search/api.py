@@ -1,0 +1,80 @@
+"""The search stage's contract: what goes in, what comes out, what a progress callback sees.
+
+Why a separate module: the pipeline (load -> partition -> lift -> search -> select -> codegen ->
+package), the result cache and the CLI depend only on these plain-data types, never on how the
+enumerator works, so each side can change alone. Everything here is frozen and serialisable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mlso_cli.ir.graph import KernelGraph
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """Knobs of one region's search. `max_states` makes the result deterministic (a fixed seed and
+    state budget give the same program); `budget_s` is wall clock and may stop anywhere."""
+
+    budget_s: float | None = None
+    max_states: int | None = None
+    jobs: int = 1
+    seed: int | None = None
+    arch: str = "sm_90"
+    kernel_ops: int = 5
+    block_ops: int = 11
+
+    def cache_fields(self) -> dict:
+        """The options that change the result (and so belong in a cache key). `jobs` does not:
+        the enumeration is partitioned deterministically; `budget_s` only marks a result partial."""
+        return {"max_states": self.max_states, "seed": self.seed, "arch": self.arch,
+                "kernel_ops": self.kernel_ops, "block_ops": self.block_ops}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A verified program, its estimated time and the false-accept bound of its verification."""
+
+    graph: KernelGraph
+    estimate_us: float
+    kernels: int
+    bound: float
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The outcome for one region. `candidates` are verified programs, best estimate first (the
+    target itself, lifted, is always among them as the fallback). `partial` is True when a
+    budget or an interrupt cut the search short: such a result is never cached as final."""
+
+    candidates: tuple[Candidate, ...]
+    states: int
+    pruned: int
+    verified: int
+    seconds: float
+    bound: float
+    partial: bool
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def best(self) -> Candidate:
+        return self.candidates[0]
+
+
+@dataclass(frozen=True)
+class SearchProgress:
+    """What a progress display shows while one region is searched."""
+
+    region: str
+    states: int
+    pruned: int
+    verified: int
+    best_us: float | None
+    elapsed_s: float
+
+
+ProgressFn = Callable[[SearchProgress], None]
+SearchFn = Callable[[KernelGraph, SearchOptions, "ProgressFn | None"], SearchResult]
+"""search(target, options, progress) -> SearchResult: the signature the pipeline calls."""
