@@ -38,6 +38,14 @@ class Hardware:
     codegen_matmul_bw_fraction: float = 0.05
     codegen_matmul_flops: float = 3.2e12
     """Measured rates of codegen's kernel-level matmul (graph-defined kernels are not affected)."""
+    smem_per_sm: int = 228 * 1024
+    threads_per_sm: int = 2048
+    block_threads: int = 256
+    step_latency_s: float = 1.2e-6
+    """A for-loop step of a graph-defined kernel cannot take less: the tile's DRAM round trip
+    with double buffering (fitted to the fixtures' measured times, benchmarks/RESULTS.md)."""
+    pre_latency_s: float = 1.0e-6
+    """The PRE phase's loads and the POST phase's stores: one round trip each way."""
 
 
 H200 = Hardware()
@@ -102,11 +110,36 @@ def program_cost(kg: KernelGraph, hw: Hardware = H200) -> Cost:
             tensor = n.op is Op.MATMUL and n.src[0].dtype is not DType.F32
         if n.op is Op.MATMUL:
             t = max(b / (hw.dram_bytes_per_s * hw.codegen_matmul_bw_fraction), f / hw.codegen_matmul_flops) + hw.launch_s
+        elif n.op is Op.GRAPH_DEF:
+            t = max(_kernel_time(hw, b, f, tensor), block_graph_time(n, b, f, tensor, hw))
         else:
             t = _kernel_time(hw, b, f, tensor)
         total += t
         nbytes, flops, launches = nbytes + b, flops + f, launches + 1
     return Cost(total, nbytes, flops, launches)
+
+
+def block_graph_time(gd: Node, nbytes: int, flops: int, tensor: bool, hw: Hardware = H200) -> float:
+    """Latency-aware time of a graph-defined kernel: blocks run in waves of what fits on the SMs
+    (shared memory and threads), and each block's PRE phase and each loop step cost at least a
+    DRAM round trip or its share of the bandwidth, whichever is longer.
+
+    Why: the throughput bound alone is blind to parallelism, so it ranks one huge block (no
+    re-reads of replicated tiles) above a grid that fills the GPU, which is backwards."""
+    from mlso_cli.ir.spec import block_smem
+
+    bg = gd.arg
+    blocks = bg.block_count()
+    smem = max(block_smem(bg, gd.src), 1)
+    per_sm = max(1, min(hw.smem_per_sm // (smem + 1024), hw.threads_per_sm // hw.block_threads))
+    concurrent = min(blocks, hw.sms * per_sm)
+    waves = -(-blocks // (hw.sms * per_sm))
+    share_bw = hw.dram_bytes_per_s / concurrent
+    share_flops = (hw.tensor_flops if tensor else hw.simt_flops) / concurrent
+    per_block_bytes, per_block_flops = nbytes / blocks, flops / blocks
+    steps = max(bg.loop, 1)
+    step = max(hw.step_latency_s, per_block_bytes / steps / share_bw, per_block_flops / steps / share_flops)
+    return waves * (hw.pre_latency_s + steps * step) + hw.launch_s
 
 
 def _block_graph_traffic(gd: Node) -> tuple[int, int]:

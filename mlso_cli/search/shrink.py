@@ -1,0 +1,71 @@
+"""Reduced shapes: the same computation with every index cut down, for fast verification.
+
+Why: the finite-field check executes every block and loop step literally, so at Mirage's shapes
+one check of attention takes up to 27 s, while the structure of a candidate does not depend on
+the sizes. DESIGN.md: verify structures at reduced shapes with the primes, inputs and target
+fingerprints fixed once per run, and re-verify the chosen program at full shapes. A class of
+size n becomes gcd(n, REDUCED) (powers of two stay tensor-core friendly, divisibility by the
+grid and loop splits the search uses at reduced shapes is kept), and every node is rebuilt
+through the IR builders, so the reduced target is spec-checked like any graph.
+"""
+
+from __future__ import annotations
+
+from math import gcd
+
+from mlso_cli.ir import build as b
+from mlso_cli.ir.graph import KernelGraph
+from mlso_cli.ir.node import Node, toposort
+from mlso_cli.ir.ops import BINARY, REDUCE, UNARY, Op
+from mlso_cli.search.dims import DimClasses, dim_classes
+
+REDUCED = 64
+"""The largest size a reduced index keeps (a power of two)."""
+
+
+def reduced_sizes(dc: DimClasses, limit: int = REDUCED) -> dict[int, int]:
+    """Class id -> reduced size. Unsplittable classes (inner dims of a reshape) keep theirs: the
+    reshape ties them to the product of the others."""
+    return {c.id: gcd(c.size, limit) if c.splittable else c.size for c in dc.classes}
+
+
+def shrink(kg: KernelGraph, limit: int = REDUCED) -> tuple[KernelGraph, DimClasses]:
+    """`kg` at reduced sizes, and the dimension classes of the original (class ids carry over:
+    the reduced graph's class sizes are `reduced_sizes`)."""
+    dc = dim_classes(kg)
+    size = {c.id: c.size for c in dc.classes}
+    new = reduced_sizes(dc, limit)
+    memo: dict[Node, Node] = {}
+
+    def shape_of(n: Node) -> tuple[int, ...]:
+        out = []
+        for d, c in zip(n.shape, dc.node_class.get(n, (None,) * len(n.shape))):
+            out.append(d if c is None else d * new[c] // size[c])
+        return tuple(out)
+
+    for n in toposort(list(kg.inputs) + list(kg.outputs)):
+        srcs = [memo[s] for s in n.src]
+        if n.op is Op.INPUT:
+            memo[n] = b.input_(n.arg, shape_of(n), n.dtype)
+        elif n.op is Op.CONST:
+            memo[n] = n
+        elif n.op is Op.CAST:
+            memo[n] = b.cast(srcs[0], n.arg)
+        elif n.op in UNARY:
+            memo[n] = b.unary(n.op, srcs[0])
+        elif n.op in BINARY:
+            memo[n] = b.binary(n.op, srcs[0], srcs[1])
+        elif n.op is Op.MATMUL:
+            memo[n] = b.matmul(srcs[0], srcs[1])
+        elif n.op in REDUCE:
+            memo[n] = b.reduce(n.op, srcs[0], n.arg)
+        elif n.op is Op.TRANSPOSE:
+            memo[n] = b.transpose(srcs[0], n.arg)
+        elif n.op is Op.RESHAPE:
+            memo[n] = b.reshape(srcs[0], shape_of(n))
+        elif n.op is Op.BROADCAST:
+            memo[n] = b.broadcast_to(srcs[0], shape_of(n))
+        else:
+            raise ValueError(f"cannot reduce a graph holding {n.op.value} (targets are lifted regions)")
+    small = kg.replace(inputs=tuple(memo[n] for n in kg.inputs), outputs=tuple(memo[n] for n in kg.outputs))
+    return small, dc
