@@ -1,0 +1,81 @@
+"""Dimensions for a recipe: the grid and loop sizes the cost model likes best.
+
+Why a separate step: DESIGN.md's "structure before dimensions". The enumerator proves a
+structure once, at reduced shapes; the sizes only change how fast it runs, so they are chosen
+afterwards from divisors of each index, by the cost model, subject to the spec checker (which
+holds every block to the arch's shared-memory budget) and CUDA's grid limits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import product
+
+from mlso_cli.ir.graph import KernelGraph
+from mlso_cli.ir.spec import problems
+from mlso_cli.search.cost import Cost, program_cost
+from mlso_cli.search.dims import DimClasses
+from mlso_cli.search.space import Dims, Recipe, RecipeError, instantiate
+
+MAX_BLOCKS = 8 * 132 * 8
+"""More blocks than eight waves of eight blocks per SM never pays: each re-reads its tiles."""
+GRID_Y_Z_LIMIT = 65535
+
+
+def divisors(n: int, limit: int = 1 << 30) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def _counts(size: int) -> list[int]:
+    """Candidate split counts of an index: its divisors, thinned to powers of two and the
+    divisors near them, so a 6144-wide index offers 1, 2, 3, 4, 6, 8, 12, 16, ... not 48 values."""
+    ds = divisors(size)
+    if len(ds) <= 24:
+        return ds
+    keep = {d for d in ds if d & (d - 1) == 0} | {d for d in ds if (d // 3) & (d // 3 - 1) == 0 and d % 3 == 0}
+    return sorted(keep)
+
+
+@dataclass(frozen=True)
+class Sized:
+    dims: Dims
+    graph: KernelGraph
+    cost: Cost
+
+
+def sizes(dc: DimClasses, recipe: Recipe) -> Iterator[Dims]:
+    sig = recipe.signature
+    size = {c.id: c.size for c in dc.classes}
+    grids = [_counts(size[a.cls]) for a in sig.grid]
+    for grid in product(*grids):
+        blocks = 1
+        for g in grid:
+            blocks *= g
+        if blocks > MAX_BLOCKS:
+            continue
+        if sig.loop is None:
+            yield Dims(tuple(grid), 1)
+            continue
+        split = next((g for a, g in zip(sig.grid, grid) if a.cls == sig.loop), 1)
+        for loop in _counts(size[sig.loop] // split):
+            yield Dims(tuple(grid), loop)
+
+
+def choose_dims(target: KernelGraph, dc: DimClasses, recipe: Recipe, save_slots: tuple[int, ...],
+                arch: str = "sm_90", keep: int = 3) -> list[Sized]:
+    """The `keep` cheapest spec-valid instances of `recipe` on `target`'s full shapes."""
+    found: list[Sized] = []
+    for dims in sizes(dc, recipe):
+        grid = tuple(dims.grid) + (1,) * (3 - len(dims.grid))
+        if grid[1] > GRID_Y_Z_LIMIT or grid[2] > GRID_Y_Z_LIMIT:
+            continue
+        try:
+            kg = instantiate(target, dc, recipe, dims, save_slots)
+        except RecipeError:
+            continue
+        if problems(kg, arch):
+            continue
+        found.append(Sized(dims, kg, program_cost(kg)))
+    found.sort(key=lambda s: (s.cost.seconds, s.dims.grid, s.dims.loop))
+    return found[:keep]

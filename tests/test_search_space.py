@@ -1,0 +1,113 @@
+"""Index classes, reduced shapes, recipes and dimension choice: the search's scaffolding.
+
+Why: the enumerator proves a structure at reduced shapes and sizes it afterwards, so these parts
+must be right on their own: classes must tile every input consistently, the reduced target must
+be the same computation, and a recipe replayed at any sizes must stay equivalent to the target.
+The recipes here are written by hand in recipe form (test data, as the fixtures are); the
+enumerator's job is to find such recipes.
+"""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+from mlso_cli.frontend.lift import lift_model
+from mlso_cli.ir.ops import Op
+from mlso_cli.ir.spec import check
+from mlso_cli.search.cost import program_cost
+from mlso_cli.search.dims import dim_classes
+from mlso_cli.search.select import choose_dims, divisors
+from mlso_cli.search.shrink import shrink
+from mlso_cli.search.space import (
+    Axis,
+    Dims,
+    Recipe,
+    RecipeError,
+    Signature,
+    Step,
+    instantiate,
+    signatures,
+)
+from mlso_cli.verify.equivalence import check_equivalent
+from models.build_models import SPECS
+from tests.fixtures.ugraphs import fixture
+
+
+def _target(tmp_path, name: str, bs: int = 1):
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(SPECS[name].build(bs, "float16", small=False), str(path))
+    (kg,) = lift_model(str(path))
+    return kg
+
+
+def _cls(dc, inp: int, dim: int) -> int:
+    return dc.input_class[inp][dim]
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_classes_tile_every_input_consistently_and_shrink_keeps_the_computation(tmp_path, name):
+    kg = _target(tmp_path, name)
+    dc = dim_classes(kg)
+    for c in dc.classes:
+        for i, d in c.inputs:
+            assert kg.inputs[i].shape[d] % c.size == 0
+    small, _ = shrink(kg)
+    check(small)
+    assert all(n.numel <= m.numel for n, m in zip(small.inputs, kg.inputs))
+    # the reduced graph has the same index structure: class for class, size for size
+    dcs = dim_classes(small)
+    assert dcs.input_class == dc.input_class and dcs.output_class == dc.output_class
+
+
+def test_attention_classes_split_keys_as_a_summed_index(tmp_path):
+    kg = _target(tmp_path, "gqa", 8)
+    dc = dim_classes(kg)
+    keys = dc.classes[_cls(dc, 1, 2)]  # K (g, d, kv): kv
+    assert keys.reduced and not keys.spatial and keys.inputs == ((1, 2), (2, 1))
+    group = dc.classes[_cls(dc, 0, 0)]
+    assert group.spatial and set(group.inputs) == {(0, 0), (1, 0), (2, 0)}
+    sigs = signatures(dc)
+    assert any(s.partial() is not None and s.partial().cls == keys.id and s.loop == keys.id for s in sigs)
+    assert len(set(sigs)) == len(sigs)
+
+
+def _gated_recipe(dc) -> Recipe:
+    cols, k = _cls(dc, 1, 1), _cls(dc, 0, 1)
+    return Recipe(Signature((Axis(cols, False),), k), (0, 1, 2),
+                  (Step(Op.MATMUL, (0, 1)), Step(Op.ACC_SUM, (3,)), Step(Op.MATMUL, (0, 2)),
+                   Step(Op.ACC_SUM, (5,)), Step(Op.SILU, (4,)), Step(Op.MUL, (7, 6))), (8,), (), (3,))
+
+
+def test_recipe_replays_equivalent_at_reduced_and_chosen_full_sizes(tmp_path):
+    target = _target(tmp_path, "gated_mlp")
+    small, _ = shrink(target)
+    dcs, dcf = dim_classes(small), dim_classes(target)
+    recipe = _gated_recipe(dcs)
+    for dims in (Dims((2,), 2), Dims((4,), 1), Dims((1,), 8)):
+        kg = instantiate(small, dcs, recipe, dims, (0,))
+        check(kg)
+        assert check_equivalent(small, kg, seed=3).equivalent
+    sized = choose_dims(target, dcf, recipe, (0,))
+    assert sized and all(not s.graph.kernels()[0].arg.loop < 1 for s in sized)
+    assert [s.cost.seconds for s in sized] == sorted(s.cost.seconds for s in sized)
+    fixture_us = program_cost(fixture("gated_mlp", False, 1)).us
+    assert sized[0].cost.us <= fixture_us * 1.1
+    assert sized[0].cost.launches <= program_cost(fixture("gated_mlp", False, 1)).launches
+
+
+def test_a_wrong_recipe_is_rejected_and_a_misfit_size_raises(tmp_path):
+    target = _target(tmp_path, "gated_mlp")
+    small, _ = shrink(target)
+    dcs = dim_classes(small)
+    good = _gated_recipe(dcs)
+    wrong = good.__class__(good.signature, good.feeds, good.block_steps[:4] + (Step(Op.SIGMOID, (4,)), Step(Op.MUL, (7, 6))),
+                           good.saves, good.kernel_steps, good.outputs)
+    kg = instantiate(small, dcs, wrong, Dims((2,), 2), (0,))
+    assert not check_equivalent(small, kg, seed=3).equivalent
+    with pytest.raises(RecipeError):
+        instantiate(small, dcs, good, Dims((3,), 2), (0,))
+
+
+def test_divisors():
+    assert divisors(12) == [1, 2, 3, 4, 6, 12]
