@@ -209,3 +209,87 @@ def dim_classes(kg: KernelGraph) -> DimClasses:
             tuple((i, d) for i, cs in enumerate(ins) for d, c in enumerate(cs) if c == cid),
             tuple((o, d) for o, cs in enumerate(outs) for d, c in enumerate(cs) if c == cid)))
     return DimClasses(tuple(classes), tuple(ins), tuple(outs), node_class)
+
+
+# ---- index typing of candidate values ------------------------------------------------------------
+
+Classes = tuple[int | None, ...]
+"""Per dim of a value: its index class, None for a size-1 dim."""
+
+
+def _no_repeats(cs: Classes) -> Classes | None:
+    real = [c for c in cs if c is not None]
+    return cs if len(set(real)) == len(real) else None
+
+
+def _t_elementwise(arg, srcs: list[Classes], out_rank: int) -> Classes | None:
+    out: list[int | None] = [None] * out_rank
+    for cs in srcs:
+        off = out_rank - len(cs)
+        for d, c in enumerate(cs):
+            if c is None:
+                continue
+            if out[off + d] is None:
+                out[off + d] = c
+            elif out[off + d] != c:
+                return None  # two different indices meet elementwise
+    return _no_repeats(tuple(out))
+
+
+def _t_matmul(arg, srcs: list[Classes], out_rank: int) -> Classes | None:
+    a, b = srcs
+    if a[-1] != b[-2]:
+        return None  # a contraction pairs two different indices
+    batch = _t_elementwise(None, [a[:-2], b[:-2]], out_rank - 2)
+    if batch is None:
+        return None
+    return _no_repeats(batch + (a[-2], b[-1]))
+
+
+def _t_reduce(arg, srcs: list[Classes], out_rank: int) -> Classes | None:
+    (x,) = srcs
+    return x[:arg] + (None,) + x[arg + 1:]
+
+
+def _t_transpose(arg, srcs: list[Classes], out_rank: int) -> Classes | None:
+    return tuple(srcs[0][p] for p in arg)
+
+
+def _t_row(arg, srcs: list[Classes], out_rank: int) -> Classes | None:
+    (x,) = srcs
+    return (None,) + x if out_rank == len(x) + 1 else None
+
+
+def _t_acc_exp_sum(arg, srcs: list[Classes], out_rank: int) -> Classes | None:
+    return srcs[0][:-1] + (None,)
+
+
+def _t_acc_exp_wsum(arg, srcs: list[Classes], out_rank: int) -> Classes | None:
+    return _t_matmul(arg, srcs, out_rank)
+
+
+TYPING = {
+    **{op: _t_elementwise for op in UNARY | BINARY},
+    **{op: _t_reduce for op in REDUCE},
+    Op.MATMUL: _t_matmul,
+    Op.TRANSPOSE: _t_transpose,
+    Op.RESHAPE: _t_row,
+    Op.ACC_SUM: lambda arg, srcs, r: srcs[0],
+    Op.ACC_EXP_SUM: _t_acc_exp_sum,
+    Op.ACC_EXP_WSUM: _t_acc_exp_wsum,
+    Op.CONST: lambda arg, srcs, r: (),
+}
+"""Op -> the index classes of its result from its sources', or None when the op would pair two
+different indices (elementwise, or in a contraction) or give one value an index twice. The
+target's own values never do either, so neither can a subexpression of it: a sound, cheap
+filter that runs before the abstract-expression check."""
+
+
+def value_classes(op: Op, arg, srcs: list[Classes], out_rank: int) -> Classes | None:
+    rule = TYPING.get(op)
+    return None if rule is None else rule(arg, srcs, out_rank)
+
+
+def typing_is_sound(dc: DimClasses) -> bool:
+    """The filter's premise on this target: no value carries an index twice."""
+    return all(_no_repeats(cs) is not None for cs in dc.node_class.values())

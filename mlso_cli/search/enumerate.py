@@ -1,0 +1,406 @@
+"""Bottom-up enumeration of graph-defined kernels under abstract-expression pruning.
+
+Why bottom-up over expressions: Mirage grows graphs one op at a time and prunes an op whose
+abstract expression is not a subexpression of the target; two graphs that differ only in the
+order of independent ops are then visited twice. Here the state is the *set of distinct values*
+(one per abstract-expression key and phase, the cheapest construction kept), grown in rounds
+where every new op uses at least one value of the previous round (semi-naive evaluation), so no
+value is built twice and op order never matters. A block graph is complete when every target
+output has a value that equals it; its recipe is the cone of ops that value needs.
+
+The enumerator works at one provisional size per signature (search/space.py); what it records is
+a `Recipe`, which `space.instantiate` replays at the sizes the cost model chooses.
+For a signature with a partial grid dim, block values are partial sums: a kernel-level combine
+(REDUCE_SUM over the partial dim) completes them, and a short kernel-level enumeration of
+elementwise ops over the completed values reaches the outputs (split-K / split-KV).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Protocol
+
+from mlso_cli.ir.graph import KernelGraph
+from mlso_cli.ir.node import Node, const_value, toposort
+from mlso_cli.ir.ops import ELEMENTWISE, Op, Phase
+from mlso_cli.search.dims import DimClasses, typing_is_sound, value_classes
+from mlso_cli.search.fingerprint import Fingerprints, Print
+from mlso_cli.search.space import ROW, Dims, Recipe, RecipeError, Signature, Step, apply_step, iters
+
+
+class Pruner(Protocol):
+    """Abstract-expression pruning (search/expr.py): expressions of tiles and ops, None for an op
+    whose expression is not a subexpression of any target output."""
+
+    def tile(self, node: Node, feed: int, sig: Signature) -> Any: ...
+
+    def op(self, node: Node, srcs: Sequence[Any]) -> Any | None: ...
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A value as the search sees it: its fingerprint (identity) and abstract expression."""
+
+    print: Print
+    abstract: Any = None
+
+
+class SearchAlgebra:
+    """Fingerprints for identity and goals, an optional pruner for admission."""
+
+    def __init__(self, fp: Fingerprints, pruner: Pruner | None) -> None:
+        self.fp, self.pruner = fp, pruner
+
+    def tile(self, node: Node, feed: int, sig: Signature) -> Expr:
+        return Expr(self.fp.tile(node, feed, sig), self.pruner.tile(node, feed, sig) if self.pruner else None)
+
+    def op(self, node: Node, srcs: Sequence[Expr]) -> Expr | None:
+        a = None
+        if self.pruner is not None:
+            a = self.pruner.op(node, [s.abstract for s in srcs])
+            if a is None:
+                return None
+        p = self.fp.op(node, [s.print for s in srcs])
+        return None if p is None else Expr(p, a)
+
+    def key(self, e: Expr) -> Hashable:
+        return e.print.key()
+
+    def output(self, e: Expr, node: Node) -> int | None:
+        return next((j for j in range(len(self.fp.target.outputs)) if self.fp.matches(e.print, j)), None)
+
+    def combine(self, e: Expr) -> Expr | None:
+        c = self.fp.combine(e.print)
+        return None if c is None else Expr(c, e.abstract)
+
+
+@dataclass
+class Stats:
+    states: int = 0
+    pruned: int = 0
+    duplicates: int = 0
+    invalid: int = 0
+
+
+@dataclass
+class Value:
+    node: Node
+    expr: Any
+    step: Step | None
+    """How it is built (None for ITER tiles)."""
+    ops: int
+    """Non-elementwise ops in its cone (the block-op bound counts these)."""
+    cost: float
+    """Work in its cone: elements computed, times loop steps for loop-phase ops."""
+    round: int = 0
+    classes: tuple[int | None, ...] = ()
+    """Index class of each dim (dims.value_classes)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    block_ops: int = 11
+    rounds: int = 9
+    pool: int = 600
+    """Distinct values kept per signature; beyond it, new values are dropped (counted)."""
+    max_states: int | None = None
+
+
+_COMMUTATIVE = frozenset({Op.ADD, Op.MUL, Op.MAX})
+_COUNTED = frozenset({Op.MATMUL, Op.ACC_SUM, Op.ACC_EXP_SUM, Op.ACC_EXP_WSUM}) | frozenset(
+    {Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MEAN})
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The ops and constants the enumeration tries, read off the target: an op that appears in no
+    canonical form of the target cannot be in a subexpression of it."""
+
+    unary: tuple[Op, ...]
+    binary: tuple[Op, ...]
+    reduce: tuple[Op, ...]
+    consts: tuple[Fraction, ...]
+    exp_accumulators: bool
+
+    @staticmethod
+    def of(target: KernelGraph) -> Vocabulary:
+        ops = {n.op for n in target.nodes()}
+        unary = {op for op in ops if op in ELEMENTWISE and op not in (Op.ADD, Op.SUB, Op.MUL, Op.DIV,
+                                                                     Op.MAX, Op.CAST)}
+        if Op.SQRT in ops and Op.RECIPROCAL in ops:
+            unary.add(Op.RSQRT)  # 1/sqrt(x): one canonical form in the algebra
+        if Op.MUL in ops or Op.SQUARE in ops:
+            unary.add(Op.SQUARE)
+        binary = [Op.MUL, Op.ADD, Op.SUB, Op.DIV] + ([Op.MAX] if Op.MAX in ops else [])
+        reduce = tuple(op for op in (Op.REDUCE_SUM, Op.REDUCE_MAX) if op in ops)
+        consts = tuple(sorted({const_value(n) for n in target.nodes() if n.op is Op.CONST}))
+        return Vocabulary(tuple(sorted(unary, key=lambda o: o.value)), tuple(binary), reduce, consts,
+                          Op.EXP in ops)
+
+
+class BlockSearch:
+    """One signature's enumeration (at provisional dims)."""
+
+    def __init__(self, target: KernelGraph, dc: DimClasses, sig: Signature, dims: Dims, algebra: SearchAlgebra,
+                 vocab: Vocabulary, limits: Limits, stats: Stats, tick: Callable[[], bool] | None = None) -> None:
+        self.target, self.dc, self.sig, self.dims = target, dc, sig, dims
+        self.alg, self.vocab, self.limits, self.stats = algebra, vocab, limits, stats
+        self.tick = tick or (lambda: True)
+        self.feeds = tuple(range(len(target.inputs)))
+        tiles, _, _ = iters(target, dc, sig, dims, self.feeds)
+        self.values: list[Value] = []
+        self.seen: dict[tuple[Phase | None, Hashable], int] = {}
+        self.typed = typing_is_sound(dc)
+        for f, t in zip(self.feeds, tiles):
+            e = algebra.tile(t, f, sig)
+            cs = tuple(c if t.shape[d] > 1 else None for d, c in enumerate(dc.input_class[f]))
+            self.values.append(Value(t, e, None, 0, 0.0, classes=cs))
+        self.consts = [Value(n, algebra.op(n, ()), Step(Op.CONST, (), c), 0, 0.0)
+                       for c in vocab.consts for n in [self._const(c)]]
+        self.providers: dict[int, int] = {}
+        self.partials: list[int] = []
+        self.stopped = False
+
+    @staticmethod
+    def _const(c: Fraction) -> Node:
+        from mlso_cli.ir import build as b
+
+        return b.const(c)
+
+    # ---- growth ------------------------------------------------------------------------------
+    def _add(self, step: Step, operands: list[int | Value], rnd: int) -> int | None:
+        if self.stopped:
+            return None
+        srcs = [self.values[o] if isinstance(o, int) else o for o in operands]
+        nodes = [v.node for v in self.values]
+        ext = nodes + [v.node for v in srcs if not isinstance(v, int)]
+        idx = [o if isinstance(o, int) else len(nodes) + k for k, o in enumerate(operands)]
+        try:
+            node = apply_step(Step(step.op, tuple(idx), step.arg), ext)
+        except RecipeError:
+            self.stats.invalid += 1
+            return None
+        ops = sum(v.ops for v in srcs) + (1 if step.op in _COUNTED else 0)
+        if ops > self.limits.block_ops:
+            return None
+        classes = value_classes(step.op, step.arg, [v.classes for v in srcs], len(node.shape))
+        if classes is not None:
+            classes = tuple(c if node.shape[d] > 1 else None for d, c in enumerate(classes))
+        self.stats.states += 1
+        if classes is None and self.typed:
+            self.stats.pruned += 1
+            return None
+        if not self.tick() or (self.limits.max_states is not None and self.stats.states >= self.limits.max_states):
+            self.stopped = True
+        e = self.alg.op(node, [v.expr for v in srcs])
+        if e is None:
+            self.stats.pruned += 1
+            return None
+        key = (node.phase, node.shape, self.alg.key(e))
+        per = self.dims.loop if node.phase is Phase.LOOP else 1
+        cost = sum(v.cost for v in srcs) + node.numel * per * (8 if step.op is Op.MATMUL else 1)
+        # constants used as operands become steps of their own when the recipe is extracted
+        srcs_idx = []
+        for o in operands:
+            if isinstance(o, int):
+                srcs_idx.append(o)
+            else:
+                srcs_idx.append(self._materialise(o))
+        value = Value(node, e, Step(step.op, tuple(srcs_idx), step.arg), ops, cost, rnd, classes or ())
+        if key in self.seen:
+            self.stats.duplicates += 1
+            old = self.seen[key]
+            if cost < self.values[old].cost:
+                self.values[old] = value
+                self._check_goal(old)
+            return None
+        if len(self.values) >= self.limits.pool:
+            return None
+        self.values.append(value)
+        self.seen[key] = len(self.values) - 1
+        self._check_goal(len(self.values) - 1)
+        return len(self.values) - 1
+
+    def _materialise(self, c: Value) -> int:
+        key = (None, (), ("const", c.step.arg))
+        if key not in self.seen:
+            self.values.append(c)
+            self.seen[key] = len(self.values) - 1
+        return self.seen[key]
+
+    def _check_goal(self, i: int) -> None:
+        v = self.values[i]
+        if v.node.phase is Phase.LOOP:
+            return
+        if self.sig.partial() is not None:
+            if v.node.phase is Phase.POST and self.alg.combine(v.expr) is not None:
+                self.partials.append(i)
+            return
+        j = self.alg.output(v.expr, v.node)
+        if j is not None and (j not in self.providers or v.cost < self.values[self.providers[j]].cost):
+            self.providers[j] = i
+
+    def _candidates(self, new: list[int], rnd: int) -> None:
+        everything = list(range(len(self.values)))
+        views: list[int] = []
+        for x in new:
+            n = self.values[x].node
+            if len(n.shape) >= 2 and n.shape[-1] > 1 and n.shape[-2] > 1:
+                perm = tuple(range(len(n.shape) - 2)) + (len(n.shape) - 1, len(n.shape) - 2)
+                v = self._add(Step(Op.TRANSPOSE, (0,), perm), [x], rnd)
+                if v is not None:
+                    views.append(v)
+            if len(n.shape) == 1:
+                v = self._add(Step(Op.RESHAPE, (0,), ROW), [x], rnd)
+                if v is not None:
+                    views.append(v)
+        new = new + views
+        everything = list(range(len(self.values)))
+        for x in new:
+            for op in self.vocab.unary:
+                self._add(Step(op, (0,)), [x], rnd)
+            for op in self.vocab.reduce:
+                for ax, size in enumerate(self.values[x].node.shape):
+                    if size > 1:
+                        self._add(Step(op, (0,), ax), [x], rnd)
+            if self.values[x].node.phase is Phase.LOOP:
+                self._add(Step(Op.ACC_SUM, (0,)), [x], rnd)
+                if self.vocab.exp_accumulators and len(self.values[x].node.shape) >= 2:
+                    self._add(Step(Op.ACC_EXP_SUM, (0,)), [x], rnd)
+            for c in self.consts:
+                for op in self.vocab.binary:
+                    self._add(Step(op, (0, 1)), [x, c], rnd)
+                    if op not in _COMMUTATIVE:
+                        self._add(Step(op, (0, 1)), [c, x], rnd)
+        newset = set(new)
+        for x in new:
+            for y in everything:
+                if y in newset and y < x:
+                    continue  # the pair was tried when y's turn came
+                for op in self.vocab.binary:
+                    self._add(Step(op, (0, 1)), [x, y], rnd)
+                    if op not in _COMMUTATIVE and x != y:
+                        self._add(Step(op, (0, 1)), [y, x], rnd)
+                for a, b_ in ((x, y), (y, x)) if x != y else ((x, y),):
+                    self._add(Step(Op.MATMUL, (0, 1)), [a, b_], rnd)
+                    if self.vocab.exp_accumulators:
+                        self._add(Step(Op.ACC_EXP_WSUM, (0, 1)), [a, b_], rnd)
+
+    def run(self) -> Iterator[Recipe]:
+        """Grow the pool round by round; yield a recipe each time the outputs' providers improve."""
+        new = list(range(len(self.values)))
+        best: dict[int, int] = {}
+        for rnd in range(1, self.limits.rounds + 1):
+            before = len(self.values)
+            self._candidates(new, rnd)
+            new = list(range(before, len(self.values)))
+            if self.sig.partial() is None and len(self.providers) == len(self.target.outputs) \
+                    and self.providers != best:
+                best = dict(self.providers)
+                yield self.recipe([best[j] for j in range(len(self.target.outputs))], (), None)
+            if not new or self.stopped:
+                break
+
+    # ---- extraction --------------------------------------------------------------------------
+    def recipe(self, saves: list[int], kernel_steps: tuple[Step, ...], outputs: tuple[int, ...] | None) -> Recipe:
+        """The cone of `saves` as a recipe, renumbered: ITERs first, then the steps it needs."""
+        need: set[int] = set()
+        stack = list(saves)
+        while stack:
+            i = stack.pop()
+            if i in need:
+                continue
+            need.add(i)
+            st = self.values[i].step
+            if st is not None:
+                stack.extend(st.srcs)
+        nfeed = len(self.feeds)
+        order = list(range(nfeed)) + sorted(i for i in need if i >= nfeed)
+        renum = {old: new for new, old in enumerate(order)}
+        steps = tuple(Step(self.values[i].step.op, tuple(renum[s] for s in self.values[i].step.srcs),
+                           self.values[i].step.arg) for i in order[nfeed:])
+        n_in = len(self.target.inputs)
+        outs = outputs if outputs is not None else tuple(n_in + j for j in range(len(saves)))
+        return Recipe(self.sig, self.feeds, steps, tuple(renum[s] for s in saves), kernel_steps, outs)
+
+
+@dataclass
+class KernelCompletion:
+    """Split signatures: block values are partial sums. A kernel-level REDUCE_SUM over the
+    partial dim completes each candidate save; then up to `depth` rounds of elementwise kernel
+    ops over the completed values, deduplicated by fingerprint, until an output is matched."""
+
+    search: BlockSearch
+    depth: int = 2
+    max_partials: int = 16
+    max_pool: int = 160
+
+    def run(self) -> Iterator[Recipe]:
+        from mlso_cli.ir import build as b
+
+        bs = self.search
+        fp = bs.alg.fp
+        parts = sorted(set(bs.partials), key=lambda i: (bs.values[i].cost, i))[: self.max_partials]
+        pool: list[tuple[Node, Print]] = []
+        seen: set[Hashable] = set()
+        for i in parts:
+            v = bs.values[i]
+            c = fp.combine(v.expr.print)
+            if c is None or c.key() in seen:
+                continue
+            seen.add(c.key())
+            pool.append((b.input_(_PLACEHOLDER + i, v.node.shape, v.node.dtype), c))
+        new = list(pool)
+        for rnd in range(self.depth + 1):
+            for node, pr in new:
+                if len(bs.target.outputs) == 1 and fp.combined_output(pr) == 0:
+                    yield self._recipe(node)
+                    return
+            if rnd == self.depth or bs.stopped:
+                return
+            grown: list[tuple[Node, Print]] = []
+            for x in new:
+                for y in pool:
+                    for op in bs.vocab.binary:
+                        for a, c in ((x, y), (y, x)) if op not in _COMMUTATIVE else ((x, y),):
+                            try:
+                                node = b.binary(op, a[0], c[0])
+                            except Exception:
+                                bs.stats.invalid += 1
+                                continue
+                            bs.stats.states += 1
+                            pr = fp.op(node, [a[1], c[1]])
+                            if pr is None or pr.key() in seen:
+                                bs.stats.duplicates += pr is not None
+                                continue
+                            seen.add(pr.key())
+                            grown.append((node, pr))
+            new = grown[: self.max_pool]
+            pool.extend(new)
+
+    def _recipe(self, out: Node) -> Recipe:
+        """The kernel-level node over placeholders, as recipe steps after the PROJs."""
+        bs = self.search
+        n_in = len(bs.target.inputs)
+        saves: list[int] = []
+        for n in toposort([out]):
+            if n.op is Op.INPUT and n.arg >= _PLACEHOLDER:
+                saves.append(n.arg - _PLACEHOLDER)
+        steps: list[Step] = []
+        index: dict[Node, int] = {}
+        base = n_in + len(saves)
+        for n in toposort([out]):
+            if n.op is Op.INPUT and n.arg >= _PLACEHOLDER:
+                steps.append(Step(Op.REDUCE_SUM, (n_in + saves.index(n.arg - _PLACEHOLDER),), 0))
+            elif n.op is Op.CONST:
+                steps.append(Step(Op.CONST, (), const_value(n)))
+            else:
+                steps.append(Step(n.op, tuple(index[s] for s in n.src), n.arg))
+            index[n] = base + len(steps) - 1
+        return bs.recipe(saves, tuple(steps), (index[out],))
+
+
+_PLACEHOLDER = 1 << 20
+"""Input numbers of the placeholders that stand for completed partial values."""

@@ -1,0 +1,205 @@
+"""Finite-field fingerprints of block values: exact deduplication and goal tests for the search.
+
+Why: abstract expressions decide what *may* lead to the target (pruning), but they abstract
+away which index a sum runs over, so two values with one expression can differ, and the output
+test needs more than a subexpression check. A fingerprint is the value itself, evaluated in the
+finite field of verify/field.py on inputs fixed once per search, at every block and loop step of
+the provisional grid: values with equal fingerprints are equal programs up to the checker's
+false-accept probability (observational equivalence, as in bottom-up program synthesis), and a
+value is an output when its fingerprint, block for block, is the target output's.
+
+Every value carries leading dims (B, S): B blocks of the provisional grid, and S loop steps for
+loop-phase values (1 otherwise). Ops reuse verify/semantics.py with their axes shifted past
+those two dims, so the search and the verifier share one meaning of every op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from itertools import product
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from mlso_cli.ir.graph import KernelGraph
+from mlso_cli.ir.node import Node, const_value
+from mlso_cli.ir.ops import ELEMENTWISE, REDUCE, Op
+from mlso_cli.search.dims import DimClasses
+from mlso_cli.search.space import Dims, Signature, input_map, save_omap
+from mlso_cli.verify.field import BadPrime, Field, FieldArray, ZeroDenominator
+from mlso_cli.verify.fieldrun import run_field
+from mlso_cli.verify.semantics import ACC_TERMS, SEMANTICS
+from mlso_cli.verify.walk import chunk_bounds, step_index
+
+LEAD = 2
+"""Leading dims of every fingerprint: (blocks, loop steps)."""
+
+
+@dataclass(frozen=True)
+class Print:
+    """A value's fingerprint: field residues with shape (B, S, *tile)."""
+
+    value: FieldArray
+
+    def key(self) -> Hashable:
+        v = self.value
+        h = hashlib.blake2b(digest_size=16)
+        h.update(repr(v.shape).encode())
+        h.update(np.ascontiguousarray(v.p).tobytes())
+        if v.q_known():
+            h.update(np.ascontiguousarray(v.q).tobytes())
+        return h.digest()
+
+
+def _lead_node(n: Node, lead: tuple[int, int], srcs: Sequence[FieldArray]) -> Any:
+    """`n` as seen with two leading dims: axes shifted, target shapes prefixed."""
+    arg = n.arg
+    if n.op in REDUCE:
+        arg = n.arg + LEAD
+    elif n.op is Op.TRANSPOSE:
+        arg = (0, 1) + tuple(p + LEAD for p in n.arg)
+    elif n.op in (Op.RESHAPE, Op.BROADCAST):
+        arg = lead + tuple(n.arg if n.op is Op.BROADCAST else n.shape)
+    src = tuple(SimpleNamespace(shape=tuple(s.shape)) for s in srcs)
+    return SimpleNamespace(op=n.op, arg=arg, shape=lead + tuple(n.shape), src=src)
+
+
+class Fingerprints:
+    """Fixed field, inputs and target outputs for one (reduced target, signature, dims)."""
+
+    def __init__(self, target: KernelGraph, dc: DimClasses, sig: Signature, dims: Dims, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(8):
+            self.fld = Field.draw(rng)
+            self.inputs = [self.fld.random(n.shape, rng) for n in target.inputs]
+            try:
+                self.outputs = run_field(target, self.inputs, self.fld)
+                break
+            except (ZeroDenominator, BadPrime):
+                continue
+        else:
+            raise RuntimeError("could not draw a field in which the target evaluates")
+        self.target, self.dc, self.sig, self.dims = target, dc, sig, dims
+        self.grid = tuple(dims.grid) + (1,) * (3 - len(dims.grid))
+        self.blocks = list(product(*(range(g) for g in self.grid)))
+        self.out_tiles = [self._output_tiles(j) for j in range(len(target.outputs))]
+
+    # ---- sources -----------------------------------------------------------------------------
+    def tile(self, node: Node, feed: int, sig: Signature) -> Print:
+        src = self.target.inputs[feed]
+        im = input_map(self.dc, sig, feed)
+        looped = im.fmap is not None
+        steps = self.dims.loop if looped else 1
+        ps, qs = [], []
+        full = self.inputs[feed]
+        for idx in self.blocks:
+            bounds = chunk_bounds(src.shape, im, self.grid, idx)
+            for s in range(steps):
+                sl = step_index(bounds, im.fmap, self.dims.loop, s)
+                ps.append(full.p[sl])
+                qs.append(full.q[sl])
+        shape = (len(self.blocks), steps) + node.shape
+        return Print(FieldArray(np.stack(ps).reshape(shape), np.stack(qs).reshape(shape)))
+
+    def _output_tiles(self, j: int) -> Print | None:
+        """Target output j cut into this grid's blocks by the signature's omap (None when the
+        signature cannot lay blocks out along that output, e.g. a split signature)."""
+        if self.sig.partial() is not None:
+            return None
+        out = self.outputs[j]
+        node = self.target.outputs[j]
+        omap = save_omap(self.dc, self.sig, j)
+        tile = list(node.shape)
+        for g, d in zip(self.grid, omap):
+            if d is not None:
+                if tile[d] % g:
+                    return None
+                tile[d] //= g
+        ps, qs = [], []
+        for idx in self.blocks:
+            sl = [slice(None)] * len(tile)
+            for g, d in enumerate(omap):
+                if d is not None:
+                    sl[d] = slice(idx[g] * tile[d], (idx[g] + 1) * tile[d])
+            ps.append(out.p[tuple(sl)])
+            qs.append(out.q[tuple(sl)] if out.q_known() else None)
+        shape = (len(self.blocks), 1) + tuple(tile)
+        q = np.stack(qs).reshape(shape) if out.q_known() else None
+        return Print(FieldArray(np.stack(ps).reshape(shape), q))
+
+    # ---- ops ---------------------------------------------------------------------------------
+    def op(self, node: Node, srcs: Sequence[Print]) -> Print | None:
+        """The fingerprint of `node` from its sources' (None: a zero denominator)."""
+        A = self.fld
+        vals = [s.value for s in srcs]
+        try:
+            if node.op is Op.CONST:
+                c = A.const(const_value(node))
+                return Print(A.reshape(c, (1, 1)))
+            if node.op is Op.ACC_SUM:
+                v = A.reduce_sum(vals[0], 1)
+            elif node.op in (Op.ACC_EXP_SUM, Op.ACC_EXP_WSUM):
+                # semantics' accumulator terms act on the trailing (tile) dims; sum the steps
+                v = A.reduce_sum(ACC_TERMS[node.op](A, *vals), 1)
+            else:
+                if node.op in ELEMENTWISE:  # numpy aligns trailing dims: pad tiles to full rank
+                    rank = len(node.shape)
+                    vals = [v if v.ndim - LEAD == rank else
+                            A.reshape(v, v.shape[:LEAD] + (1,) * (rank - v.ndim + LEAD) + v.shape[LEAD:])
+                            for v in vals]
+                lead = tuple(max(v.shape[i] for v in vals) for i in range(LEAD)) if vals else (1, 1)
+                v = SEMANTICS[node.op](A, _lead_node(node, lead, vals), *vals)
+            return Print(v.force())
+        except ZeroDenominator:
+            return None
+
+    def combine(self, p: Print) -> Print | None:
+        """Sum a post-loop value over the partial grid dim: blocks that differ only there."""
+        ax = next(i for i, a in enumerate(self.sig.grid) if a.partial)
+        v = p.value
+        shape = tuple(self.grid) + v.shape[1:]
+        A = self.fld
+        summed = A.reduce_sum(A.reshape(v, shape), ax)
+        keep = tuple(1 if i == ax else g for i, g in enumerate(self.grid))
+        n = keep[0] * keep[1] * keep[2]
+        return Print(A.reshape(summed, (n,) + v.shape[1:]).force())
+
+    def spatial_blocks(self) -> list[tuple[int, int, int]]:
+        ax = next((i for i, a in enumerate(self.sig.grid) if a.partial), None)
+        return [b for b in self.blocks if ax is None or b[ax] == 0]
+
+    def matches(self, p: Print, j: int) -> bool:
+        want = self.out_tiles[j]
+        return want is not None and p.value.shape == want.value.shape and p.value.equal(want.value)
+
+    def combined_output(self, p: Print) -> int | None:
+        """Which target output a combined (split-signature) value equals, tile by tile."""
+        ax = next(i for i, a in enumerate(self.sig.grid) if a.partial)
+        for j, node in enumerate(self.target.outputs):
+            out = self.outputs[j]
+            omap = save_omap(self.dc, self.sig, j)
+            tile = list(p.value.shape[LEAD:])
+            if len(tile) != len(node.shape):
+                continue
+            ps, qs = [], []
+            for idx in self.spatial_blocks():
+                sl = [slice(None)] * len(tile)
+                for g, d in enumerate(omap):
+                    if d is not None and g != ax and d >= 0:
+                        sl[d] = slice(idx[g] * tile[d], (idx[g] + 1) * tile[d])
+                ps.append(out.p[tuple(sl)])
+                qs.append(out.q[tuple(sl)] if out.q_known() else None)
+            try:
+                want_p = np.stack(ps).reshape(p.value.shape)
+            except ValueError:
+                continue
+            if not np.array_equal(want_p, p.value.p):
+                continue
+            if out.q_known() and p.value.q_known() and not np.array_equal(np.stack(qs).reshape(p.value.shape), p.value.q):
+                continue
+            return j
+        return None
+

@@ -1,0 +1,236 @@
+"""The search stage: signatures -> enumeration -> verification -> dimensions -> ranked candidates.
+
+    search(target, options, progress) -> SearchResult          (the SearchFn of search/api.py)
+
+Order of work, and why:
+  1. Reduce the target (shrink.py): enumeration and the per-structure field check run on small
+     index sizes, where a check costs milliseconds.
+  2. Each mapping signature (space.py) is explored on its own (`explore`): block structures
+     enumerated bottom-up (enumerate.py), split signatures completed at kernel level, every
+     complete structure checked against the reduced target in the finite field (a filter), and
+     the survivors sized on the full shapes by the cost model (select.py). Signatures are
+     independent, so `--jobs N` explores them in a process pool.
+  3. The parent re-verifies the cheapest few at full shapes, in a fixed order, with the run's
+     union bound (the k-th full check must reach bound / (k (k+1))); only full checks accept.
+     The lifted target itself is always a candidate (never-slower).
+Determinism: each signature gets the same share of `max_states` and its own seed derived from
+the run seed, so the result does not depend on `--jobs` or on the order workers finish.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from mlso_cli.ir import serialize
+from mlso_cli.ir.graph import KernelGraph
+from mlso_cli.ir.spec import problems
+from mlso_cli.search.api import Candidate, ProgressFn, SearchOptions, SearchProgress, SearchResult
+from mlso_cli.search.cost import program_cost
+from mlso_cli.search.dims import DimClasses, dim_classes
+from mlso_cli.search.enumerate import (
+    BlockSearch,
+    KernelCompletion,
+    Limits,
+    Pruner,
+    SearchAlgebra,
+    Stats,
+    Vocabulary,
+)
+from mlso_cli.search.fingerprint import Fingerprints
+from mlso_cli.search.select import choose_dims
+from mlso_cli.search.shrink import shrink
+from mlso_cli.search.space import Dims, Recipe, RecipeError, Signature, instantiate, signatures
+from mlso_cli.verify.equivalence import check_equivalent
+
+PrunerFactory = Callable[[KernelGraph, DimClasses], Pruner]
+FULL_CHECKS = 3
+"""Structures re-verified at full shapes per region (the cheapest by estimate)."""
+FILTER_BOUND = 2.0**-30
+"""The reduced-shape check is a filter, not an acceptance: a looser bound suffices."""
+DEFAULT_STATES = 200_000
+"""The state budget when neither --max-states nor --budget is given."""
+
+
+def provisional(dc: DimClasses, sig: Signature) -> Dims | None:
+    """The smallest sizes that show a signature's structure: two blocks per grid dim and two
+    loop steps, where the index is large enough to leave tiles of at least two."""
+    size = {c.id: c.size for c in dc.classes}
+    grid = []
+    for ax in sig.grid:
+        if size[ax.cls] < 4:
+            return None
+        grid.append(2)
+    loop = 1
+    if sig.loop is not None:
+        split = 2 if any(a.cls == sig.loop for a in sig.grid) else 1
+        if size[sig.loop] // split < 4:
+            return None
+        loop = 2
+    return Dims(tuple(grid), loop)
+
+
+def save_slots(recipe: Recipe) -> tuple[int, ...]:
+    """Which target output's layout each save takes (partials: the single output's)."""
+    if recipe.signature.partial() is not None:
+        return (0,) * len(recipe.saves)
+    return tuple(range(len(recipe.saves)))
+
+
+def default_pruner() -> PrunerFactory | None:
+    """Abstract-expression pruning from search/expr.py, when that module provides it."""
+    try:
+        from mlso_cli.search import expr
+    except ImportError:
+        return None
+    return getattr(expr, "make_pruner", None)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One signature's exploration, as plain data (it crosses process boundaries)."""
+
+    target_json: str
+    sig: Signature
+    states: int
+    seed: int
+    arch: str
+    block_ops: int
+    deadline: float | None
+    prune: bool
+
+
+@dataclass(frozen=True)
+class Found:
+    """A structure that passed the reduced check, sized for the full target."""
+
+    recipe: Recipe
+    dims: Dims
+    estimate_us: float
+    launches: int
+
+
+@dataclass(frozen=True)
+class Explored:
+    sig: Signature
+    found: tuple[Found, ...]
+    states: int
+    pruned: int
+    duplicates: int
+    filtered: int
+    partial: bool
+
+
+def explore(task: Task, pruner: PrunerFactory | None = None) -> Explored:
+    """Enumerate, filter and size the structures of one signature."""
+    target = serialize.loads(task.target_json)
+    small, _ = shrink(target)
+    dcs, dcf = dim_classes(small), dim_classes(target)
+    make = pruner if pruner is not None else (default_pruner() if task.prune else None)
+    prune = make(small, dcs) if make is not None else None
+    stats = Stats()
+    dims = provisional(dcs, task.sig)
+    out: list[Found] = []
+    cut = {"partial": False}
+
+    def tick() -> bool:
+        if task.deadline is not None and time.time() > task.deadline:
+            cut["partial"] = True
+            return False
+        return True
+
+    filtered = 0
+    if dims is not None:
+        try:
+            fp = Fingerprints(small, dcs, task.sig, dims, task.seed)
+            limits = Limits(block_ops=task.block_ops, max_states=task.states)
+            bs = BlockSearch(small, dcs, task.sig, dims, SearchAlgebra(fp, prune), Vocabulary.of(small), limits,
+                             stats, tick)
+            recipes = list(bs.run())
+            if task.sig.partial() is not None and len(target.outputs) == 1:
+                recipes += list(KernelCompletion(bs).run())
+        except RecipeError:
+            recipes = []
+        seen: set[Recipe] = set()
+        for k, recipe in enumerate(recipes):
+            if recipe in seen:
+                continue
+            seen.add(recipe)
+            slots = save_slots(recipe)
+            try:
+                cand = instantiate(small, dcs, recipe, dims, slots)
+            except RecipeError:
+                continue
+            if problems(cand, task.arch):
+                continue
+            verdict = check_equivalent(small, cand, seed=task.seed + 7919 * (k + 1), target_bound=FILTER_BOUND)
+            if not verdict.equivalent:
+                filtered += 1
+                continue
+            for sized in choose_dims(target, dcf, recipe, slots, task.arch, keep=1):
+                out.append(Found(recipe, sized.dims, sized.cost.us, sized.cost.launches))
+    return Explored(task.sig, tuple(out), stats.states, stats.pruned, stats.duplicates, filtered, cut["partial"])
+
+
+def search(target: KernelGraph, options: SearchOptions, progress: ProgressFn | None = None, *,
+           pruner: PrunerFactory | None = None, region: str = "") -> SearchResult:
+    t0 = time.monotonic()
+    small, _ = shrink(target)
+    dcs, dcf = dim_classes(small), dim_classes(target)
+    sigs = [s for s in signatures(dcs) if provisional(dcs, s) is not None]
+    total = options.max_states if options.max_states is not None else DEFAULT_STATES
+    share = max(1, total // max(1, len(sigs)))
+    seed = options.seed if options.seed is not None else 0
+    deadline = None if options.budget_s is None else time.time() + options.budget_s
+    text = serialize.dumps(target)
+    tasks = [Task(text, sig, share, seed * 1_000_003 + i, options.arch, options.block_ops, deadline,
+                  pruner is None) for i, sig in enumerate(sigs)]
+    done: list[Explored] = []
+    totals = {"states": 0, "pruned": 0}
+    best: list[float] = []
+
+    def record(ex: Explored) -> None:
+        done.append(ex)
+        totals["states"] += ex.states
+        totals["pruned"] += ex.pruned
+        best.extend(f.estimate_us for f in ex.found)
+        if progress is not None:
+            progress(SearchProgress(region, totals["states"], totals["pruned"], 0, min(best) if best else None,
+                                    time.monotonic() - t0))
+
+    jobs = max(1, min(options.jobs, len(tasks), os.cpu_count() or 1))
+    if jobs == 1 or pruner is not None:
+        for t in tasks:
+            record(explore(t, pruner))
+    else:
+        with ProcessPoolExecutor(jobs) as pool:
+            for ex in pool.map(explore, tasks):
+                record(ex)
+    found = sorted((f for ex in done for f in ex.found), key=lambda f: (f.estimate_us, f.launches, repr(f.recipe)))
+    lifted = program_cost(target)
+    candidates: list[Candidate] = [Candidate(target, lifted.us, lifted.launches, 0.0)]
+    bound, runs, verified = 0.0, 0, 0
+    for f in found[:FULL_CHECKS]:
+        if f.estimate_us >= lifted.us:
+            break
+        kg = instantiate(target, dcf, f.recipe, f.dims, save_slots(f.recipe))
+        runs += 1
+        verdict = check_equivalent(target, kg, seed=seed * 7 + runs, runs_so_far=runs)
+        if not verdict.equivalent:
+            continue
+        verified += 1
+        bound += verdict.bound
+        candidates.append(Candidate(kg, f.estimate_us, f.launches, verdict.bound))
+    candidates.sort(key=lambda c: (c.estimate_us, c.kernels))
+    partial = any(ex.partial for ex in done)
+    notes = (f"{len(sigs)} signatures, {sum(len(ex.found) for ex in done)} structures sized, "
+             f"{sum(ex.filtered for ex in done)} rejected at reduced shapes, "
+             f"{sum(ex.duplicates for ex in done)} duplicate values",)
+    if progress is not None:
+        progress(SearchProgress(region, totals["states"], totals["pruned"], verified,
+                                candidates[0].estimate_us, time.monotonic() - t0))
+    return SearchResult(tuple(candidates), totals["states"], totals["pruned"], verified,
+                        time.monotonic() - t0, bound, partial, notes)
