@@ -90,7 +90,7 @@ def unify(da: tuple[int, ...], db: tuple[int, ...]) -> tuple[dict, dict, tuple[i
     i = j = 0
     ra, rb = (qa[0][1] if qa else 1), (qb[0][1] if qb else 1)
     while i < len(qa) and j < len(qb):
-        (a, na), (b, nb) = qa[i], qb[j]
+        (a, na), (b, _) = qa[i], qb[j]
         step = min(ra, rb)
         if max(ra, rb) % step:
             raise ExprError(f"index digits of sizes {[n for _, n in qa]} and {[n for _, n in qb]} do not nest")
@@ -348,9 +348,8 @@ def _iter(ctx: BlockContext, n: Node) -> Expr:
         ren_src.update(ra)
         tile_ren = rb.get(t, (t,)) if t is not None else ()
         dims.append(tuple(tile_ren))
-        for v, pieces in rb.items():
-            if v != t:
-                raise ExprError("grid/loop digits of an ITER tile do not nest in its source's index digits")
+        if any(v != t for v in rb):
+            raise ExprError("grid/loop digits of an ITER tile do not nest in its source's index digits")
     return Expr(T.subst(src.poly, ren_src), tuple(dims), tuple(n.shape))
 
 
