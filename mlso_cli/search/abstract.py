@@ -30,14 +30,10 @@ from mlso_cli.ir.graph import PARTIAL, BlockGraph
 from mlso_cli.ir.node import Node, const_value, toposort
 from mlso_cli.ir.ops import ACCUMULATORS, Op
 from mlso_cli.search import terms as T
+from mlso_cli.search.terms import ExprError
 from mlso_cli.verify.semantics import ACC_TERMS, SEMANTICS
 
 Dims = tuple[tuple[int, ...], ...]
-
-
-class ExprError(ValueError):
-    """A view or broadcast the digit model cannot express (e.g. a reshape whose dims do not
-    nest as mixed-radix digits)."""
 
 
 @dataclass(frozen=True)

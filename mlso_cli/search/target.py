@@ -42,56 +42,109 @@ single members are stored, so a check prunes some true subexpressions of such hu
 # ---- pattern keys ------------------------------------------------------------------------------
 
 _KEY: dict[tuple[int, str], int] = {}
-_ERASE: dict[int, int] = {}
+_PATTERN: dict[tuple, int] = {}
 
 
-def _erase(i: int) -> int:
-    """Term i with every binder's range set to 0 (sums of any range share a pattern)."""
-    r = _ERASE.get(i)
-    if r is None:
+class _Pattern:
+    """One pattern key computation: a canonical serialisation of a term in which
+      - free variables are numbered by first occurrence (their names and sizes are forgotten),
+      - a free digit that always follows the same free digit is dropped (the pair is one digit),
+      - a free digit chain that only ever precedes bound digits is dropped (an offset: the term
+        is a partial sum),
+      - binders keep their canonical variable ids but lose their ranges.
+    Commutative children are ordered by their own context-free serialisation (computed once per
+    subterm), so the numbering cannot depend on variable names. Nothing is rebuilt."""
+
+    def __init__(self, p: int) -> None:
+        adj = T.adjacency(p)
+        free = T.deps(p)
+        succ = dict(T.mergeable_pairs(p, set(free)))
+        tails = set(succ.values())
+        skip: set[int] = set()
+        for v in free:
+            if v in tails or v not in adj:
+                continue
+            chain = [v]
+            while chain[-1] in succ:
+                chain.append(succ[chain[-1]])
+            offset = (all(prev is None for prev, _ in adj[v])
+                      and all(nxt is not None and nxt not in free for _, nxt in adj[chain[-1]]))
+            skip.update(chain if offset else chain[1:])
+        self.skip = skip
+        self._local: dict[int, tuple] = {}
+
+    def local(self, i: int) -> tuple:
+        """i serialised on its own (its free variables numbered from 0): a sort key."""
+        k = self._local.get(i)
+        if k is None:
+            k = self._local[i] = self.ser(i, {}, set())
+        return k
+
+    def _sorted(self, ids: list[int] | tuple[int, ...]) -> list[int]:
+        return sorted(ids, key=self.local)
+
+    def ser(self, i: int, num: dict[int, int], bound: set[int], drop: dict[int, T.Exp] | None = None) -> tuple:
         t = T.node(i)
         k = t[0]
-        if k in ("P", "M"):
-            r = T.mk((k, tuple(sorted((_erase(c), x) for c, x in t[1]))))
-        elif k in ("exp", "pw"):
-            r = T.mk((k, _erase(t[1])))
-        elif k == "fn":
-            r = T.mk((k, t[1], tuple(_erase(a) for a in t[2])))
-        elif k == "sum":
-            r = T.mk((k, tuple((v, 0) for v, _ in t[1]), _erase(t[2])))
-        elif k == "red":
-            r = T.mk((k, t[1], tuple((v, 0) for v, _ in t[2]), _erase(t[3])))
-        else:
-            r = i
-        _ERASE[i] = r
-    return r
+        if k == "in":
+            out = []
+            for dim in t[2]:
+                d = []
+                for v in dim:
+                    if v in self.skip:
+                        continue
+                    if v in bound:
+                        d.append(v)
+                    else:
+                        n = num.get(v)
+                        if n is None:
+                            n = num[v] = len(num)
+                        d.append(n)
+                out.append(tuple(d))
+            return ("in", t[1], tuple(out))
+        if k == "M":
+            exps = dict(t[1])
+            if drop:
+                exps = {f: e - drop.get(f, 0) for f, e in exps.items()}
+            return ("M", tuple((self.ser(f, num, bound), exps[f]) for f in self._sorted([f for f in exps if exps[f]])))
+        if k == "P":
+            coef = dict(t[1])
+            return ("P", tuple((self.ser(m, num, bound), coef[m]) for m in self._sorted(list(coef))))
+        if k == "exp" or k == "pw":
+            return (k, self.ser(t[1], num, bound))
+        if k == "fn":
+            args = self._sorted(t[2]) if t[1] in T.SYMMETRIC else t[2]
+            return ("fn", t[1], tuple(self.ser(a, num, bound) for a in args))
+        if k == "sum" or k == "red":
+            bs = {v for v, _ in (t[1] if k == "sum" else t[2])}
+            body = t[2] if k == "sum" else t[3]
+            return (k, t[1] if k == "red" else "", len(bs), self.ser(body, num, bound | bs))
+        raise AssertionError(f"pattern of a {k} term")
+
+    def mono(self, m: int) -> tuple:
+        return self.ser(m, {}, set())
+
+    def poly(self, p: int, drop: dict[int, T.Exp]) -> tuple:
+        """Terms in canonical order with the content dropped and the first coefficient 1."""
+        coef = dict(T.terms(p))
+        keyed = sorted(coef, key=lambda m: self.ser(m, {}, set(), drop))
+        num: dict[int, int] = {}
+        lead = coef[keyed[0]]
+        return ("P", tuple((self.ser(m, num, set(), drop), coef[m] / lead) for m in keyed))
 
 
-def _canonical_vars(p: int) -> int:
-    """Merge always-adjacent free digits, drop free digits that only offset bound ones, and
-    renumber the free variables by first occurrence."""
-    while True:
-        free = set(T.deps(p))
-        pairs = T.mergeable_pairs(p, free)
-        if not pairs:
-            break
-        a, b = pairs[0]
-        p = T.merge(p, a, b, T.fresh(0))
-    adj = T.adjacency(p)
-    free = T.deps(p)
-    offsets = {f: () for f, s in adj.items()
-               if all(prev is None and nxt is not None and nxt not in free for prev, nxt in s)}
-    if offsets:
-        p = T.subst(p, offsets)
-    ren = {v: (T.bvar(0, r),) for r, v in enumerate(T.occurrences(p))}
-    return T.subst(p, ren)
+def _intern(key: tuple) -> int:
+    k = _PATTERN.get(key)
+    if k is None:
+        k = _PATTERN[key] = len(_PATTERN)
+    return k
 
 
 def mono_key(m: int) -> int:
     """Pattern of a monomial, coefficient ignored."""
     k = _KEY.get((m, "m"))
     if k is None:
-        k = _KEY[(m, "m")] = _erase(_canonical_vars(T.of_mono(m)))
+        k = _KEY[(m, "m")] = _intern(_Pattern(m).mono(m))
     return k
 
 
@@ -99,19 +152,8 @@ def poly_key(p: int) -> int:
     """Pattern of a sum of >= 2 monomials, up to a common monomial factor and a scale."""
     k = _KEY.get((p, "p"))
     if k is None:
-        q = _canonical_vars(_primitive(p))
-        ts = T.terms(q)
-        lead = min(ts)[1] if ts else Fraction(1)
-        k = _KEY[(p, "p")] = _erase(T.scale(q, 1 / lead))
+        k = _KEY[(p, "p")] = _intern(_Pattern(p).poly(p, dict(T.factors(_content(p)))))
     return k
-
-
-def _primitive(p: int) -> int:
-    """p divided by its content."""
-    c = _content(p)
-    if c == T.UNIT:
-        return p
-    return T.mul(p, T.of_mono(T.mono({g: -e for g, e in T.factors(c)})))
 
 
 def _content(p: int) -> int:
@@ -245,8 +287,8 @@ class Target:
         got = self._memo.get(p)
         if got is None:
             ts = T.terms(p)
-            if not ts or (len(ts) == 1 and ts[0][0] == T.UNIT):
-                got = True  # a constant
+            if T.is_constant(p):
+                got = True
             elif len(ts) == 1:
                 got = mono_key(ts[0][0]) in self.monos
             else:

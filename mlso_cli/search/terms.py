@@ -41,6 +41,11 @@ _FRESH = itertools.count(1)
 ONE = Fraction(1)
 
 
+class ExprError(ValueError):
+    """A tensor the abstract expressions cannot describe: a view whose dims do not nest as
+    mixed-radix digits, or a division by an identically zero expression (prune the candidate)."""
+
+
 def mk(t: tuple[Any, ...]) -> int:
     """Intern one term; structurally equal terms get the same id."""
     i = _ID.get(t)
@@ -217,6 +222,12 @@ def of_factor(f: int, e: Exp = 1) -> int:
     return poly({mono({f: e}): ONE})
 
 
+def is_constant(p: int) -> bool:
+    """p is a rational constant (zero included)."""
+    ts = _T[p][1]
+    return not ts or (len(ts) == 1 and ts[0][0] == UNIT)
+
+
 def terms(p: int) -> tuple[tuple[int, Fraction], ...]:
     return _T[p][1]
 
@@ -277,7 +288,8 @@ def inv(a: int) -> int:
     """1 / a: a single monomial inverts exactly; anything longer becomes a `pw` factor."""
     ts = terms(a)
     if not ts:
-        raise ZeroDivisionError("abstract expression: division by the zero polynomial")
+        raise ExprError("division by an expression that is identically zero: the candidate is "
+                        "undefined everywhere, prune it")
     if len(ts) == 1:
         m, c = ts[0]
         return poly({mono({f: -e for f, e in factors(m)}): 1 / c})
