@@ -212,13 +212,12 @@ class ExprAlgebra:
         k = a.shape[-1]
         if b.shape[-2] != k:
             raise ExprError(f"matmul contracts {a.shape} with {b.shape}")
-        # contracted digits get fresh names on both sides, then one common refinement
-        fa = {v: (T.fresh(T.free_size(v)),) for v in a.dims[-1]}
-        a2 = _renamed(a, fa)
+        # a's contracted digits and b's column digits must not be names the other side uses
+        # for something else (square shapes share positional variables): rename those only
+        used_b = T.deps(b.poly) | {v for d in b.dims for v in d}
+        a2 = _renamed(a, {v: (T.fresh(T.free_size(v)),) for v in a.dims[-1] if v in used_b})
         used_a = T.deps(a2.poly) | {v for d in a2.dims for v in d}
-        fb = {v: (T.fresh(T.free_size(v)),) for v in b.dims[-2]}
-        fb.update({v: (T.fresh(T.free_size(v)),) for v in b.dims[-1] if v in used_a})
-        b2 = _renamed(b, fb)
+        b2 = _renamed(b, {v: (T.fresh(T.free_size(v)),) for v in b.dims[-1] + b.dims[-2] if v in used_a})
         ka, kb = a2.dims[-1], b2.dims[-2]
         if ka and kb:
             ra, rb, kd = unify(ka, kb)
