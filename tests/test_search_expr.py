@@ -302,3 +302,24 @@ def test_incremental_abstract_matches_the_whole_graph_walk():
     assert expr_equal(env[fx.outputs[0]], whole[fx.outputs[0]])
     _, target = small_target("rmsnorm_linear")
     assert target.admits(env[fx.outputs[0]]) and target.admits(env[fx.outputs[0]])  # memoised path
+
+
+def test_thread_graph_epilogue_has_the_expression_of_its_body():
+    """gated_mlp's silu(a) * c after the loop, fused into one THREAD op: the same tensor."""
+    from mlso_cli.ir.graph import ThreadGraph
+    from tests.fixtures.mutations import rewrite
+
+    def fuse(n: Node) -> Node | None:
+        if n.op is Op.MUL and n.phase is not None and n.src[0].op is Op.SILU:
+            body = b.mul(b.unary(Op.SILU, b.thread_in(0)), b.thread_in(1))
+            t = b.thread(body, [n.src[0].src[0], n.src[1]])
+            assert isinstance(t.arg, ThreadGraph)
+            return t
+        return None
+
+    fx = SMALL_FIXTURES["gated_mlp"]()
+    fused = check(rewrite(fx, fuse))
+    assert fused != fx and any(n.op is Op.THREAD for gd in fused.nodes() if gd.op is Op.GRAPH_DEF
+                               for n in gd.arg.nodes())
+    _, target = small_target("gated_mlp")
+    assert_fixture_reachable(fused, target)
