@@ -1,0 +1,310 @@
+"""The pruning check: is a candidate tensor's abstract expression a subexpression of a target?
+
+Why a precomputed key set: the search asks this millions of times. The target is normalised
+once and every shape a subexpression can take is turned into a *pattern key* (an interned int);
+a check is then one key computation (memoised per candidate term) and one set lookup.
+
+A pattern key forgets what a subexpression legitimately forgets about its context:
+  - which free index variable is which (they are renumbered by first occurrence), and their
+    sizes: a block's tile has the pattern of the full tensor;
+  - digits that always occur side by side are one digit (a tile's (G, t) is the full index);
+  - the range of a sum, and a free digit that only ever offsets a bound digit: a partial sum
+    (split-K, a loop accumulator before the loop ends, one block's share before the combine)
+    has the pattern of the full sum (the split axiom, sum_n = sum_j sum_{n/j});
+  - a monomial's coefficient, and for a sum of monomials its common factor and overall scale
+    (a*(b+c) has b+c as a subexpression under distributivity).
+What it keeps: the structure of every factor (which input at which index pattern, the exact
+constants inside exp/sqrt/erf/... arguments and inside sums of monomials, which axis each sum
+binds), so a softmax over the wrong axis, exp of the wrong argument, a wrong eps or a missing
+factor inside a sum do not match.
+
+Subexpressions of a target are: every normal-form poly of every target node, anything inside
+them (exp/function arguments, inverted polys, sum bodies), every sub-product of a monomial,
+every sub-sum of a poly, and every partial contraction of a flattened multi-variable sum
+(sum_{k,r} x a b contains sum_k x a).
+"""
+
+from __future__ import annotations
+
+import itertools
+from fractions import Fraction
+
+from mlso_cli.ir.graph import KernelGraph
+from mlso_cli.search import terms as T
+from mlso_cli.search.abstract import Expr, abstract_graph
+
+MAX_SUBSETS = 4096
+"""Sub-products / sub-sums enumerated per monomial or poly. Beyond it only the whole and its
+single members are stored, so a check prunes some true subexpressions of such huge targets
+(none of the benchmark regions comes near: their largest monomial has 9 choices)."""
+
+
+# ---- pattern keys ------------------------------------------------------------------------------
+
+_KEY: dict[tuple[int, str], int] = {}
+_PATTERN: dict[tuple, int] = {}
+
+
+class _Pattern:
+    """One pattern key computation: a canonical serialisation of a term in which
+      - free variables are numbered by first occurrence (their names and sizes are forgotten),
+      - a free digit that always follows the same free digit is dropped (the pair is one digit),
+      - a free digit chain that only ever precedes bound digits is dropped (an offset: the term
+        is a partial sum),
+      - binders keep their canonical variable ids but lose their ranges.
+    Commutative children are ordered by their own context-free serialisation (computed once per
+    subterm), so the numbering cannot depend on variable names. Nothing is rebuilt."""
+
+    def __init__(self, p: int) -> None:
+        adj = T.adjacency(p)
+        free = T.deps(p)
+        succ = dict(T.mergeable_pairs(p, set(free)))
+        tails = set(succ.values())
+        skip: set[int] = set()
+        for v in free:
+            if v in tails or v not in adj:
+                continue
+            chain = [v]
+            while chain[-1] in succ:
+                chain.append(succ[chain[-1]])
+            offset = (all(prev is None for prev, _ in adj[v])
+                      and all(nxt is not None and nxt not in free for _, nxt in adj[chain[-1]]))
+            skip.update(chain if offset else chain[1:])
+        self.skip = skip
+        self._local: dict[int, tuple] = {}
+
+    def local(self, i: int) -> tuple:
+        """i serialised on its own (its free variables numbered from 0): a sort key."""
+        k = self._local.get(i)
+        if k is None:
+            k = self._local[i] = self.ser(i, {}, set())
+        return k
+
+    def _sorted(self, ids: list[int] | tuple[int, ...]) -> list[int]:
+        return sorted(ids, key=self.local)
+
+    def ser(self, i: int, num: dict[int, int], bound: set[int], drop: dict[int, T.Exp] | None = None) -> tuple:
+        t = T.node(i)
+        k = t[0]
+        if k == "in":
+            out = []
+            for dim in t[2]:
+                d = []
+                for v in dim:
+                    if v in self.skip:
+                        continue
+                    if v in bound:
+                        d.append(v)
+                    else:
+                        n = num.get(v)
+                        if n is None:
+                            n = num[v] = len(num)
+                        d.append(n)
+                out.append(tuple(d))
+            return ("in", t[1], tuple(out))
+        if k == "M":
+            exps = dict(t[1])
+            if drop:
+                exps = {f: e - drop.get(f, 0) for f, e in exps.items()}
+            return ("M", tuple((self.ser(f, num, bound), exps[f]) for f in self._sorted([f for f in exps if exps[f]])))
+        if k == "P":
+            coef = dict(t[1])
+            return ("P", tuple((self.ser(m, num, bound), coef[m]) for m in self._sorted(list(coef))))
+        if k == "exp" or k == "pw":
+            return (k, self.ser(t[1], num, bound))
+        if k == "fn":
+            args = self._sorted(t[2]) if t[1] in T.SYMMETRIC else t[2]
+            return ("fn", t[1], tuple(self.ser(a, num, bound) for a in args))
+        if k == "sum" or k == "red":
+            bs = {v for v, _ in (t[1] if k == "sum" else t[2])}
+            body = t[2] if k == "sum" else t[3]
+            return (k, t[1] if k == "red" else "", len(bs), self.ser(body, num, bound | bs))
+        raise AssertionError(f"pattern of a {k} term")
+
+    def mono(self, m: int) -> tuple:
+        return self.ser(m, {}, set())
+
+    def poly(self, p: int, drop: dict[int, T.Exp]) -> tuple:
+        """Terms in canonical order with the content dropped and the first coefficient 1."""
+        coef = dict(T.terms(p))
+        keyed = sorted(coef, key=lambda m: self.ser(m, {}, set(), drop))
+        num: dict[int, int] = {}
+        lead = coef[keyed[0]]
+        return ("P", tuple((self.ser(m, num, set(), drop), coef[m] / lead) for m in keyed))
+
+
+def _intern(key: tuple) -> int:
+    k = _PATTERN.get(key)
+    if k is None:
+        k = _PATTERN[key] = len(_PATTERN)
+    return k
+
+
+def mono_key(m: int) -> int:
+    """Pattern of a monomial, coefficient ignored."""
+    k = _KEY.get((m, "m"))
+    if k is None:
+        k = _KEY[(m, "m")] = _intern(_Pattern(m).mono(m))
+    return k
+
+
+def poly_key(p: int) -> int:
+    """Pattern of a sum of >= 2 monomials, up to a common monomial factor and a scale."""
+    k = _KEY.get((p, "p"))
+    if k is None:
+        k = _KEY[(p, "p")] = _intern(_Pattern(p).poly(p, dict(T.factors(_content(p)))))
+    return k
+
+
+def _content(p: int) -> int:
+    """The monomial common to all terms of p (same-sign exponents, the smaller in size)."""
+    ts = T.terms(p)
+    common: dict[int, T.Exp] | None = None
+    for m, _ in ts:
+        f = dict(T.factors(m))
+        if common is None:
+            common = f
+            continue
+        nxt: dict[int, T.Exp] = {}
+        for g, e in common.items():
+            e2 = f.get(g)
+            if e2 is None or (e > 0) != (e2 > 0):
+                continue
+            if isinstance(e, int) and isinstance(e2, int):
+                nxt[g] = min(e, e2) if e > 0 else max(e, e2)
+            elif e == e2:
+                nxt[g] = e
+        common = nxt
+    return T.mono(common or {})
+
+
+def _exponent_options(e: T.Exp) -> list[T.Exp]:
+    if isinstance(e, int):
+        return list(range(1, e + 1)) if e > 0 else list(range(-1, e - 1, -1))
+    return [e]
+
+
+# ---- the target --------------------------------------------------------------------------------
+
+
+class Target:
+    """All subexpression patterns of a set of target tensors, computed once."""
+
+    def __init__(self, polys: list[int]) -> None:
+        self.monos: set[int] = set()
+        self.polys: set[int] = set()
+        self._seen: set[int] = set()
+        self._memo: dict[int, bool] = {}
+        self.outputs: tuple[Expr, ...] = ()
+        """The target graph's output expressions (for expr_equal on a finished candidate)."""
+        for p in polys:
+            self._visit(p)
+
+    @classmethod
+    def from_graph(cls, kg: KernelGraph) -> Target:
+        """Normalise every node of a (lifted) kernel graph: each is a subexpression of an output."""
+        env = abstract_graph(kg)
+        polys = [e.poly for n in kg.nodes() for e in _exprs(env[n])]
+        t = cls(polys)
+        t.outputs = tuple(env[o] for o in kg.outputs)
+        return t
+
+    # -- building --
+    def _visit(self, p: int) -> None:
+        if p in self._seen:
+            return
+        self._seen.add(p)
+        ts = T.terms(p)
+        for m, _ in ts:
+            self._visit_mono(m)
+        if len(ts) >= 2:
+            self._sub_sums(ts)
+
+    def _sub_sums(self, ts: tuple[tuple[int, Fraction], ...]) -> None:
+        n = len(ts)
+        if 2 ** n > MAX_SUBSETS:
+            self.polys.add(poly_key(T.poly(dict(ts))))
+            return
+        for r in range(2, n + 1):
+            for sub in itertools.combinations(ts, r):
+                self.polys.add(poly_key(T.poly(dict(sub))))
+
+    def _visit_mono(self, m: int) -> None:
+        facs = T.factors(m)
+        options = [[0, *_exponent_options(e)] for _, e in facs]
+        count = 1
+        for o in options:
+            count *= len(o)
+        if count <= MAX_SUBSETS:
+            for choice in itertools.product(*options):
+                self.monos.add(mono_key(T.mono({f: e for (f, _), e in zip(facs, choice) if e != 0})))
+        else:
+            self.monos.add(mono_key(m))
+            for f, e in facs:
+                for x in _exponent_options(e):
+                    self.monos.add(mono_key(T.mono({f: x})))
+        for f, e in facs:
+            self._visit_factor(f)
+            if e == 1 and T.node(f)[0] == "sum":
+                # c * sum_i b = sum_i (c b): the outside factors times the body, index free
+                body = T.subst(T.node(f)[2], {v: (T.fresh(n),) for v, n in T.node(f)[1]})
+                rest = T.mono({g: x for g, x in facs if g != f})
+                self._visit(T.mul(T.of_mono(rest), T.of_mono(body)))
+
+    def _visit_factor(self, f: int) -> None:
+        t = T.node(f)
+        k = t[0]
+        if k == "exp":
+            self._visit(T.of_mono(t[1]))
+        elif k == "fn":
+            for a in t[2]:
+                self._visit(a)
+        elif k == "pw":
+            self._visit(t[1])
+        elif k == "red":
+            self._visit(t[3])
+        elif k == "sum":
+            self._visit(T.of_mono(t[2]))
+            bound = t[1]
+            if len(bound) >= 2:
+                self._partial_contractions(bound, t[2])
+
+    def _partial_contractions(self, bound: tuple[tuple[int, int], ...], body: int) -> None:
+        """sum_{V} b contains sum_W (the factors of b that use W) for every W inside V."""
+        ren = {v: (T.fresh(n),) for v, n in bound}
+        b = T.subst(body, ren)
+        for r in range(1, len(bound)):
+            for w in itertools.combinations(bound, r):
+                ws = [(ren[v][0], n) for v, n in w]
+                names = {x for x, _ in ws}
+                inner = T.mono({f: e for f, e in T.factors(b) if T.deps(f) & names})
+                self._visit(T.sum_over(ws, T.of_mono(inner)))
+
+    # -- checking --
+    def admits(self, expr: Expr | int) -> bool:
+        """True when the candidate's expression is a subexpression of some target tensor."""
+        p = expr if isinstance(expr, int) else expr.poly
+        got = self._memo.get(p)
+        if got is None:
+            ts = T.terms(p)
+            if T.is_constant(p):
+                got = True
+            elif len(ts) == 1:
+                got = mono_key(ts[0][0]) in self.monos
+            else:
+                got = poly_key(p) in self.polys and self._content_admitted(p)
+            self._memo[p] = got
+        return got
+
+    def _content_admitted(self, p: int) -> bool:
+        """The factor common to all terms must itself be a subexpression (a*(b+c) needs a)."""
+        c = _content(p)
+        return c == T.UNIT or mono_key(c) in self.monos
+
+    def size(self) -> int:
+        """Number of stored patterns (memory and build-time indicator)."""
+        return len(self.monos) + len(self.polys)
+
+
+def _exprs(v: Expr | tuple[Expr, ...]) -> tuple[Expr, ...]:
+    return v if isinstance(v, tuple) else (v,)
