@@ -27,7 +27,17 @@ from mlso_cli.ir.node import Node, const_value, toposort
 from mlso_cli.ir.ops import ELEMENTWISE, Op, Phase
 from mlso_cli.search.dims import DimClasses, typing_is_sound, value_classes
 from mlso_cli.search.fingerprint import Fingerprints, Print
-from mlso_cli.search.space import ROW, Dims, Recipe, RecipeError, Signature, Step, apply_step, iters
+from mlso_cli.search.space import (
+    ROW,
+    Dims,
+    Recipe,
+    RecipeError,
+    Signature,
+    Step,
+    apply_step,
+    iters,
+    save_omap,
+)
 
 
 class Pruner(Protocol):
@@ -65,15 +75,38 @@ class SearchAlgebra:
         p = self.fp.op(node, [s.print for s in srcs])
         return None if p is None else Expr(p, a)
 
+    def admits_accumulated(self, node: Node, e: Expr) -> bool:
+        """Is the sum of this loop-phase value over all steps a subexpression of the target?"""
+        if self.pruner is None:
+            return True
+        from mlso_cli.ir import build as b
+
+        return self.pruner.op(b.accumulate(Op.ACC_SUM, node), [e.abstract]) is not None
+
     def key(self, e: Expr) -> Hashable:
         return e.print.key()
 
     def output(self, e: Expr, node: Node) -> int | None:
         return next((j for j in range(len(self.fp.target.outputs)) if self.fp.matches(e.print, j)), None)
 
-    def combine(self, e: Expr) -> Expr | None:
+    def combine(self, e: Expr, node: Node, omap: tuple[int | None, ...]) -> Expr | None:
+        """The value summed over the partial grid dim (None when that sum is not admitted)."""
+        a = None
+        if self.pruner is not None:
+            a = self.pruner.combined(node, e.abstract, omap)
+            if a is None:
+                return None
         c = self.fp.combine(e.print)
-        return None if c is None else Expr(c, e.abstract)
+        return None if c is None else Expr(c, a)
+
+    def kernel_op(self, node: Node, srcs: Sequence[Expr]) -> Expr | None:
+        a = None
+        if self.pruner is not None:
+            a = self.pruner.kernel_op(node, [s.abstract for s in srcs])
+            if a is None:
+                return None
+        p = self.fp.op(node, [s.print for s in srcs])
+        return None if p is None else Expr(p, a)
 
 
 @dataclass
@@ -97,6 +130,8 @@ class Value:
     round: int = 0
     classes: tuple[int | None, ...] = ()
     """Index class of each dim (dims.value_classes)."""
+    partial: bool = False
+    """A loop-phase value holding a sum over part of the loop's index (one step's share)."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +196,8 @@ class BlockSearch:
                        for c in vocab.consts for n in [self._const(c)]]
         self.providers: dict[int, int] = {}
         self.partials: list[int] = []
+        self.combined: dict[int, Expr] = {}
+        self.partial_omap = save_omap(dc, sig, 0) if sig.partial() is not None else None
         self.stopped = False
 
     @staticmethod
@@ -174,29 +211,31 @@ class BlockSearch:
         if self.stopped:
             return None
         srcs = [self.values[o] if isinstance(o, int) else o for o in operands]
-        nodes = [v.node for v in self.values]
-        ext = nodes + [v.node for v in srcs if not isinstance(v, int)]
-        idx = [o if isinstance(o, int) else len(nodes) + k for k, o in enumerate(operands)]
-        try:
-            node = apply_step(Step(step.op, tuple(idx), step.arg), ext)
-        except RecipeError:
-            self.stats.invalid += 1
-            return None
         ops = sum(v.ops for v in srcs) + (1 if step.op in _COUNTED else 0)
         if ops > self.limits.block_ops:
             return None
-        classes = value_classes(step.op, step.arg, [v.classes for v in srcs], len(node.shape))
-        if classes is not None:
-            classes = tuple(c if node.shape[d] > 1 else None for d, c in enumerate(classes))
-        self.stats.states += 1
+        rank = max((len(v.node.shape) for v in srcs), default=0) + (1 if step.arg == ROW else 0)
+        classes = value_classes(step.op, step.arg, [v.classes for v in srcs], rank)
         if classes is None and self.typed:
             self.stats.pruned += 1
             return None
+        try:
+            node = apply_step(Step(step.op, tuple(range(len(srcs))), step.arg), [v.node for v in srcs])
+        except RecipeError:
+            self.stats.invalid += 1
+            return None
+        if classes is not None:
+            classes = tuple(c if node.shape[d] > 1 else None for d, c in enumerate(classes))
+        self.stats.states += 1
         if not self.tick() or (self.limits.max_states is not None and self.stats.states >= self.limits.max_states):
             self.stopped = True
         e = self.alg.op(node, [v.expr for v in srcs])
         if e is None:
             self.stats.pruned += 1
+            return None
+        partial = any(v.partial for v in srcs) or self._splits_loop(step, srcs, node)
+        if partial and node.phase is Phase.LOOP and not self.alg.admits_accumulated(node, e):
+            self.stats.pruned += 1  # a partial sum only matters through an accumulator
             return None
         key = (node.phase, node.shape, self.alg.key(e))
         per = self.dims.loop if node.phase is Phase.LOOP else 1
@@ -208,7 +247,8 @@ class BlockSearch:
                 srcs_idx.append(o)
             else:
                 srcs_idx.append(self._materialise(o))
-        value = Value(node, e, Step(step.op, tuple(srcs_idx), step.arg), ops, cost, rnd, classes or ())
+        value = Value(node, e, Step(step.op, tuple(srcs_idx), step.arg), ops, cost, rnd, classes or (),
+                      partial and node.phase is Phase.LOOP)
         if key in self.seen:
             self.stats.duplicates += 1
             old = self.seen[key]
@@ -223,6 +263,16 @@ class BlockSearch:
         self._check_goal(len(self.values) - 1)
         return len(self.values) - 1
 
+    def _splits_loop(self, step: Step, srcs: list[Value], node: Node) -> bool:
+        """Does this op sum over the index the loop walks (a contraction within one step)?"""
+        if node.phase is not Phase.LOOP or self.sig.loop is None:
+            return False
+        if step.op is Op.MATMUL:
+            return srcs[0].classes[-1:] == (self.sig.loop,)
+        if step.op in (Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MEAN):
+            return srcs[0].classes[step.arg] == self.sig.loop
+        return False
+
     def _materialise(self, c: Value) -> int:
         key = (None, (), ("const", c.step.arg))
         if key not in self.seen:
@@ -235,8 +285,11 @@ class BlockSearch:
         if v.node.phase is Phase.LOOP:
             return
         if self.sig.partial() is not None:
-            if v.node.phase is Phase.POST and self.alg.combine(v.expr) is not None:
-                self.partials.append(i)
+            if v.node.phase is Phase.POST and i not in self.combined:
+                c = self.alg.combine(v.expr, v.node, self.partial_omap)
+                if c is not None:
+                    self.combined[i] = c
+                    self.partials.append(i)
             return
         j = self.alg.output(v.expr, v.node)
         if j is not None and (j not in self.providers or v.cost < self.values[self.providers[j]].cost):
@@ -247,6 +300,8 @@ class BlockSearch:
         views: list[int] = []
         for x in new:
             n = self.values[x].node
+            if self.values[x].step is not None:
+                continue  # views of input tiles only: a transposed result is the same value again
             if len(n.shape) >= 2 and n.shape[-1] > 1 and n.shape[-2] > 1:
                 perm = tuple(range(len(n.shape) - 2)) + (len(n.shape) - 1, len(n.shape) - 2)
                 v = self._add(Step(Op.TRANSPOSE, (0,), perm), [x], rnd)
@@ -280,13 +335,21 @@ class BlockSearch:
                 if y in newset and y < x:
                     continue  # the pair was tried when y's turn came
                 for op in self.vocab.binary:
+                    if x == y and op is not Op.MUL:
+                        continue  # x+x, x-x, x/x, max(x,x): a constant multiple or a constant
                     self._add(Step(op, (0, 1)), [x, y], rnd)
                     if op not in _COMMUTATIVE and x != y:
                         self._add(Step(op, (0, 1)), [y, x], rnd)
                 for a, b_ in ((x, y), (y, x)) if x != y else ((x, y),):
+                    if self._is_view(a) and self._is_view(b_):
+                        continue  # (B^T A^T) is (A B)^T: the same value, transposed
                     self._add(Step(Op.MATMUL, (0, 1)), [a, b_], rnd)
                     if self.vocab.exp_accumulators:
                         self._add(Step(Op.ACC_EXP_WSUM, (0, 1)), [a, b_], rnd)
+
+    def _is_view(self, i: int) -> bool:
+        st = self.values[i].step
+        return st is not None and st.op is Op.TRANSPOSE
 
     def run(self) -> Iterator[Recipe]:
         """Grow the pool round by round; yield a recipe each time the outputs' providers improve."""
@@ -337,33 +400,39 @@ class KernelCompletion:
     max_partials: int = 16
     max_pool: int = 160
 
+    def _is_view(self, i: int) -> bool:
+        st = self.values[i].step
+        return st is not None and st.op is Op.TRANSPOSE
+
     def run(self) -> Iterator[Recipe]:
         from mlso_cli.ir import build as b
 
         bs = self.search
         fp = bs.alg.fp
-        parts = sorted(set(bs.partials), key=lambda i: (bs.values[i].cost, i))[: self.max_partials]
-        pool: list[tuple[Node, Print]] = []
+        parts = sorted(bs.partials, key=lambda i: (bs.values[i].cost, i))[: self.max_partials]
+        pool: list[tuple[Node, Expr]] = []
         seen: set[Hashable] = set()
         for i in parts:
             v = bs.values[i]
-            c = fp.combine(v.expr.print)
-            if c is None or c.key() in seen:
+            c = bs.combined[i]
+            if c.print.key() in seen:
                 continue
-            seen.add(c.key())
+            seen.add(c.print.key())
             pool.append((b.input_(_PLACEHOLDER + i, v.node.shape, v.node.dtype), c))
         new = list(pool)
         for rnd in range(self.depth + 1):
-            for node, pr in new:
-                if len(bs.target.outputs) == 1 and fp.combined_output(pr) == 0:
+            for node, e in new:
+                if len(bs.target.outputs) == 1 and fp.combined_output(e.print) == 0:
                     yield self._recipe(node)
                     return
             if rnd == self.depth or bs.stopped:
                 return
-            grown: list[tuple[Node, Print]] = []
+            grown: list[tuple[Node, Expr]] = []
             for x in new:
                 for y in pool:
                     for op in bs.vocab.binary:
+                        if op is Op.MAX or (x is y and op is not Op.MUL):
+                            continue
                         for a, c in ((x, y), (y, x)) if op not in _COMMUTATIVE else ((x, y),):
                             try:
                                 node = b.binary(op, a[0], c[0])
@@ -371,12 +440,18 @@ class KernelCompletion:
                                 bs.stats.invalid += 1
                                 continue
                             bs.stats.states += 1
-                            pr = fp.op(node, [a[1], c[1]])
-                            if pr is None or pr.key() in seen:
-                                bs.stats.duplicates += pr is not None
+                            if bs.limits.max_states is not None and bs.stats.states >= bs.limits.max_states:
+                                bs.stopped = True
+                                return
+                            e = bs.alg.kernel_op(node, [a[1], c[1]])
+                            if e is None:
+                                bs.stats.pruned += 1
                                 continue
-                            seen.add(pr.key())
-                            grown.append((node, pr))
+                            if e.print.key() in seen:
+                                bs.stats.duplicates += 1
+                                continue
+                            seen.add(e.print.key())
+                            grown.append((node, e))
             new = grown[: self.max_pool]
             pool.extend(new)
 

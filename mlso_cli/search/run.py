@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -35,18 +34,25 @@ from mlso_cli.search.enumerate import (
     BlockSearch,
     KernelCompletion,
     Limits,
-    Pruner,
     SearchAlgebra,
     Stats,
     Vocabulary,
 )
 from mlso_cli.search.fingerprint import Fingerprints
+from mlso_cli.search.prune import ExprPruner
 from mlso_cli.search.select import choose_dims
 from mlso_cli.search.shrink import shrink
-from mlso_cli.search.space import Dims, Recipe, RecipeError, Signature, instantiate, signatures
+from mlso_cli.search.space import (
+    Dims,
+    Recipe,
+    RecipeError,
+    Signature,
+    instantiate,
+    iters,
+    signatures,
+)
 from mlso_cli.verify.equivalence import check_equivalent
 
-PrunerFactory = Callable[[KernelGraph, DimClasses], Pruner]
 FULL_CHECKS = 3
 """Structures re-verified at full shapes per region (the cheapest by estimate)."""
 FILTER_BOUND = 2.0**-30
@@ -80,15 +86,6 @@ def save_slots(recipe: Recipe) -> tuple[int, ...]:
     return tuple(range(len(recipe.saves)))
 
 
-def default_pruner() -> PrunerFactory | None:
-    """Abstract-expression pruning from search/expr.py, when that module provides it."""
-    try:
-        from mlso_cli.search import expr
-    except ImportError:
-        return None
-    return getattr(expr, "make_pruner", None)
-
-
 @dataclass(frozen=True)
 class Task:
     """One signature's exploration, as plain data (it crosses process boundaries)."""
@@ -101,6 +98,7 @@ class Task:
     block_ops: int
     deadline: float | None
     prune: bool
+    """Abstract-expression pruning on (off only to measure what it saves)."""
 
 
 @dataclass(frozen=True)
@@ -124,13 +122,12 @@ class Explored:
     partial: bool
 
 
-def explore(task: Task, pruner: PrunerFactory | None = None) -> Explored:
+def explore(task: Task) -> Explored:
     """Enumerate, filter and size the structures of one signature."""
     target = serialize.loads(task.target_json)
     small, _ = shrink(target)
     dcs, dcf = dim_classes(small), dim_classes(target)
-    make = pruner if pruner is not None else (default_pruner() if task.prune else None)
-    prune = make(small, dcs) if make is not None else None
+    pruner = ExprPruner(small, dcs) if task.prune else None
     stats = Stats()
     dims = provisional(dcs, task.sig)
     out: list[Found] = []
@@ -146,8 +143,10 @@ def explore(task: Task, pruner: PrunerFactory | None = None) -> Explored:
     if dims is not None:
         try:
             fp = Fingerprints(small, dcs, task.sig, dims, task.seed)
+            _, maps, grid = iters(small, dcs, task.sig, dims, tuple(range(len(small.inputs))))
+            bound = pruner.bind(grid, dims.loop, maps) if pruner is not None else None
             limits = Limits(block_ops=task.block_ops, max_states=task.states)
-            bs = BlockSearch(small, dcs, task.sig, dims, SearchAlgebra(fp, prune), Vocabulary.of(small), limits,
+            bs = BlockSearch(small, dcs, task.sig, dims, SearchAlgebra(fp, bound), Vocabulary.of(small), limits,
                              stats, tick)
             recipes = list(bs.run())
             if task.sig.partial() is not None and len(target.outputs) == 1:
@@ -176,7 +175,7 @@ def explore(task: Task, pruner: PrunerFactory | None = None) -> Explored:
 
 
 def search(target: KernelGraph, options: SearchOptions, progress: ProgressFn | None = None, *,
-           pruner: PrunerFactory | None = None, region: str = "") -> SearchResult:
+           prune: bool = True, region: str = "") -> SearchResult:
     t0 = time.monotonic()
     small, _ = shrink(target)
     dcs, dcf = dim_classes(small), dim_classes(target)
@@ -187,7 +186,7 @@ def search(target: KernelGraph, options: SearchOptions, progress: ProgressFn | N
     deadline = None if options.budget_s is None else time.time() + options.budget_s
     text = serialize.dumps(target)
     tasks = [Task(text, sig, share, seed * 1_000_003 + i, options.arch, options.block_ops, deadline,
-                  pruner is None) for i, sig in enumerate(sigs)]
+                  prune) for i, sig in enumerate(sigs)]
     done: list[Explored] = []
     totals = {"states": 0, "pruned": 0}
     best: list[float] = []
@@ -202,9 +201,9 @@ def search(target: KernelGraph, options: SearchOptions, progress: ProgressFn | N
                                     time.monotonic() - t0))
 
     jobs = max(1, min(options.jobs, len(tasks), os.cpu_count() or 1))
-    if jobs == 1 or pruner is not None:
+    if jobs == 1:
         for t in tasks:
-            record(explore(t, pruner))
+            record(explore(t))
     else:
         with ProcessPoolExecutor(jobs) as pool:
             for ex in pool.map(explore, tasks):
