@@ -138,9 +138,7 @@ def random_row(key: str, target_kg: KernelGraph, count: int, seed: int) -> dict[
         t_first += t2 - t1
         made.append(n)
         admitted += ok
-        if ok:  # the search only grows from survivors; keep a few losers to vary the stream
-            pool.append(n)
-        elif rng.random() < 0.1:
+        if ok or rng.random() < 0.1:  # grow from survivors, and a few losers to vary the stream
             pool.append(n)
     t3 = _clock()
     for n in made:

@@ -10,6 +10,17 @@ Block-level nodes need the BlockContext of their graph-defined kernel (`BlockCon
 source expressions)`); `run_block` abstracts a whole block graph and returns its outputs.
 Modules: terms.py (hash-consed normal form), abstract.py (ops and views on indexed
 expressions), target.py (pattern keys and the target's subexpression set).
+
+Known limits (each errs towards admitting, except where marked *prunes*):
+  - a monomial's coefficient is not compared (a mean over the wrong length passes the
+    subexpression check; equality with the target output catches it);
+  - *prunes*: a strided partial sum (a sum over the high digit of a split index, which block
+    graphs never produce: their chunks are contiguous) is not recognised as a piece of the sum;
+  - *prunes*: a multi-variable sum whose body separates (sum_{a,b} x_a y_b) is not factored;
+    the normal form never creates one from the IR's ops, but a reshape of a contraction could;
+  - *prunes* in principle: commutative children with identical name-free structure are ordered
+    by id, so two alpha-equivalent terms with such ties could intern differently;
+  - the intern tables in terms.py only grow: a long search should run in a worker process.
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ class _Pattern:
         keyed = sorted(coef, key=lambda m: self.ser(m, {}, set(), drop))
         num: dict[int, int] = {}
         lead = coef[keyed[0]]
-        return ("P", tuple((self.ser(m, num, set(), drop), coef[m] / lead) for m in keyed))
+        return ("P", tuple((self.ser(m, num, set(), drop), Fraction(coef[m]) / lead) for m in keyed))
 
 
 def _intern(key: tuple) -> int:

@@ -200,11 +200,14 @@ SYMMETRIC = frozenset({"max"})
 # ---- polys and monomials ---------------------------------------------------------------------
 
 def poly(terms: dict[int, Fraction]) -> int:
-    return mk(("P", tuple(sorted((m, c) for m, c in terms.items() if c != 0))))
+    # integral coefficients are stored as ints: equal and hash-equal to the Fraction, and hashing
+    # a Fraction (a modular inverse each time) was a tenth of the cost of building a term
+    return mk(("P", tuple(sorted((m, int(c) if c.denominator == 1 else c) for m, c in terms.items() if c != 0))))
 
 
 def mono(facs: dict[int, Exp]) -> int:
-    return mk(("M", tuple(sorted((f, e) for f, e in facs.items() if e != 0))))
+    return mk(("M", tuple(sorted((f, e if isinstance(e, int) or e.denominator != 1 else int(e))
+                                 for f, e in facs.items() if e != 0))))
 
 
 UNIT = mono({})
@@ -292,7 +295,7 @@ def inv(a: int) -> int:
                         "undefined everywhere, prune it")
     if len(ts) == 1:
         m, c = ts[0]
-        return poly({mono({f: -e for f, e in factors(m)}): 1 / c})
+        return poly({mono({f: -e for f, e in factors(m)}): ONE / c})
     return of_factor(mk(("pw", a)), -1)
 
 
