@@ -237,3 +237,20 @@ def test_nothing_in_the_package_imports_tests():
                  if any(s in p.read_text() for s in ("from tests", "import tests", "examples import"))]
     assert offenders == []
     assert not (root / "verify" / "examples.py").exists()
+
+
+def test_cli_outputs_are_byte_identical_across_processes(tmp_path):
+    """Two processes with different hash seeds (Python salts hash() per process) and the same
+    options write the same bytes; the second run is served from the search cache."""
+    from tests.helpers import TRANSFORMER, TRANSFORMER_SHAPE, run_cli
+
+    outs = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"t{seed}" / "t.onnx"
+        out.parent.mkdir()
+        r = run_cli("optimize", str(TRANSFORMER), *TRANSFORMER_SHAPE, "-o", str(out), "--min-speedup", "0", "--json",
+                    env={"PYTHONHASHSEED": seed, "MLSO_CACHE_DIR": str(tmp_path / "cache")})
+        assert r.returncode == 0, r.stderr
+        outs.append((out.read_bytes(), json.loads(r.stdout.decode().splitlines()[-1])))
+    assert outs[0][0] == outs[1][0]
+    assert outs[0][1]["cached"] < outs[0][1]["regions"] and outs[1][1]["cached"] == outs[1][1]["regions"]
