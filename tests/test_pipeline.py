@@ -254,3 +254,35 @@ def test_cli_outputs_are_byte_identical_across_processes(tmp_path):
         outs.append((out.read_bytes(), json.loads(r.stdout.decode().splitlines()[-1])))
     assert outs[0][0] == outs[1][0]
     assert outs[0][1]["cached"] < outs[0][1]["regions"] and outs[1][1]["cached"] == outs[1][1]["regions"]
+
+
+def test_equal_regions_are_searched_once_and_bound_once(tmp_path):
+    """transformer_tiny repeats its layers: each distinct region is searched once per run, even
+    with the disk cache off, and its bound enters the run's union bound once."""
+    from tests.helpers import TRANSFORMER
+
+    calls = []
+
+    def fake(target, options, progress=None):
+        calls.append(target)
+        c = program_cost(target)
+        return SearchResult((Candidate(target, c.us, c.launches, 1e-20),), 1, 0, 1, 0.0, 1e-20, False)
+
+    out = optimize(str(TRANSFORMER), {"hidden": (1, 16, 64)}, _opts(tmp_path, use_cache=False), search=fake,
+                   dry_run=True)
+    hashes = [r.searched.region_hash for r in out.regions]
+    assert len(calls) == len(set(hashes)) < len(hashes)
+    assert out.bound == pytest.approx(1e-20 * len(set(hashes)))
+    assert sum(r.searched.cached for r in out.regions) == len(hashes) - len(set(hashes))
+
+
+def test_progress_and_table_on_stderr_with_verbose(tmp_path, monkeypatch):
+    import mlso_cli.pipeline.run as run
+    from mlso_cli.cli import main
+
+    monkeypatch.setattr(run, "default_search", lambda: FakeSearch())
+    res = CliRunner().invoke(main, ["-v", "optimize", str(SRC), "--dry-run", "--no-cache"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout == ""  # stdout carries data only
+    for text in ("region 0", "states 10", "pruned 2", "verified 1", "dry run: nothing written"):
+        assert text in res.stderr, text

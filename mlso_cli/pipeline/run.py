@@ -7,6 +7,7 @@ search or a fake timer. Writing the model is left to the caller (`package.write_
 
 from __future__ import annotations
 
+from mlso_cli.ir.hashing import graph_hash
 from mlso_cli.pipeline.artifacts import (
     Choice,
     Lifted,
@@ -18,7 +19,7 @@ from mlso_cli.pipeline.artifacts import (
 )
 from mlso_cli.pipeline.build import Builder, package
 from mlso_cli.pipeline.frontend import lift
-from mlso_cli.pipeline.searching import default_search, search_region
+from mlso_cli.pipeline.searching import conform, default_search, search_region
 from mlso_cli.pipeline.select import MeasureFn, choose, measure_top_k
 from mlso_cli.search.api import SearchFn
 from mlso_cli.search.cache import SearchCache
@@ -40,8 +41,10 @@ def _time_regions(model, gpu: int) -> list:
 
 def run_bound(searched: list[Searched]) -> float:
     """Union bound over every verification behind this run's results (each result's own bound
-    already covers all candidates it verified), capped at 1."""
-    return min(1.0, sum(s.result.bound for s in searched))
+    already covers all candidates it verified), capped at 1. A result shared by structurally equal
+    regions is one set of verifications, so it is counted once."""
+    distinct = {s.region_hash: s.result.bound for s in searched}
+    return min(1.0, sum(distinct.values()))
 
 
 def optimize(source: str, input_shapes: dict[str, tuple[int, ...]] | None = None,
@@ -77,12 +80,21 @@ def optimize(source: str, input_shapes: dict[str, tuple[int, ...]] | None = None
 
 def _search_all(lifted: Lifted, options: PipelineOptions, targets: tuple[str, ...], search: SearchFn,
                 listener: Listener) -> list[Searched]:
+    """Each region in turn. Structurally equal regions (a transformer's repeated layers) are
+    searched once per run: later ones reuse the first's result, even a partial one or with the
+    disk cache off, and are reported as cached."""
     cache = _cache(options)
     out = []
+    seen: dict[str, Searched] = {}
     total = len(lifted.regions)
     for i, lr in enumerate(lifted.regions):
         listener.region_started(lr.region.id, lr.region.label, i, total)
-        s = search_region(lr, options.search, targets, search, cache, listener)
+        digest = graph_hash(lr.graph)
+        if digest in seen:
+            first = seen[digest]
+            s = Searched(lr.region.id, digest, conform(first.result, lr.graph, lr.region.id), True, 0.0)
+        else:
+            s = seen[digest] = search_region(lr, options.search, targets, search, cache, listener)
         listener.region_searched(lr.region.id, s)
         out.append(s)
     return out
