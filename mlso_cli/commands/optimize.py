@@ -17,7 +17,7 @@ from mlso_cli.commands.options import input_shape_option, json_option
 from mlso_cli.console import chatty, stderr
 from mlso_cli.errors import InputError, UsageError
 from mlso_cli.frontend.load import parse_input_shapes
-from mlso_cli.pipeline import Listener, Outcome, PipelineOptions, RegionReport, optimize
+from mlso_cli.pipeline import Listener, Outcome, PipelineOptions, RegionReport, Searched, optimize
 from mlso_cli.search.api import SearchOptions, SearchProgress
 
 
@@ -122,17 +122,22 @@ class _Display(Listener):
                      f"best {best}")
             self._progress.update(self._tasks[region], stats=stats)
 
-    def region_searched(self, region: int, searched) -> None:
+    def region_searched(self, region: int, searched: Searched) -> None:
         if self._progress is not None and region in self._tasks:
             self._progress.update(self._tasks[region], stats=_search_summary(searched), total=1, completed=1)
 
+    def compiled(self, region: int) -> None:
+        if self._progress is not None and region in self._tasks:
+            task = self._progress.tasks[self._tasks[region]]
+            self._progress.update(self._tasks[region], stats=f"{task.fields['stats']}; compiled")
 
-def _search_summary(s) -> str:
+
+def _search_summary(s: Searched) -> str:
     r = s.result
+    if not s.searched:
+        return "no search ran (the lifted program is the only candidate)"
     if s.cached:
         how = "cached"
-    elif not s.searched:
-        return "no search ran: " + "; ".join(n for n in r.notes)
     else:
         how = "partial (budget or interrupt)" if r.partial else "searched"
     best = r.best.estimate_us

@@ -74,7 +74,7 @@ def choose(loaded: LoadedModel, lr: LiftedRegion, searched: Searched, min_speedu
     speedup = before / after if after else 0.0
     packaged, why = _verdict(speedup, min_speedup, how)
     return Choice(lr.region.id, lr.region.label, pick.candidate, pick.cost.us, pick.cost.launches, before, after,
-                  timings is not None and bool(timings), packaged, why)
+                  bool(timings), packaged, why)
 
 
 def measure_top_k(loaded: LoadedModel, regions: Sequence[LiftedRegion], searched: Sequence[Searched], *, k: int,
