@@ -6,10 +6,15 @@ module is not a library; the check raises the documented exit-4 error before any
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mlso_cli.errors import EnvironmentProblem
 
+if TYPE_CHECKING:
+    from mlso_cli.runtime.gpu import GpuInfo
 
-def require_gpu(index: int):
+
+def require_gpu(index: int) -> GpuInfo:
     """The GpuInfo of GPU `index`, or EnvironmentProblem (exit 4) when there is none."""
     from mlso_cli.runtime import gpu_info
 
