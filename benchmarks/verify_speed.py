@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mlso_cli.ir.graph import KernelGraph  # noqa: E402
 from mlso_cli.ir.ops import DType  # noqa: E402
-from mlso_cli.verify import examples as ex  # noqa: E402
 from mlso_cli.verify.degree import analyse  # noqa: E402
 from mlso_cli.verify.equivalence import check_equivalent, trial_bound  # noqa: E402
 from mlso_cli.verify.field import Field  # noqa: E402
 from mlso_cli.verify.fieldrun import run_field  # noqa: E402
+from tests.fixtures import examples as ex  # noqa: E402
 
 F16 = DType.F16
 Pair = tuple[KernelGraph, KernelGraph]

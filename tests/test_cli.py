@@ -72,6 +72,21 @@ def test_usage_error_exit_code():
     assert run_cli("no-such-command").returncode == 2
 
 
+def test_optimize_flag_errors_are_usage_errors(tmp_path):
+    src = str(SMALL[0])
+    out = str(tmp_path / "o.onnx")
+    cases = [[src],  # no -o and no --dry-run
+             [src, "-o", out, "--budget", "0"],
+             [src, "-o", out, "--max-states", "0"],
+             [src, "-o", out, "--jobs", "0"],
+             [src, "-o", out, "--min-speedup", "-1"]]
+    for args in cases:
+        r = run_cli("optimize", *args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert len(r.stderr.decode().strip().splitlines()) == 1 and r.stdout == b""
+    assert not list(tmp_path.iterdir())
+
+
 def test_unknown_op_reported(tmp_path):
     path = save(attention_model(extra_unknown=True), tmp_path / "u.onnx")
     r = run_cli("-v", "inspect", str(path))

@@ -17,10 +17,10 @@ import pytest
 from mlso_cli.ir import PARTIAL, InputMap, check
 from mlso_cli.ir import build as b
 from mlso_cli.ir.ops import DType, Op
-from mlso_cli.verify import examples as ex
 from mlso_cli.verify import field as field_mod
 from mlso_cli.verify.degree import analyse
 from mlso_cli.verify.equivalence import Verdict, check_equivalent, trial_bound
+from tests.fixtures import examples as ex
 
 F32 = DType.F32
 TARGET = 2.0**-60

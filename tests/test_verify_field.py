@@ -15,7 +15,6 @@ import pytest
 from mlso_cli.ir import build as b
 from mlso_cli.ir import check
 from mlso_cli.ir.ops import DType, Op
-from mlso_cli.verify import examples as ex
 from mlso_cli.verify.field import (
     K_CHOICES,
     Q_ELIGIBLE,
@@ -30,6 +29,7 @@ from mlso_cli.verify.field import (
     matmul_mod,
 )
 from mlso_cli.verify.interpreter import run_field
+from tests.fixtures import examples as ex
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import pytest
 from mlso_cli.ir import PARTIAL
 from mlso_cli.ir.ops import DType, Op
 from mlso_cli.verify import LIMITS, adversarial_inputs, float_check, relative_error
-from mlso_cli.verify import examples as ex
 from mlso_cli.verify.floatcheck import ADVERSARIAL, _peak, stored_inputs
+from tests.fixtures import examples as ex
 
 
 def test_limits_are_the_design_table():

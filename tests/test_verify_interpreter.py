@@ -17,9 +17,9 @@ import pytest
 from mlso_cli.ir import PARTIAL, InputMap, check
 from mlso_cli.ir import build as b
 from mlso_cli.ir.ops import DType, Op
-from mlso_cli.verify import examples as ex
 from mlso_cli.verify.interpreter import run
 from mlso_cli.verify.storage import round_bf16, round_to
+from tests.fixtures import examples as ex
 
 RNG = np.random.default_rng(1234)
 

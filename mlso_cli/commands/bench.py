@@ -13,18 +13,8 @@ import click
 
 from mlso_cli.commands.options import input_shape_option, json_option
 from mlso_cli.console import chatty, stderr
-from mlso_cli.errors import EnvironmentProblem
 from mlso_cli.frontend.load import load_model, parse_input_shapes, with_weights
-
-
-def _require_gpu(gpu: int):
-    from mlso_cli.runtime import gpu_info
-
-    info = gpu_info(gpu)
-    if info is None:
-        raise EnvironmentProblem(f"no CUDA GPU with index {gpu} was found",
-                                 "bench times kernels on a GPU: run it on a machine with an NVIDIA GPU and driver")
-    return info
+from mlso_cli.pipeline.gpu import require_gpu
 
 
 @click.command("bench")
@@ -38,7 +28,7 @@ def _require_gpu(gpu: int):
 @click.option("--cuda-graph", is_flag=True, help="Also time both models under ONNX Runtime's CUDA graph.")
 def bench_cmd(orig, fast, gpu, input_shapes, as_json, repeats, iters, cuda_graph) -> None:
     """Time ORIG and FAST in ONNX Runtime on the CUDA EP, whole models and per region."""
-    info = _require_gpu(gpu)
+    info = require_gpu(gpu)
     from mlso_cli import runtime
     from mlso_cli.bench.harness import random_feeds, time_regions, time_session
 

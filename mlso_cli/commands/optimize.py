@@ -1,14 +1,14 @@
-"""`mlso optimize MODEL -o OUT`: load -> partition -> lift -> (search) -> codegen -> package.
+"""`mlso optimize MODEL -o OUT`: flags -> `mlso_cli.pipeline.optimize` -> report, then write.
 
-Until the search lands, each region's candidate is its lifted program. The never-slower rule
-keeps the original region unless the candidate's estimated speedup (cost model, or measured with
---gpu) reaches --min-speedup; tests use --min-speedup 0 to force packaging.
+Why so thin: the stages (load, partition, lift, search, select, codegen, package) are a library
+(mlso_cli/pipeline/) that tests and scripts call directly; this module parses flags, shows
+progress, prints the report and writes OUT atomically. Nothing here decides anything.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import os
 from pathlib import Path
 
 import click
@@ -16,24 +16,9 @@ import click
 from mlso_cli.commands.options import input_shape_option, json_option
 from mlso_cli.console import chatty, stderr
 from mlso_cli.errors import InputError, UsageError
-from mlso_cli.frontend.analyse import analyse
-from mlso_cli.frontend.load import load_model, parse_input_shapes
-from mlso_cli.search.cost import onnx_region_cost, program_cost
-
-
-@dataclass
-class Decision:
-    region: int
-    label: str
-    before_us: float
-    after_us: float
-    kernels: int
-    packaged: bool
-    why: str
-
-    @property
-    def speedup(self) -> float:
-        return self.before_us / self.after_us if self.after_us else 0.0
+from mlso_cli.frontend.load import parse_input_shapes
+from mlso_cli.pipeline import Listener, Outcome, PipelineOptions, RegionReport, Searched, optimize
+from mlso_cli.search.api import SearchOptions, SearchProgress
 
 
 def _check_paths(model: str, out: str, force: bool) -> None:
@@ -46,9 +31,28 @@ def _check_paths(model: str, out: str, force: bool) -> None:
         raise InputError(f"output folder {parent} does not exist", "Create it first")
 
 
+def _default_jobs() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _check_numbers(min_speedup: float, budget: float | None, max_states: int | None, jobs: int, top_k: int) -> None:
+    rules = [(min_speedup < 0, "--min-speedup must be >= 0"),
+             (budget is not None and budget <= 0, "--budget must be a positive number of seconds"),
+             (max_states is not None and max_states < 1, "--max-states must be at least 1"),
+             (jobs < 1, "--jobs must be at least 1"),
+             (top_k < 1, "--top-k must be at least 1")]
+    for bad, what in rules:
+        if bad:
+            raise UsageError(what)
+
+
 @click.command("optimize")
 @click.argument("model", metavar="MODEL")
-@click.option("-o", "--output", "out", required=True, metavar="OUT", help="Where to write the optimized model.")
+@click.option("-o", "--output", "out", default=None, metavar="OUT",
+              help="Where to write the optimized model (optional with --dry-run).")
 @input_shape_option
 @json_option
 @click.option("--min-speedup", default=1.0, show_default=True, type=float,
@@ -56,114 +60,117 @@ def _check_paths(model: str, out: str, force: bool) -> None:
 @click.option("--seed", default=0, show_default=True, help="Seed for verification and search.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists (never the input).")
 @click.option("--gpu", type=int, default=None,
-              help="Measure each region and its program on this GPU; the never-slower rule then uses the measurement.")
-def optimize_cmd(model, out, input_shapes, as_json, min_speedup, seed, force, gpu) -> None:
-    """Rewrite MODEL so each fusable region runs as one mlso kernel program."""
-    _check_paths(model, out, force)
-    if min_speedup < 0:
-        raise UsageError("--min-speedup must be >= 0")
-    if gpu is not None:
-        from mlso_cli.commands.bench import _require_gpu
+              help="Time the best candidates on this GPU; the never-slower rule then uses the measurement.")
+@click.option("--budget", type=float, default=None, metavar="SECONDS",
+              help="Wall-clock search budget per region (a result cut short is never cached).")
+@click.option("--max-states", type=int, default=None, metavar="N",
+              help="Stop each region's search after N states (deterministic).")
+@click.option("--jobs", type=int, default=None, metavar="N", help="Search worker processes [default: the cores].")
+@click.option("--top-k", type=int, default=3, show_default=True, help="With --gpu: candidates timed per region.")
+@click.option("--dry-run", is_flag=True, help="Search and report; compile and write nothing.")
+@click.option("--no-cache", is_flag=True, help="Search again even when a cached result exists.")
+def optimize_cmd(model, out, input_shapes, as_json, min_speedup, seed, force, gpu, budget, max_states, jobs, top_k,
+                 dry_run, no_cache) -> None:
+    """Rewrite MODEL so each fusable region runs as the fastest verified mlso program found."""
+    jobs = _default_jobs() if jobs is None else jobs
+    _check_numbers(min_speedup, budget, max_states, jobs, top_k)
+    if out is None and not dry_run:
+        raise UsageError("optimize needs -o OUT", "Name the output model with -o, or pass --dry-run to only report")
+    if out is not None and not dry_run:
+        _check_paths(model, out, force)
+    options = PipelineOptions(
+        search=SearchOptions(budget_s=budget, max_states=max_states, jobs=jobs, seed=seed),
+        min_speedup=min_speedup, seed=seed, gpu=gpu, top_k=top_k, use_cache=not no_cache)
+    with _Display() as display:
+        outcome = optimize(model, parse_input_shapes(input_shapes), options, listener=display, dry_run=dry_run)
+    if not dry_run:
+        from mlso_cli.package import write_model_atomic
 
-        _require_gpu(gpu)
-    loaded = load_model(model, parse_input_shapes(input_shapes))
-    analysis = analyse(loaded)
-    decisions: list[Decision] = []
-    for lr in analysis.lifted:
-        before = onnx_region_cost(loaded, lr.region).us
-        cost = program_cost(lr.graph)
-        decisions.append(Decision(lr.region.id, lr.region.label, before, cost.us, cost.launches, False, ""))
-    def wins(d: Decision) -> bool:
-        return d.speedup >= min_speedup and (min_speedup == 0 or d.speedup > 1.0)
-
-    # Without a GPU only the regions the cost model picks are compiled; with one, all are measured.
-    builds = _compile([lr for lr, d in zip(analysis.lifted, decisions) if gpu is not None or wins(d)])
-    if gpu is not None:
-        _measure(loaded, analysis.lifted, builds, decisions, seed, gpu)
-    chosen = []
-    for lr, d in zip(analysis.lifted, decisions):
-        how = "measured" if gpu is not None else "estimated"
-        if wins(d):
-            d.packaged, d.why = True, f"{how} {d.speedup:.2f}x"
-            chosen.append(lr)
-        else:
-            d.why = f"kept original: {how} {d.speedup:.2f}x < {max(min_speedup, 1.0):g}x"
-    packaged_model = _package(loaded, [(lr, builds[lr.region.id]) for lr in chosen], seed)
-    from mlso_cli.package import write_model_atomic
-
-    write_model_atomic(packaged_model, out, input_path=None if model == "-" else model)
-    _report(decisions, out, as_json)
+        write_model_atomic(outcome.model, out, input_path=None if model == "-" else model)
+    _report(outcome, None if dry_run else out, as_json)
 
 
-def _compile(lifted) -> dict:
-    """Each region's program through codegen and nvcc (cached by source hash)."""
-    from mlso_cli.codegen import compile_program
-    from mlso_cli.package.assemble import Built
+class _Display(Listener):
+    """The live progress lines on stderr: per region, states visited, pruned, verified, best so far."""
 
-    builds = {}
-    progress = _progress(len(lifted))
-    for lr in lifted:
-        prog = compile_program(lr.graph)
-        builds[lr.region.id] = Built(lr.graph, prog.fatbin, prog.plan, prog.source_sha256)
-        progress(lr.region.id)
-    return builds
+    def __init__(self) -> None:
+        self._progress = None
+        self._tasks: dict[int, int] = {}
 
+    def __enter__(self) -> _Display:
+        if chatty():
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-def _measure(loaded, lifted, builds, decisions, seed: int, gpu: int) -> None:
-    """Time every region both ways on the GPU and replace the estimates by the measurements."""
-    from mlso_cli.bench.harness import time_regions
+            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
+                                      TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), console=stderr())
+            self._progress.start()
+        return self
 
-    trial = _package(loaded, [(lr, builds[lr.region.id]) for lr in lifted], seed)
-    for t in time_regions(trial, gpu):
-        d = decisions[int(t.overload.lstrip("r"))]
-        d.before_us, d.after_us = t.orig_us, t.kernel_us
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
 
+    def region_started(self, region: int, label: str, index: int, total: int) -> None:
+        if self._progress is not None:
+            self._tasks[region] = self._progress.add_task(f"region {region} ({label}) {index + 1}/{total}",
+                                                          total=None, stats="searching")
 
-def _package(loaded, items, seed: int):
-    """Replace each (lifted region, built program) by an MlsoKernel node."""
-    import onnx
+    def search_progress(self, region: int, progress: SearchProgress) -> None:
+        if self._progress is not None and region in self._tasks:
+            best = "-" if progress.best_us is None else f"{progress.best_us:.1f} µs"
+            stats = (f"states {progress.states}  pruned {progress.pruned}  verified {progress.verified}  "
+                     f"best {best}")
+            self._progress.update(self._tasks[region], stats=stats)
 
-    from mlso_cli.codegen import DEFAULT_TARGETS
-    from mlso_cli.frontend.load import with_weights
-    from mlso_cli.package import standard_metadata
-    from mlso_cli.package.assemble import assemble
+    def region_searched(self, region: int, searched: Searched) -> None:
+        if self._progress is not None and region in self._tasks:
+            self._progress.update(self._tasks[region], stats=_search_summary(searched), total=1, completed=1)
 
-    model = onnx.ModelProto()
-    model.CopyFrom(with_weights(loaded))
-    # The lifted program is the region itself, lifted: equal by construction, so no field check
-    # is needed here and the false-accept bound is 0. Searched programs will carry their bound.
-    meta = standard_metadata(targets=DEFAULT_TARGETS, seed=seed, verification_bound=0.0)
-    return assemble(model, items, meta)
-
-
-def _progress(total: int):
-    if not chatty() or total == 0:
-        return lambda _rid: None
-    con = stderr()
-    state = {"done": 0}
-
-    def tick(rid: int) -> None:
-        state["done"] += 1
-        con.print(f"  compiled region {rid} ({state['done']}/{total})")
-
-    return tick
+    def compiled(self, region: int) -> None:
+        if self._progress is not None and region in self._tasks:
+            task = self._progress.tasks[self._tasks[region]]
+            self._progress.update(self._tasks[region], stats=f"{task.fields['stats']}; compiled")
 
 
-def _report(decisions: list[Decision], out: str, as_json: bool) -> None:
+def _search_summary(s: Searched) -> str:
+    r = s.result
+    if not s.searched:
+        return "no search ran (the lifted program is the only candidate)"
+    if s.cached:
+        how = "cached"
+    else:
+        how = "partial (budget or interrupt)" if r.partial else "searched"
+    best = r.best.estimate_us
+    return f"{how}: states {r.states}  pruned {r.pruned}  verified {r.verified}  best {best:.1f} µs"
+
+
+def _region_row(rep: RegionReport) -> dict:
+    s, c, r = rep.searched, rep.choice, rep.searched.result
+    return {"type": "region", "region": c.region, "label": c.label, "packaged": c.packaged,
+            "us_before": round(c.before_us, 3), "us_after": round(c.after_us, 3), "speedup": round(c.speedup, 3),
+            "kernels": c.kernels, "estimate_us": round(c.estimate_us, 3), "why": c.why,
+            "searched": s.searched, "cached": s.cached, "partial": r.partial, "states": r.states,
+            "pruned": r.pruned, "verified": r.verified, "candidates": len(r.candidates),
+            "search_s": round(s.seconds, 3), "bound": r.bound, "notes": list(r.notes), "hash": s.region_hash}
+
+
+def _report(outcome: Outcome, out: str | None, as_json: bool) -> None:
     if as_json:
-        for d in decisions:
-            click.echo(json.dumps({"type": "region", "region": d.region, "label": d.label, "packaged": d.packaged,
-                                   "us_before": round(d.before_us, 3), "us_after": round(d.after_us, 3),
-                                   "speedup": round(d.speedup, 3), "kernels": d.kernels, "why": d.why}))
-        click.echo(json.dumps({"type": "summary", "output": out, "regions": len(decisions),
-                               "packaged": sum(d.packaged for d in decisions)}))
+        for rep in outcome.regions:
+            click.echo(json.dumps(_region_row(rep)))
+        click.echo(json.dumps({"type": "summary", "output": out, "regions": len(outcome.regions),
+                               "packaged": outcome.packaged, "bound": outcome.bound,
+                               "searched": sum(r.searched.searched for r in outcome.regions),
+                               "cached": sum(r.searched.cached for r in outcome.regions)}))
     if chatty():
         from rich.table import Table
 
-        t = Table(title=f"optimize -> {out}", title_justify="left")
-        for col in ("region", "label", "before µs", "after µs", "speedup", "decision"):
+        t = Table(title=f"optimize -> {out or '(dry run: nothing written)'}", title_justify="left")
+        for col in ("region", "label", "search", "before µs", "after µs", "speedup", "decision"):
             t.add_column(col)
-        for d in decisions:
-            t.add_row(str(d.region), d.label, f"{d.before_us:.1f}", f"{d.after_us:.1f}", f"{d.speedup:.2f}x",
-                      "mlso kernel" if d.packaged else d.why)
+        for rep in outcome.regions:
+            c = rep.choice
+            t.add_row(str(c.region), c.label, _search_summary(rep.searched), f"{c.before_us:.1f}",
+                      f"{c.after_us:.1f}", f"{c.speedup:.2f}x", "mlso kernel" if c.packaged else c.why)
         stderr().print(t)
+        stderr().print(f"verification bound of the run: {outcome.bound:.3g}")

@@ -18,6 +18,7 @@ equivalent spellings agree in the finite-field checker:
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -268,7 +269,8 @@ def _where(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
             keep = np.broadcast_to(cond.astype(bool) == keep_when, ctx.loaded.shapes[node.output[0]])
             np_dtype = _NP_OF.get(x.dtype, np.float32)
             arr = np.ascontiguousarray(keep.astype(np_dtype))
-            name = f"mlso_mask_{abs(hash(arr.tobytes())) % (1 << 48):012x}"
+            # sha256, not hash(): hash() is salted per process, and output models must not depend on it
+            name = f"mlso_mask_{hashlib.sha256(arr.tobytes()).hexdigest()[:12]}"
             ctx.extra[name] = arr
             mask = ctx.add_input(name, arr.shape, x.dtype if x.dtype is not DType.BF16 else DType.F32)
             out = b.mul(x, b.const(1, x.dtype))  # a distinct node standing for "x, masked"

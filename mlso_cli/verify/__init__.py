@@ -14,7 +14,6 @@ softmax stabiliser). Module map:
   degree.py       per-tensor degree records for the Schwartz-Zippel bound
   equivalence.py  `check_equivalent` and the bound's derivation
   floatcheck.py   `float_check`, `adversarial_inputs`, the error limits
-  examples.py     reference / fused-candidate pairs for the benchmark programs (tests, benchmarks)
   reference64.py  fp64 evaluation of ONNX models for `mlso verify` (owned by the CLI)
 """
 

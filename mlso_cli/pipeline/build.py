@@ -1,0 +1,50 @@
+"""Stages codegen -> package: chosen programs become CUDA binaries, then MlsoKernel nodes.
+
+Why a memo keyed by the program's content hash: with --gpu the same program is compiled for the
+timing trials and again for the final model; code generation is pure, so once is enough (nvcc
+keeps its own content-hash cache across runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx
+
+from mlso_cli.frontend.lift import LiftedRegion
+from mlso_cli.frontend.load import LoadedModel, with_weights
+from mlso_cli.ir.graph import KernelGraph
+from mlso_cli.ir.hashing import graph_hash
+from mlso_cli.package.assemble import Built
+
+
+class Builder:
+    """Compiles programs for `targets`, once per distinct program."""
+
+    def __init__(self, targets: tuple[str, ...]) -> None:
+        self.targets = tuple(targets)
+        self._built: dict[str, Built] = {}
+
+    def build(self, program: KernelGraph) -> Built:
+        from mlso_cli.codegen import compile_program
+
+        key = graph_hash(program) + "|" + ",".join(program.input_names) + "|" + ",".join(program.output_names)
+        got = self._built.get(key)
+        if got is None:
+            compiled = compile_program(program, self.targets)
+            got = Built(program, compiled.fatbin, compiled.plan, compiled.source_sha256)
+            self._built[key] = got
+        return got
+
+
+def package(loaded: LoadedModel, items: Sequence[tuple[LiftedRegion, Built]], *, targets: tuple[str, ...],
+            seed: int, bound: float) -> onnx.ModelProto:
+    """The input model with each (region, program) replaced by an MlsoKernel node, and mlso's
+    metadata: `bound` is the run's verification bound (mlso.verification_bound)."""
+    from mlso_cli.package import standard_metadata
+    from mlso_cli.package.assemble import assemble
+
+    model = onnx.ModelProto()
+    model.CopyFrom(with_weights(loaded))
+    meta = standard_metadata(targets=targets, seed=seed, verification_bound=bound)
+    return assemble(model, list(items), meta)

@@ -1,0 +1,109 @@
+"""The whole pipeline as one call: load -> partition -> lift -> search -> select -> codegen -> package.
+
+Why a library function: `mlso optimize` only parses flags into `PipelineOptions`, calls
+`optimize()` and renders the `Outcome`; tests and scripts call the same function with a fake
+search or a fake timer. Writing the model is left to the caller (`package.write_model_atomic`).
+"""
+
+from __future__ import annotations
+
+from mlso_cli.ir.hashing import graph_hash
+from mlso_cli.pipeline.artifacts import (
+    Choice,
+    Lifted,
+    Listener,
+    Outcome,
+    PipelineOptions,
+    RegionReport,
+    Searched,
+)
+from mlso_cli.pipeline.build import Builder, package
+from mlso_cli.pipeline.frontend import lift
+from mlso_cli.pipeline.searching import conform, default_search, search_region
+from mlso_cli.pipeline.select import MeasureFn, choose, measure_top_k
+from mlso_cli.search.api import SearchFn
+from mlso_cli.search.cache import SearchCache
+
+
+def _cache(options: PipelineOptions) -> SearchCache | None:
+    if not options.use_cache:
+        return None
+    from mlso_cli.knobs import knobs
+
+    return SearchCache(options.cache_dir or knobs().cache_dir / "search")
+
+
+def _time_regions(model, gpu: int) -> list:
+    from mlso_cli.bench.harness import time_regions
+
+    return time_regions(model, gpu)
+
+
+def run_bound(searched: list[Searched]) -> float:
+    """Union bound over every verification behind this run's results (each result's own bound
+    already covers all candidates it verified), capped at 1. A result shared by structurally equal
+    regions is one set of verifications, so it is counted once."""
+    distinct = {s.region_hash: s.result.bound for s in searched}
+    return min(1.0, sum(distinct.values()))
+
+
+def optimize(source: str, input_shapes: dict[str, tuple[int, ...]] | None = None,
+             options: PipelineOptions | None = None, *, search: SearchFn | None = None,
+             measure: MeasureFn | None = None, listener: Listener | None = None,
+             dry_run: bool = False) -> Outcome:
+    """Optimize the model at `source`; returns every region's search and choice, and the packaged
+    model (None when `dry_run`: nothing is compiled unless --gpu must time, nothing packaged).
+
+    `search` defaults to `default_search()`; `measure` (used only with `options.gpu`) to the bench
+    harness's `time_regions`."""
+    from mlso_cli.codegen import DEFAULT_TARGETS
+
+    options = options or PipelineOptions()
+    listener = listener or Listener()
+    if options.gpu is not None:
+        from mlso_cli.pipeline.gpu import require_gpu
+
+        require_gpu(options.gpu)
+    lifted = lift(source, input_shapes)
+    searched = _search_all(lifted, options, DEFAULT_TARGETS, search or default_search(), listener)
+    builder = Builder(DEFAULT_TARGETS)
+    timings = {}
+    if options.gpu is not None:
+        timings = measure_top_k(lifted.loaded, lifted.regions, searched, k=options.top_k, gpu=options.gpu,
+                                builder=builder, seed=options.seed, measure=measure or _time_regions)
+    choices = [choose(lifted.loaded, lr, s, options.min_speedup, timings.get(lr.region.id))
+               for lr, s in zip(lifted.regions, searched)]
+    bound = run_bound(searched)
+    model = None if dry_run else _package(lifted, choices, builder, options.seed, bound, listener)
+    return Outcome(tuple(RegionReport(s, c) for s, c in zip(searched, choices)), model, bound)
+
+
+def _search_all(lifted: Lifted, options: PipelineOptions, targets: tuple[str, ...], search: SearchFn,
+                listener: Listener) -> list[Searched]:
+    """Each region in turn. Structurally equal regions (a transformer's repeated layers) are
+    searched once per run: later ones reuse the first's result, even a partial one or with the
+    disk cache off, and are reported as cached."""
+    cache = _cache(options)
+    out = []
+    seen: dict[str, Searched] = {}
+    total = len(lifted.regions)
+    for i, lr in enumerate(lifted.regions):
+        listener.region_started(lr.region.id, lr.region.label, i, total)
+        digest = graph_hash(lr.graph)
+        if digest in seen:
+            first = seen[digest]
+            s = Searched(lr.region.id, digest, conform(first.result, lr.graph, lr.region.id), True, 0.0)
+        else:
+            s = seen[digest] = search_region(lr, options.search, targets, search, cache, listener)
+        listener.region_searched(lr.region.id, s)
+        out.append(s)
+    return out
+
+
+def _package(lifted: Lifted, choices: list[Choice], builder: Builder, seed: int, bound: float, listener: Listener):
+    items = []
+    for lr, c in zip(lifted.regions, choices):
+        if c.packaged:
+            items.append((lr, builder.build(c.candidate.graph)))
+            listener.compiled(lr.region.id)
+    return package(lifted.loaded, items, targets=builder.targets, seed=seed, bound=bound)
