@@ -238,7 +238,7 @@ def _t_elementwise(arg, srcs: list[Classes], out_rank: int) -> Classes | None:
 
 def _t_matmul(arg, srcs: list[Classes], out_rank: int) -> Classes | None:
     a, b = srcs
-    if a[-1] != b[-2]:
+    if len(a) < 2 or len(b) < 2 or a[-1] != b[-2]:
         return None  # a contraction pairs two different indices
     batch = _t_elementwise(None, [a[:-2], b[:-2]], out_rank - 2)
     if batch is None:
@@ -287,7 +287,10 @@ filter that runs before the abstract-expression check."""
 
 def value_classes(op: Op, arg, srcs: list[Classes], out_rank: int) -> Classes | None:
     rule = TYPING.get(op)
-    return None if rule is None else rule(arg, srcs, out_rank)
+    try:
+        return None if rule is None else rule(arg, srcs, out_rank)
+    except (IndexError, TypeError):
+        return None  # ranks that do not fit the op: shape inference rejects it too
 
 
 def typing_is_sound(dc: DimClasses) -> bool:

@@ -132,6 +132,9 @@ class Value:
     """Index class of each dim (dims.value_classes)."""
     partial: bool = False
     """A loop-phase value holding a sum over part of the loop's index (one step's share)."""
+    scalings: int = 0
+    """Multiplications by a constant in its cone: of two constant multiples of one value, the
+    one with fewer represents them."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,7 @@ class Limits:
     max_states: int | None = None
 
 
+_CONST_FAMILY = {Op.MUL: "scale", Op.DIV: "scale", Op.ADD: "shift", Op.SUB: "shift"}
 _COMMUTATIVE = frozenset({Op.ADD, Op.MUL, Op.MAX})
 _COUNTED = frozenset({Op.MATMUL, Op.ACC_SUM, Op.ACC_EXP_SUM, Op.ACC_EXP_WSUM}) | frozenset(
     {Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MEAN})
@@ -192,9 +196,11 @@ class BlockSearch:
             e = algebra.tile(t, f, sig)
             cs = tuple(c if t.shape[d] > 1 else None for d, c in enumerate(dc.input_class[f]))
             self.values.append(Value(t, e, None, 0, 0.0, classes=cs))
+            self.seen[(t.phase, t.shape, algebra.key(e))] = len(self.values) - 1
         self.consts = [Value(n, algebra.op(n, ()), Step(Op.CONST, (), c), 0, 0.0)
                        for c in vocab.consts for n in [self._const(c)]]
         self.providers: dict[int, int] = {}
+        self.rays: dict[tuple, int] = {(v.node.phase, v.expr.print.ray()): i for i, v in enumerate(self.values)}
         self.partials: list[int] = []
         self.combined: dict[int, Expr] = {}
         self.partial_omap = save_omap(dc, sig, 0) if sig.partial() is not None else None
@@ -230,8 +236,8 @@ class BlockSearch:
         if not self.tick() or (self.limits.max_states is not None and self.stats.states >= self.limits.max_states):
             self.stopped = True
         e = self.alg.op(node, [v.expr for v in srcs])
-        if e is None:
-            self.stats.pruned += 1
+        if e is None or (node.numel > 1 and e.print.uniform()):
+            self.stats.pruned += 1  # not a subexpression, or a constant spelled the long way
             return None
         partial = any(v.partial for v in srcs) or self._splits_loop(step, srcs, node)
         if partial and node.phase is Phase.LOOP and not self.alg.admits_accumulated(node, e):
@@ -249,6 +255,8 @@ class BlockSearch:
                 srcs_idx.append(self._materialise(o))
         value = Value(node, e, Step(step.op, tuple(srcs_idx), step.arg), ops, cost, rnd, classes or (),
                       partial and node.phase is Phase.LOOP)
+        direct = step.op is Op.MUL and any(self._is_const(j) for j in srcs_idx)
+        value.scalings = sum(v.scalings for v in srcs) + (1 if direct else 0)
         if key in self.seen:
             self.stats.duplicates += 1
             old = self.seen[key]
@@ -256,9 +264,18 @@ class BlockSearch:
                 self.values[old] = value
                 self._check_goal(old)
             return None
+        ray = (node.phase, e.print.ray())
+        rep = self.rays.get(ray)
+        if rep is not None and not direct and value.scalings >= self.values[rep].scalings:
+            # a constant multiple of a value we have: only `x * c` itself may spell it (a mean,
+            # a scale); (c + 1) x, (c x) y and the like add nothing the abstract check can use
+            self.stats.duplicates += 1
+            return None
         if len(self.values) >= self.limits.pool:
             return None
         self.values.append(value)
+        if rep is None or value.scalings < self.values[rep].scalings:
+            self.rays[ray] = len(self.values) - 1
         self.seen[key] = len(self.values) - 1
         self._check_goal(len(self.values) - 1)
         return len(self.values) - 1
@@ -311,8 +328,15 @@ class BlockSearch:
                 v = self._add(Step(Op.RESHAPE, (0,), ROW), [x], rnd)
                 if v is not None:
                     views.append(v)
-        new = new + views
-        everything = list(range(len(self.values)))
+        # views (transposed tiles, a vector as one row) only serve as contraction operands
+        operands = [y for y in range(len(self.values)) if not self._is_const(y)]
+        everything = [y for y in operands if not self._is_view(y)]
+        new = [x for x in new if not self._is_const(x) and not self._is_view(x)]
+        for v in views:
+            for y in operands:
+                for a, b_ in ((v, y), (y, v)):
+                    if not (self._is_view(a) and self._is_view(b_)):
+                        self._add(Step(Op.MATMUL, (0, 1)), [a, b_], rnd)
         for x in new:
             for op in self.vocab.unary:
                 self._add(Step(op, (0,)), [x], rnd)
@@ -324,11 +348,13 @@ class BlockSearch:
                 self._add(Step(Op.ACC_SUM, (0,)), [x], rnd)
                 if self.vocab.exp_accumulators and len(self.values[x].node.shape) >= 2:
                     self._add(Step(Op.ACC_EXP_SUM, (0,)), [x], rnd)
+            last = self._const_op(x)
             for c in self.consts:
-                for op in self.vocab.binary:
-                    self._add(Step(op, (0, 1)), [x, c], rnd)
-                    if op not in _COMMUTATIVE:
-                        self._add(Step(op, (0, 1)), [c, x], rnd)
+                for op, (a, b_) in ((Op.MUL, (x, c)), (Op.ADD, (x, c)), (Op.SUB, (x, c)), (Op.SUB, (c, x)),
+                                     (Op.DIV, (c, x))):
+                    if op in self.vocab.binary and _CONST_FAMILY[op] != last:
+                        # no chains of one kind of constant arithmetic: (x * c1) * c2, (x + c1) + c2
+                        self._add(Step(op, (0, 1)), [a, b_], rnd)
         newset = set(new)
         for x in new:
             for y in everything:
@@ -347,9 +373,20 @@ class BlockSearch:
                     if self.vocab.exp_accumulators:
                         self._add(Step(Op.ACC_EXP_WSUM, (0, 1)), [a, b_], rnd)
 
+    def _is_const(self, i: int) -> bool:
+        st = self.values[i].step
+        return st is not None and st.op is Op.CONST
+
+    def _const_op(self, i: int) -> str | None:
+        """'scale' or 'shift' when value i is a constant times / plus something, else None."""
+        st = self.values[i].step
+        if st is None or len(st.srcs) != 2 or not any(self._is_const(j) for j in st.srcs):
+            return None
+        return _CONST_FAMILY.get(st.op)
+
     def _is_view(self, i: int) -> bool:
         st = self.values[i].step
-        return st is not None and st.op is Op.TRANSPOSE
+        return st is not None and st.op in (Op.TRANSPOSE, Op.RESHAPE)
 
     def run(self) -> Iterator[Recipe]:
         """Grow the pool round by round; yield a recipe each time the outputs' providers improve."""
@@ -400,9 +437,20 @@ class KernelCompletion:
     max_partials: int = 16
     max_pool: int = 160
 
+    def _is_const(self, i: int) -> bool:
+        st = self.values[i].step
+        return st is not None and st.op is Op.CONST
+
+    def _const_op(self, i: int) -> str | None:
+        """'scale' or 'shift' when value i is a constant times / plus something, else None."""
+        st = self.values[i].step
+        if st is None or len(st.srcs) != 2 or not any(self._is_const(j) for j in st.srcs):
+            return None
+        return _CONST_FAMILY.get(st.op)
+
     def _is_view(self, i: int) -> bool:
         st = self.values[i].step
-        return st is not None and st.op is Op.TRANSPOSE
+        return st is not None and st.op in (Op.TRANSPOSE, Op.RESHAPE)
 
     def run(self) -> Iterator[Recipe]:
         from mlso_cli.ir import build as b

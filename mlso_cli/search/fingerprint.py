@@ -43,6 +43,30 @@ class Print:
     """A value's fingerprint: field residues with shape (B, S, *tile)."""
 
     value: FieldArray
+    field_p: int = 0
+    field_q: int = 0
+
+    def uniform(self) -> bool:
+        """Every entry the same value: a constant, however it was computed (x - x, x / x)."""
+        p = self.value.p
+        return p.size > 0 and bool((p == p.flat[0]).all())
+
+    def ray(self) -> Hashable:
+        """The key of the value up to a constant factor: residues divided by the first nonzero
+        one (in each residue field). c * x and x share a ray."""
+        h = hashlib.blake2b(digest_size=16)
+        h.update(repr(self.value.shape).encode())
+        for res, r in ((self.value.p, self.field_p), (self.value.q if self.value.q_known() else None, self.field_q)):
+            if res is None:
+                continue
+            flat = res.reshape(-1)
+            nz = np.flatnonzero(flat)
+            if nz.size == 0:
+                h.update(b"zero")
+                continue
+            inv = pow(int(flat[nz[0]]), -1, r)
+            h.update((flat * inv % r).tobytes())  # r < 2^27: products fit int64
+        return h.digest()
 
     def key(self) -> Hashable:
         v = self.value
@@ -87,6 +111,9 @@ class Fingerprints:
         self.blocks = list(product(*(range(g) for g in self.grid)))
         self.out_tiles = [self._output_tiles(j) for j in range(len(target.outputs))]
 
+    def _print(self, v: FieldArray) -> Print:
+        return Print(v, self.fld.p, self.fld.q)
+
     # ---- sources -----------------------------------------------------------------------------
     def tile(self, node: Node, feed: int, sig: Signature) -> Print:
         src = self.target.inputs[feed]
@@ -102,7 +129,7 @@ class Fingerprints:
                 ps.append(full.p[sl])
                 qs.append(full.q[sl])
         shape = (len(self.blocks), steps) + node.shape
-        return Print(FieldArray(np.stack(ps).reshape(shape), np.stack(qs).reshape(shape)))
+        return self._print(FieldArray(np.stack(ps).reshape(shape), np.stack(qs).reshape(shape)))
 
     def _output_tiles(self, j: int) -> Print | None:
         """Target output j cut into this grid's blocks by the signature's omap (None when the
@@ -128,7 +155,7 @@ class Fingerprints:
             qs.append(out.q[tuple(sl)] if out.q_known() else None)
         shape = (len(self.blocks), 1) + tuple(tile)
         q = np.stack(qs).reshape(shape) if out.q_known() else None
-        return Print(FieldArray(np.stack(ps).reshape(shape), q))
+        return self._print(FieldArray(np.stack(ps).reshape(shape), q))
 
     # ---- ops ---------------------------------------------------------------------------------
     def op(self, node: Node, srcs: Sequence[Print]) -> Print | None:
@@ -138,7 +165,7 @@ class Fingerprints:
         try:
             if node.op is Op.CONST:
                 c = A.const(const_value(node))
-                return Print(A.reshape(c, (1, 1)))
+                return self._print(A.reshape(c, (1, 1)))
             if node.op is Op.ACC_SUM:
                 v = A.reduce_sum(vals[0], 1)
             elif node.op in (Op.ACC_EXP_SUM, Op.ACC_EXP_WSUM):
@@ -152,7 +179,7 @@ class Fingerprints:
                             for v in vals]
                 lead = tuple(max(v.shape[i] for v in vals) for i in range(LEAD)) if vals else (1, 1)
                 v = SEMANTICS[node.op](A, _lead_node(node, lead, vals), *vals)
-            return Print(v.force())
+            return self._print(v.force())
         except ZeroDenominator:
             return None
 
@@ -165,7 +192,7 @@ class Fingerprints:
         summed = A.reduce_sum(A.reshape(v, shape), ax)
         keep = tuple(1 if i == ax else g for i, g in enumerate(self.grid))
         n = keep[0] * keep[1] * keep[2]
-        return Print(A.reshape(summed, (n,) + v.shape[1:]).force())
+        return self._print(A.reshape(summed, (n,) + v.shape[1:]).force())
 
     def spatial_blocks(self) -> list[tuple[int, int, int]]:
         ax = next((i for i, a in enumerate(self.sig.grid) if a.partial), None)
