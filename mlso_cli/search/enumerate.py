@@ -162,6 +162,10 @@ class Vocabulary:
     reduce: tuple[Op, ...]
     consts: tuple[Fraction, ...]
     exp_accumulators: bool
+    roles: frozenset[tuple[Fraction, str]] = frozenset()
+    """(constant, 'scale' | 'shift'): how the target uses each constant. An epsilon is added,
+    a 1/N multiplies; the search uses each constant only in its role (a search policy: a
+    program that folds constants differently is not explored)."""
 
     @staticmethod
     def of(target: KernelGraph) -> Vocabulary:
@@ -175,8 +179,13 @@ class Vocabulary:
         binary = [Op.MUL, Op.ADD, Op.SUB, Op.DIV] + ([Op.MAX] if Op.MAX in ops else [])
         reduce = tuple(op for op in (Op.REDUCE_SUM, Op.REDUCE_MAX) if op in ops)
         consts = tuple(sorted({const_value(n) for n in target.nodes() if n.op is Op.CONST}))
+        roles = set()
+        for n in target.nodes():
+            for s in n.src:
+                if s.op is Op.CONST and n.op in _CONST_FAMILY:
+                    roles.add((const_value(s), _CONST_FAMILY[n.op]))
         return Vocabulary(tuple(sorted(unary, key=lambda o: o.value)), tuple(binary), reduce, consts,
-                          Op.EXP in ops)
+                          Op.EXP in ops, frozenset(roles))
 
 
 class BlockSearch:
@@ -352,7 +361,8 @@ class BlockSearch:
             for c in self.consts:
                 for op, (a, b_) in ((Op.MUL, (x, c)), (Op.ADD, (x, c)), (Op.SUB, (x, c)), (Op.SUB, (c, x)),
                                      (Op.DIV, (c, x))):
-                    if op in self.vocab.binary and _CONST_FAMILY[op] != last:
+                    if (op in self.vocab.binary and _CONST_FAMILY[op] != last
+                            and (c.step.arg, _CONST_FAMILY[op]) in self.vocab.roles):
                         # no chains of one kind of constant arithmetic: (x * c1) * c2, (x + c1) + c2
                         self._add(Step(op, (0, 1)), [a, b_], rnd)
         newset = set(new)
