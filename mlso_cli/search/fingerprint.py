@@ -35,6 +35,7 @@ from mlso_cli.verify.semantics import ACC_TERMS, SEMANTICS
 from mlso_cli.verify.walk import chunk_bounds, step_index
 
 LEAD = 2
+_BROADCASTING = ELEMENTWISE | {Op.MATMUL, Op.ACC_EXP_WSUM}
 """Leading dims of every fingerprint: (blocks, loop steps)."""
 
 
@@ -162,6 +163,11 @@ class Fingerprints:
         """The fingerprint of `node` from its sources' (None: a zero denominator)."""
         A = self.fld
         vals = [s.value for s in srcs]
+        if node.op in _BROADCASTING:  # numpy aligns trailing dims: pad tiles to the result's rank
+            rank = len(node.shape)
+            vals = [v if v.ndim - LEAD >= rank else
+                    A.reshape(v, v.shape[:LEAD] + (1,) * (rank - v.ndim + LEAD) + v.shape[LEAD:])
+                    for v in vals]
         try:
             if node.op is Op.CONST:
                 c = A.const(const_value(node))
@@ -172,11 +178,6 @@ class Fingerprints:
                 # semantics' accumulator terms act on the trailing (tile) dims; sum the steps
                 v = A.reduce_sum(ACC_TERMS[node.op](A, *vals), 1)
             else:
-                if node.op in ELEMENTWISE:  # numpy aligns trailing dims: pad tiles to full rank
-                    rank = len(node.shape)
-                    vals = [v if v.ndim - LEAD == rank else
-                            A.reshape(v, v.shape[:LEAD] + (1,) * (rank - v.ndim + LEAD) + v.shape[LEAD:])
-                            for v in vals]
                 lead = tuple(max(v.shape[i] for v in vals) for i in range(LEAD)) if vals else (1, 1)
                 v = SEMANTICS[node.op](A, _lead_node(node, lead, vals), *vals)
             return self._print(v.force())

@@ -120,6 +120,8 @@ class Explored:
     duplicates: int
     filtered: int
     partial: bool
+    error: str = ""
+    """An internal error that ended this signature's exploration early (reported in notes)."""
 
 
 def explore(task: Task) -> Explored:
@@ -174,6 +176,17 @@ def explore(task: Task) -> Explored:
     return Explored(task.sig, tuple(out), stats.states, stats.pruned, stats.duplicates, filtered, cut["partial"])
 
 
+class _Guarded:
+    """explore() that turns an internal error into an empty result with a note: a bug in one
+    signature's exploration must cost that signature, not the user's whole run."""
+
+    def __call__(self, task: Task) -> Explored:
+        try:
+            return explore(task)
+        except Exception as exc:  # noqa: BLE001 - reported in the result's notes
+            return Explored(task.sig, (), 0, 0, 0, 0, False, f"{type(exc).__name__}: {exc}")
+
+
 def search(target: KernelGraph, options: SearchOptions, progress: ProgressFn | None = None, *,
            prune: bool = True, region: str = "") -> SearchResult:
     t0 = time.monotonic()
@@ -201,12 +214,13 @@ def search(target: KernelGraph, options: SearchOptions, progress: ProgressFn | N
                                     time.monotonic() - t0))
 
     jobs = max(1, min(options.jobs, len(tasks), os.cpu_count() or 1))
+    explore_safely = _Guarded()
     if jobs == 1:
         for t in tasks:
-            record(explore(t))
+            record(explore_safely(t))
     else:
         with ProcessPoolExecutor(jobs) as pool:
-            for ex in pool.map(explore, tasks):
+            for ex in pool.map(explore_safely, tasks):
                 record(ex)
     found = sorted((f for ex in done for f in ex.found), key=lambda f: (f.estimate_us, f.launches, repr(f.recipe)))
     lifted = program_cost(target)
@@ -227,7 +241,8 @@ def search(target: KernelGraph, options: SearchOptions, progress: ProgressFn | N
     partial = any(ex.partial for ex in done)
     notes = (f"{len(sigs)} signatures, {sum(len(ex.found) for ex in done)} structures sized, "
              f"{sum(ex.filtered for ex in done)} rejected at reduced shapes, "
-             f"{sum(ex.duplicates for ex in done)} duplicate values",)
+             f"{sum(ex.duplicates for ex in done)} duplicate values",) + tuple(
+        f"signature {ex.sig}: internal error, skipped ({ex.error[:200]})" for ex in done if ex.error)
     if progress is not None:
         progress(SearchProgress(region, totals["states"], totals["pruned"], verified,
                                 candidates[0].estimate_us, time.monotonic() - t0))
