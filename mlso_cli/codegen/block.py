@@ -46,7 +46,7 @@ from mlso_cli.codegen.cfmt import (
 from mlso_cli.codegen.emitter import Emitter
 from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.program import Kernel
-from mlso_cli.codegen.scale import BufferScale, Storage, Val, structural
+from mlso_cli.codegen.scale import BufferScale, Scale, Storage, matmul_scale, structural
 from mlso_cli.codegen.stabilise import consumers_of, stabilisers
 from mlso_cli.codegen.teams import FOLD, LOOP_VAR, Pass, choose_mode, emit_passes
 from mlso_cli.codegen.views import strided
@@ -110,6 +110,8 @@ class Stage:
     storage: Storage
     phase: Phase
     done: bool = False
+    scale: BufferScale | None = None
+    """Set when the copy holds the scaled numbers (exp(s - M) in [0, 1]), not the exact values."""
 
 
 @dataclass
@@ -336,7 +338,12 @@ class BlockKernel:
             self._fp32(g.m)
             name = self.names.new("alpha")
             g.alpha = self._unbacked("float", name) if g is fl else self._alloc("float", name, g.m.numel * 4)
+        for acc in self.group_of:
+            self.storage[acc].scale = self._acc_scale(acc)
+        # which stored values are scaled is decided here, in dependency order, before any emission
         for n in self.nodes:
+            if n.op in REDUCE and n in self.storage and n not in self.fused_reduce:
+                self.storage[n].scale = self._reduce_scale(n)
             if n.op is Op.MATMUL:
                 out = self.fused.get(n, n)
                 self.plans[n] = self._plan_matmul(n.src[0], n.src[1], self.storage[out], n in self.fused)
@@ -402,8 +409,9 @@ class BlockKernel:
             return True, role == "B"
         return False, True
 
-    def _stage(self, x: Node, role: str, dtype: DType, rows: int) -> Operand:
-        """A copy of operand x: A as (.., rows padded, K) k-major, B as (.., K, N) n-major."""
+    def _stage(self, x: Node, role: str, dtype: DType, rows: int, scale: BufferScale | None = None) -> Operand:
+        """A copy of operand x: A as (.., rows padded, K) k-major, B as (.., K, N) n-major; with
+        `scale`, the copy holds x's scaled numbers (x = stored * exp(M)), never the exact values."""
         key = (x, role, dtype)
         st = self.stages.get(key)
         if st is None:
@@ -413,7 +421,7 @@ class BlockKernel:
             nbytes = (strides[0] * shape[0] if shape else 1) * dtype.itemsize
             name = self._alloc(CTYPE[dtype], self.names.new("stg"), nbytes)
             storage = Storage(name, dtype, shape, strides)
-            st = Stage(x, storage, x.phase or Phase.PRE)
+            st = Stage(x, storage, x.phase or Phase.PRE, scale=scale)
             self.stages[key] = st
         s = st.storage
         return Operand(s.ptr, dtype, x.shape, s.strides)
@@ -465,29 +473,75 @@ class BlockKernel:
             mma = p_of.p_dtype if p_of.p_dtype in MMA_TYPES else None
         else:
             mma = self._mma_hint(a) or self._mma_hint(b)
+        sa, sb = self._operand_scales(a, b, len(c.shape), accumulate)
+        if not accumulate:
+            c.scale = sa[1] if sa is not None else sb[1] if sb is not None else None
+        a_scale = sa[0] if sa is not None else None
+        b_scale = sb[0] if sb is not None else None
         if mma is not None and n % 8 == 0 and k % 16 == 0:
             stages = []
             a_ok, a_km = self._mma_ok(a_dir, "A") if a_dir and a_dir.dtype == mma else (False, True)
             if p_of is None and not (a_ok and m % 16 == 0):
-                a_dir, a_km = self._stage(a, "A", mma, _ceil_to(m, 16)), True
+                a_dir, a_km = self._stage(a, "A", mma, _ceil_to(m, 16), a_scale), True
                 stages.append(self.stages[(a, "A", mma)])
             b_ok, b_km = self._mma_ok(b_dir, "B") if b_dir and b_dir.dtype == mma else (False, False)
             if not b_ok:
-                b_dir, b_km = self._stage_b(b, mma), False
+                b_dir, b_km = self._stage_b(b, mma, b_scale), False
                 stages.append(self.stages[(b, "B", mma)])
             return MatmulPlan("mma", a_dir, b_dir, c, accumulate, mma, a_km, b_km, stages)
         stages = []
         if a_dir is None:
-            a_dir = self._stage(a, "A", DType.F32, m)
+            a_dir = self._stage(a, "A", DType.F32, m, a_scale)
             stages.append(self.stages[(a, "A", DType.F32)])
         if b_dir is None:
-            b_dir = self._stage_b(b, DType.F32)
+            b_dir = self._stage_b(b, DType.F32, b_scale)
             stages.append(self.stages[(b, "B", DType.F32)])
         kind = "simt" if batch * m * n >= self.nt or k < 64 else "splitk"
         return MatmulPlan(kind, a_dir, b_dir, c, accumulate, None, stages=stages)
 
-    def _stage_b(self, b: Node, dtype: DType) -> Operand:
-        return self._stage(b, "B", dtype, b.shape[-2])
+    def _stage_b(self, b: Node, dtype: DType, scale: BufferScale | None = None) -> Operand:
+        return self._stage(b, "B", dtype, b.shape[-2], scale)
+
+    # ---- scale planning: which stored values are relative to a max, decided before emission ----
+    def _value_scale(self, x: Node, tokens: Coords) -> Scale | None:
+        """The scale x's value has at `tokens`, as emission will compute it (a dry run)."""
+        return Emitter(self.storage, self.stab, Names()).value(x, tokens).scale
+
+    def _operand_scales(self, a: Node | None, b: Node, c_rank: int, accumulate: bool):
+        """((A's copy scale, C's scale) or None, (B's copy scale, C's scale) or None): the operand
+        whose scaled numbers are staged and multiplied, leaving C scaled (scale.matmul_scale).
+        Never for an accumulating matmul: its C sums steps whose maxima differ."""
+        if accumulate:
+            return None, None
+        scales = []
+        for x in (a, b):
+            bs = None
+            if x is not None:
+                tokens = decompose("e", x.shape)
+                v = self._value_scale(x, tokens)
+                bs = structural(v, tokens) if v is not None else None
+            scales.append(bs)
+        if scales == [None, None]:
+            return None, None
+        cs, keep_a, keep_b = matmul_scale(scales[0], scales[1], len(a.shape) if a is not None else 2,
+                                          len(b.shape), c_rank)
+        return ((scales[0], cs) if keep_a else None), ((scales[1], cs) if keep_b else None)
+
+    def _reduce_scale(self, n: Node) -> BufferScale | None:
+        """A materialised reduction keeps its input's scale when M does not vary along the axis
+        (sums; maxima of a positive degree) and the layout of M is simple; else it is exact."""
+        if isinstance(n.arg, synthetic.RowMax) and n.arg.weighted:
+            return None
+        axis = n.arg.axis if isinstance(n.arg, synthetic.RowMax) else n.arg
+        tokens = decompose("o", n.shape)
+        c = list(tokens)
+        c[axis] = LOOP_VAR
+        sc = self._value_scale(n.src[0], canon(n.src[0].shape, c))
+        if sc is None or any(mentions(m, LOOP_VAR) for m in sc.mcoords):
+            return None
+        if n.op is Op.REDUCE_MAX and sc.degree <= 0:
+            return None
+        return structural(sc, tokens)
 
     # ---- emission helpers --------------------------------------------------------------------
     def emitter(self) -> Emitter:
@@ -554,10 +608,18 @@ class BlockKernel:
         ctype = CTYPE[s.dtype]
 
         def body(em: Emitter, coords: Coords) -> list[str]:
-            v = em.plain(st.src, coords)
+            if st.scale is None:
+                v = em.plain(st.src, coords)
+            else:
+                val = em.value(st.src, coords)
+                if val.scale is None or structural(val.scale, coords) != st.scale:
+                    raise CodegenError(f"staged operand {st.src.op.value}{list(st.src.shape)}: emitted scale "
+                                       "differs from the planned one", "Report this as a codegen bug.")
+                v = val.code
             return [f"{s.ptr}[{offset(coords, s.strides)}] = mlso::from_f32<{ctype}>({v});"]
 
-        code(f"// stage {st.src.op.value}{list(st.src.shape)} as {s.dtype.value}")
+        code(f"// stage {st.src.op.value}{list(st.src.shape)} as {s.dtype.value}"
+             + (" (scaled by a row max)" if st.scale is not None else ""))
         self._elementwise(code, st.src.shape, body)
         self._w(s.ptr)
 
@@ -626,34 +688,22 @@ class BlockKernel:
         axis = n.arg.axis if isinstance(n.arg, synthetic.RowMax) else n.arg
         length = x.shape[axis]
         op = "max" if n.op is Op.REDUCE_MAX else "sum"
-        state: dict = {}
-
         def inner(tokens: Coords) -> Coords:
             c = list(tokens)
             c[axis] = LOOP_VAR
             return canon(x.shape, c)
+
+        planned = st.scale if into is None else None  # decided by _reduce_scale before emission
 
         def body(em: Emitter, tokens: Coords) -> str:
             c = inner(tokens)
             if weighted:
                 w = em.plain(n.src[1], bcast(n.src[1].shape, c))
                 return f"({w} != 0.0f ? {em.plain(x, c)} : mlso::neg_inf())"
-            v = em.value(x, c)
-            sc = v.scale
-            if sc is not None and not any(mentions(m, LOOP_VAR) for m in sc.mcoords) and (op == "sum" or sc.degree > 0):
-                state["scale"] = sc
-                return v.code
-            return em.materialise(v)
+            return em.value(x, c).code if planned is not None else em.plain(x, c)
 
         def finish(em: Emitter, tokens: Coords, acc: str) -> list[str]:
             val = f"{acc} / {float(length)}f" if n.op is Op.REDUCE_MEAN else acc
-            sc = state.get("scale")
-            if sc is not None:
-                bs = structural(sc, tokens) if into is None else None
-                if bs is not None:
-                    st.scale = bs
-                else:
-                    val = em.materialise(Val(val, sc))
             return [f"{st.ptr}[o] {'+=' if into is not None else '='} {val};"]
 
         code(f"// {n.op.value} axis {axis} of {list(x.shape)}" + (" (softmax stabiliser)" if weighted or
@@ -986,9 +1036,6 @@ class BlockKernel:
             st = self.lw.storage.get(proj) or self.lw.scratch_storage(proj)
             self.proj_storage[idx] = st
             self.uses.write(st.buffer)
-        for acc in self.group_of:
-            self.storage[acc].scale = self._acc_scale(acc)
-
         body = Code(1)
         self._emit_body(body)
         code = Code()
