@@ -45,6 +45,7 @@ from mlso_cli.codegen.cfmt import (
 )
 from mlso_cli.codegen.emitter import Emitter
 from mlso_cli.codegen.errors import CodegenError
+from mlso_cli.codegen.normalise import normalise
 from mlso_cli.codegen.program import Kernel
 from mlso_cli.codegen.scale import BufferScale, Scale, Storage, matmul_scale, structural
 from mlso_cli.codegen.stabilise import consumers_of, stabilisers
@@ -132,7 +133,7 @@ class BlockKernel:
     def __init__(self, lw: Lowering, gd: Node) -> None:
         self.lw = lw
         self.gd = gd
-        self.bg: BlockGraph = gd.arg
+        self.bg: BlockGraph = normalise(gd.arg)
         self.name = lw.kernel_name()
         self.names = Names()
         self.uses = lw.uses()
