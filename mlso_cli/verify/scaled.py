@@ -21,6 +21,7 @@ import numpy as np
 
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import Op
+from mlso_cli.verify.storage import round_to
 
 
 @dataclass
@@ -101,12 +102,42 @@ def _row_m(m: np.ndarray, ndim: int) -> np.ndarray | None:
     return m[..., :1] if np.all(m == m[..., :1]) else None
 
 
+def _col_m(m: np.ndarray, ndim: int) -> np.ndarray | None:
+    """m as (..., 1, N) when it is constant along the second-last axis, else None."""
+    if m.ndim < ndim or m.shape[-2] == 1:
+        return m
+    return m[..., :1, :] if np.all(m == m[..., :1, :]) else None
+
+
 def _matmul(n: Node, a: Any, b: Any) -> Any:
-    if isinstance(a, Scaled) and not isinstance(b, Scaled):
+    """Linear in a row-scaled A, or else a column-scaled B (codegen.scale.matmul_scale)."""
+    if isinstance(a, Scaled):
         m = _row_m(a.m, a.v.ndim)
         if m is not None:
-            return Scaled(np.matmul(a.v, b), m)
+            return Scaled(np.matmul(a.v, plain(b)), m)
+    if isinstance(b, Scaled):
+        m = _col_m(b.m, b.v.ndim)
+        if m is not None:
+            return Scaled(np.matmul(plain(a), b.v), m)
     return np.matmul(plain(a), plain(b))
+
+
+def _cast(n: Node, a: Scaled) -> Scaled:
+    """A cast keeps the scaled numbers; inside a block it rounds them as its staging copy does."""
+    if n.phase is None:
+        return a
+    return Scaled(round_to(a.v, n.arg, np.float32), a.m)
+
+
+def stabilised_exp(axis: int, x: np.ndarray, factors: list[np.ndarray]) -> Scaled:
+    """exp(x) as exp(x - M), M = max of x over `axis` where no mask factor is zero (a masked-out
+    large logit must not underflow the kept ones); codegen's RowMax stabiliser."""
+    keep = np.ones(x.shape, bool)
+    for f in factors:
+        keep = keep & (np.broadcast_to(f, x.shape) != 0)
+    m = np.max(np.where(keep, x, -np.inf), axis=axis, keepdims=True)
+    m = _finite(m)
+    return Scaled(_exp(x - m), m)
 
 
 def _view(fn: Callable[[np.ndarray, Any], np.ndarray]) -> Callable[[Node, Scaled], Scaled]:
@@ -124,6 +155,7 @@ RULES: dict[Op, Callable[..., Any]] = {
     Op.NEG: lambda n, a: Scaled(-a.v, a.m),
     Op.REDUCE_SUM: _reduce_sum,
     Op.MATMUL: _matmul,
+    Op.CAST: _cast,
     Op.RESHAPE: _view(lambda x, s: np.reshape(x, s)),
     Op.TRANSPOSE: _view(lambda x, p: np.transpose(x, p)),
     Op.BROADCAST: _view(lambda x, s: np.broadcast_to(x, s)),
