@@ -613,10 +613,14 @@ class BlockKernel(BlockLayout):
             if n in self.group_of:
                 last_of_group[self.group_of[n].s] = n
 
+        staged: set[int] = set()  # each staging copy is written once, before its first matmul
+
         def stage(plans: list[MatmulPlan]) -> None:
             for plan in plans:
                 for st in plan.stages:
-                    passes[st.phase].append(lambda c, st=st: self._stage_once(c, st))
+                    if id(st) not in staged:
+                        staged.add(id(st))
+                        passes[st.phase].append(lambda c, st=st: self._pass_stage(c, st))
 
         for n in self.order:
             if n.op is Op.ITER or n in (g.m for g in self.groups.values()):
@@ -716,10 +720,6 @@ class BlockKernel(BlockLayout):
         for s in saves:
             self._pass_save(code, s, written)
 
-    def _stage_once(self, code: Code, st: Stage) -> None:
-        if not st.done:
-            self._pass_stage(code, st)
-            st.done = True
 
 
 PASSES: dict[Op, Callable[[BlockKernel, Code, Node], None]] = {

@@ -42,7 +42,6 @@ class Stage:
     src: Node
     storage: Storage
     phase: Phase
-    done: bool = False
     scale: BufferScale | None = None
     """Set when the copy holds the scaled numbers (exp(s - M) in [0, 1]), not the exact values."""
 
