@@ -91,8 +91,34 @@ def loop_scaled_score(dt: DType, g: int = 2, m: int = 32, d: int = 16, n: int = 
     return b.kernel_graph([q, k, v], [out], ["Q", "K", "V"], ["O"])
 
 
+def loop_two_terms(dt: DType, g: int = 2, m: int = 32, d: int = 16, n: int = 64, loop: int = 2) -> KernelGraph:
+    """MLA-shaped: s = (q @ k + q2 @ transpose(k2)) / 4 with the value tile shared with no term."""
+    q, k, v = _qkv(dt, g, m, d, n)
+    q2, k2 = b.input_(3, (g, m, 16), dt), b.input_(4, (g, n, 16), dt)
+    blk = _Blk((g, 2, 1), loop)
+    bq, bk, bv = blk.it(q, (0, 1, None)), blk.it(k, (0, None, None), 2), blk.it(v, (0, None, None), 1)
+    bq2, bk2 = blk.it(q2, (0, 1, None)), blk.it(k2, (0, None, None), 1)
+    s = b.mul(b.add(b.matmul(bq, bk), b.matmul(bq2, b.transpose(bk2, (0, 2, 1)))), b.const(Fraction(1, 4)))
+    o = b.div(b.accumulate(Op.ACC_EXP_WSUM, s, bv), b.accumulate(Op.ACC_EXP_SUM, s))
+    (out,) = blk.launch([b.save(o, 0, (0, 1, None), dt)])
+    return b.kernel_graph([q, k, v, q2, k2], [out], ["Q", "K", "V", "Q2", "K2"], ["O"])
+
+
+def loop_key_factor(dt: DType, g: int = 2, m: int = 32, d: int = 16, n: int = 64, loop: int = 2) -> KernelGraph:
+    """qknorm-shaped: s = (q @ k) * rsqrt(mean over d of k^2 + eps), one factor per key."""
+    q, k, v = _qkv(dt, g, m, d, n)
+    blk = _Blk((g, 2, 1), loop)
+    bq, bk, bv = blk.it(q, (0, 1, None)), blk.it(k, (0, None, None), 2), blk.it(v, (0, None, None), 1)
+    ms = b.mul(b.reduce(Op.REDUCE_SUM, b.unary(Op.SQUARE, bk), 1), b.const(Fraction(1, d)))
+    s = b.mul(b.matmul(bq, bk), b.unary(Op.RSQRT, b.add(ms, b.const(Fraction(1, 1 << 20)))))
+    o = b.div(b.accumulate(Op.ACC_EXP_WSUM, s, bv), b.accumulate(Op.ACC_EXP_SUM, s))
+    (out,) = blk.launch([b.save(o, 0, (0, 1, None), dt)])
+    return b.kernel_graph([q, k, v], [out], ["Q", "K", "V"], ["O"])
+
+
 BUILDERS: dict[str, Callable[[DType], KernelGraph]] = {
     "pre": pre_block, "kernel": kernel_level, "loop_sums": loop_sums, "loop_scaled": loop_scaled_score,
+    "loop_two_terms": loop_two_terms, "loop_key_factor": loop_key_factor,
 }
 CASES = {f"{k}_{dt.value}": (f, dt) for k, f in BUILDERS.items() for dt in (F16, BF16, F32)}
 
@@ -104,8 +130,12 @@ def _inputs(kg: KernelGraph, scale: str, seed: int = 0) -> list[np.ndarray]:
     x = [rng.standard_normal(n.shape) for n in kg.inputs]
     if scale == "x20":
         x[0] = x[0] * 20
+        if len(x) > 3:
+            x[3] = x[3] * 20
     elif scale == "pm100":
         x[0] = x[0] * (100 / np.abs(np.matmul(x[0], x[1])).max())
+        if len(x) > 3:  # the second score term at the same scale
+            x[3] = x[3] * (100 / np.abs(np.matmul(x[3], np.swapaxes(x[4], 1, 2))).max())
     return [a.astype(T.np_dtype(n.dtype)) for a, n in zip(x, kg.inputs)]
 
 
@@ -159,3 +189,14 @@ def test_float32_interpreter_within_limits(name, scale, graphs):
     (got,) = interpreter.run(kg, ins, mode="float32")
     err = _error(got, want)
     assert err <= LIMITS[CASES[name][1]], f"{name} at {scale}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("dt", [F16, BF16])
+@pytest.mark.parametrize("kind", ["loop_sums", "loop_scaled", "loop_two_terms", "loop_key_factor"])
+def test_score_forms_take_the_register_path(kind, dt, graphs):
+    """A scaled score, a per-key factor, two score terms and the plain-sum spelling all run as
+    mlso::FlashRows (scores in registers), not through the shared-memory score path."""
+    source = generate(graphs[f"{kind}_{dt.value}"]).source
+    assert "mlso::FlashRows<" in source and "flash.step" in source
+    two = kind == "loop_two_terms"
+    assert (source.count("FlashRows<") == 1) and (", 16, true, true>" in source) == two

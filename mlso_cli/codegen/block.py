@@ -39,6 +39,7 @@ from mlso_cli.codegen.cfmt import (
     Code,
     Coords,
     bcast,
+    c_float,
     canon,
     contiguous,
     decompose,
@@ -80,32 +81,48 @@ class BlockKernel(BlockLayout):
         off = f"({self._batch_offset(op, plan.c.shape[:-2])})(0)"
         return f"{op.ptr} + {off}, {op.ld(contiguous_last)}"
 
+    def _factor_pass(self, code: Code, f: Node, buf: str, what: str) -> None:
+        """One factor per key into `buf` (fp32 shared memory), for the register pass to read."""
+
+        def body(em: Emitter, coords: Coords) -> list[str]:
+            return [f"{buf}[e] = {em.plain(f, coords)};"]
+
+        code(f"// per-key factor of the {what}, {list(f.shape)}")
+        self._elementwise(code, f.shape, body)
+        code("__syncthreads();")
+        self._w(buf)
+
     def _pass_flash(self, code: Code, g: Group) -> None:
-        sp, wp = self.plans[g.s], self.plans[g.wsums[0]]
+        form = self.flash_form
+        sps = [self.plans[t] for t in form.terms]
+        wp = self.plans[g.wsums[0]]
         vop, vk = self.flash_v
-        self._r(sp.a.ptr, sp.b.ptr, vop.ptr)
+        self._r(*(p for sp in sps for p in (sp.a.ptr, sp.b.ptr)), vop.ptr)
         vs = ""
-        f = self.flash_f
-        if f is not None:
-            fb = self.flash_fbuf
-
-            def body(em: Emitter, coords: Coords) -> list[str]:
-                return [f"{fb}[e] = {em.plain(f, coords)};"]
-
-            code(f"// per-key factor of the weighted operand, {list(f.shape)}")
-            self._elementwise(code, f.shape, body)
-            code("__syncthreads();")
-            self._w(fb)
-            vs = f", {fb}"
-        code("// online softmax in registers: s = matmul, m, l and exp(s - m) @ v per 16-row warp strip")
-        code(f"flash.step({self._flash_args(sp, sp.a, sp.a_kmajor)}, {self._flash_args(sp, sp.b, not sp.b_kmajor)}, "
-             f"{self._flash_args(wp, vop, not vk)}, warp * 16{vs});")
+        if self.flash_f is not None:
+            self._factor_pass(code, self.flash_f, self.flash_fbuf, "weighted operand")
+            vs = f", {self.flash_fbuf}"
+        if self.flash_kbuf is not None:
+            self._factor_pass(code, form.key_factor, self.flash_kbuf, "scores")
+        ab = [f"{self._flash_args(sp, sp.a, sp.a_kmajor)}, {self._flash_args(sp, sp.b, not sp.b_kmajor)}" for sp in sps]
+        v = self._flash_args(wp, vop, not vk)
+        if len(sps) == 1 and form.scale == 1 and self.flash_kbuf is None:
+            code("// online softmax in registers: s = matmul, m, l and exp(s - m) @ v per 16-row warp strip")
+            code(f"flash.step({ab[0]}, {v}, warp * 16{vs});")
+            return
+        second = ab[1] if len(ab) > 1 else "nullptr, 0, nullptr, 0"
+        code(f"// online softmax in registers: s = {' + '.join('matmul' for _ in sps)} (times "
+             f"{float(form.scale)}{' and a per-key factor' if self.flash_kbuf else ''}), m, l and exp(s - m) @ v")
+        code(f"flash.step2({ab[0]}, {second}, {c_float(form.scale)}, {self.flash_kbuf or 'nullptr'}, {v}, "
+             f"warp * 16{vs});")
 
     def _flash_decl(self) -> str:
         g = self.flash
-        sp = self.plans[g.s]
+        sps = [self.plans[t] for t in self.flash_form.terms]
+        sp = sps[0]
+        second = "".join(f", {p.a.shape[-1]}, {_bool(p.a_kmajor)}, {_bool(p.b_kmajor)}" for p in sps[1:])
         return (f"mlso::FlashRows<{CTYPE[sp.dtype]}, {g.s.shape[-1]}, {sp.a.shape[-1]}, {g.wsums[0].shape[-1]}, "
-                f"{_bool(sp.a_kmajor)}, {_bool(sp.b_kmajor)}, {_bool(self.flash_v[1])}> flash;")
+                f"{_bool(sp.a_kmajor)}, {_bool(sp.b_kmajor)}, {_bool(self.flash_v[1])}{second}> flash;")
 
     def _flash_flush(self, code: Code) -> None:
         g = self.flash
@@ -658,7 +675,7 @@ class BlockKernel(BlockLayout):
             phase = n.phase or Phase.PRE
             if n in self.plans:
                 stage([self.plans[n]])
-            if self.flash is not None and n is self.flash.s:
+            if self.flash is not None and n in self.flash_form.terms:
                 continue  # computed inside the register pass of its group
             passes[phase].append(lambda c, n=n, rule=rule: rule(self, c, n))
         return passes, saves

@@ -15,6 +15,7 @@ from mlso_cli.codegen.cfmt import Names, numel
 from mlso_cli.codegen.normalise import normalise
 from mlso_cli.codegen.scale import Storage
 from mlso_cli.codegen.schedule import schedule
+from mlso_cli.codegen.scoreform import ScoreForm, score_form
 from mlso_cli.codegen.stabilise import consumers_of, stabilisers
 from mlso_cli.ir.graph import BlockGraph
 from mlso_cli.ir.node import Node
@@ -59,6 +60,7 @@ class BlockAnalysis:
             r = n.src[0] if n.op is Op.ACC_SUM else None
             if r is not None and r.op in REDUCE and isinstance(r.arg, int) and self.consumers[r] == [n]:
                 self.fused_reduce[r] = n
+        self.flash_form: ScoreForm | None = None
         self.flash = self._flash_group()
         self.nt = 32 * (self.flash.s.shape[-2] // 16) if self.flash else 256
         self.nw = self.nt // 32
@@ -72,12 +74,15 @@ class BlockAnalysis:
 
     def _flash_group(self) -> Group | None:
         """The group whose loop runs in registers (mlso::FlashRows), if one qualifies: s is a
-        loop-phase matmul used only by the group, one weighted sum over rows aligned with s,
+        score form (scoreform.py: scaled matmuls, a per-key factor, two terms) used only by the group, one weighted sum over rows aligned with s,
         16-row warp strips (16 <= rows <= 128), at most 128 keys per step and 128 value columns."""
         found = []
         for g in self.groups.values():
             s = g.s
-            if s.op is not Op.MATMUL or s.phase is not Phase.LOOP or len(g.wsums) != 1:
+            form = score_form(s, self.consumers)
+            if form is None or s.phase is not Phase.LOOP or len(g.wsums) != 1:
+                continue
+            if any(t.shape != s.shape for t in form.terms):
                 continue
             w = g.wsums[0]
             rows, keys = s.shape[-2], s.shape[-1]
@@ -87,8 +92,11 @@ class BlockAnalysis:
                 continue
             if not all(c in g.sums or c in g.wsums for c in self.consumers[s]):
                 continue
-            found.append(g)
-        return found[0] if len(found) == 1 else None
+            found.append((g, form))
+        if len(found) != 1:
+            return None
+        self.flash_form = found[0][1]
+        return found[0][0]
 
     def _deps(self, n: Node) -> list[Node]:
         out: list[Node] = []

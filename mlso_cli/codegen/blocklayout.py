@@ -79,7 +79,7 @@ class BlockLayout(MatmulPlanning):
         self.flash_alias = None
         for n in self.order:
             if n in self.materialised and n.op is not Op.ITER:
-                if fl is not None and n is fl.s:  # never stored: S lives in registers
+                if fl is not None and n in self.flash_form.terms:  # never stored: S lives in registers
                     self.storage[n] = Storage(self._unbacked("float", self.names.new("sm")), DType.F32, n.shape,
                                               contiguous(n.shape))
                 elif fl is not None and n is fl.wsums[0] and self.loop_iters and n.numel * 4 <= region_end - region:

@@ -67,11 +67,18 @@ class MatmulPlanning(BlockStorage):
         g = self.flash
         if g is None:
             return False
-        sp, wp = self.plans.get(g.s), self.plans.get(g.wsums[0])
-        if not (sp is not None and wp is not None and sp.kind == "mma" and wp.kind == "mma" and not sp.accumulate
-                and sp.dtype == wp.dtype == g.p_dtype and sp.a.shape[-2] % 16 == 0):
+        wp = self.plans.get(g.wsums[0])
+        if wp is None or wp.kind != "mma":
             return False
-        self.flash_v, self.flash_f = (wp.b, wp.b_kmajor), None
+        for t in self.flash_form.terms:
+            sp = self.plans.get(t)
+            if not (sp is not None and sp.kind == "mma" and not sp.accumulate and sp.dtype == wp.dtype == g.p_dtype
+                    and sp.a.shape[-2] % 16 == 0 and self.storage[t].scale is None):
+                return False
+        sp = self.plans[self.flash_form.terms[0]]
+        self.flash_v, self.flash_f, self.flash_kbuf = (wp.b, wp.b_kmajor), None, None
+        if self.flash_form.key_factor is not None:
+            self.flash_kbuf = self._alloc("float", self.names.new("ks"), g.s.shape[-1] * 4)
         scaled = self._flash_scaled_v(g.wsums[0].src[1], sp.dtype)
         if scaled is not None:
             self.flash_f = scaled[2]
