@@ -99,9 +99,15 @@ class BlockAnalysis:
         return found[0][0]
 
     def _deps(self, n: Node) -> list[Node]:
+        """The materialised values (and stabiliser maxima) n's inline evaluation reads; each
+        shared subexpression is walked once (a DAG of reused values is not a tree)."""
         out: list[Node] = []
+        seen: set[Node] = set()
 
         def walk(s: Node) -> None:
+            if s in seen:
+                return
+            seen.add(s)
             if s in self.materialised:
                 out.append(s)
                 return

@@ -167,10 +167,12 @@ class Lowering:
 
     def _deps(self, root: Node, roots: set[Node]) -> list[Node]:
         out: list[Node] = []
+        seen: set[Node] = set()
 
         def walk(s: Node) -> None:
-            if s.op in (Op.INPUT, Op.CONST):
+            if s.op in (Op.INPUT, Op.CONST) or s in seen:
                 return
+            seen.add(s)
             if s in roots:
                 out.append(s)
             elif s.op is Op.PROJ:

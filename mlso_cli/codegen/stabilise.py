@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from mlso_cli.codegen import synthetic
 from mlso_cli.ir import build as b
-from mlso_cli.ir.node import Node
+from mlso_cli.ir.node import Node, toposort
 from mlso_cli.ir.ops import Op
 
 LINEAR = frozenset({Op.CAST, Op.NEG, Op.MUL, Op.DIV})
@@ -59,8 +59,8 @@ def _linear_path(e: Node, consumers: Mapping[Node, list[Node]]) -> tuple[int, li
                 extra = []
                 if c.op is Op.MUL:
                     other = c.src[1] if c.src[0] == x else c.src[0]
-                    if other in seen:
-                        continue  # exp * exp: not linear
+                    if other in seen or e in toposort([other]):
+                        continue  # exp * f(exp): not linear (and its max would depend on itself)
                     if other.op is not Op.CONST:
                         extra = [other]
                 seen.add(c)
