@@ -147,3 +147,22 @@ def _generate_unchecked(kg: KernelGraph):
     from mlso_cli.codegen.lower import Lowering
 
     return Lowering(kg, ("sm_80", "sm_90a")).generate()
+
+
+# ---- the lowering plan -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_lowering_plan_is_what_generate_does(name):
+    import json
+
+    from mlso_cli.codegen.plan import plan
+
+    kg = GRAPHS[name]
+    p = plan(kg)
+    gp = generate(kg)
+    assert [k.kind == "graph_def" for k in p.kernels] == [k.what.startswith("graph-defined") for k in gp.kernels]
+    for kp, k in zip(p.kernels, gp.kernels):
+        if kp.layout is not None:
+            assert (kp.layout.smem, kp.layout.threads) == (k.smem, k.block[0])
+    assert p.smem_max == max((k.smem for k in gp.kernels if k.what.startswith("graph-defined")), default=0)
+    assert json.loads(json.dumps(p.to_json())) == p.to_json() == plan(kg).to_json()
