@@ -1,4 +1,8 @@
-"""Graph-defined kernels: one CUDA kernel per block graph.
+"""Graph-defined kernels: one CUDA kernel per block graph. This module prints; the decisions
+are made before it runs, by job: blockanalysis.py (what is materialised, groups, fusions, the
+register-path candidate, dependency order), blockstorage.py (buffers and which hold scaled
+numbers), blockmatmul.py (operands, staging copies), blocklayout.py (the layout options; the
+one shared-memory figure, smem_layout), barriers.py (where __syncthreads() is needed).
 
 Layout of a generated kernel (blockIdx.{x,y,z} are the grid coordinates):
 
@@ -11,8 +15,9 @@ Layout of a generated kernel (blockIdx.{x,y,z} are the grid coordinates):
 Materialised in shared memory (fp32 unless noted): ITER tiles (their input dtype, 16-byte rows
 padded by 16 bytes against ldmatrix bank conflicts), matmul and reduction results, accumulators,
 running maxima, and staging copies of matmul operands that are computed values (converted to
-fp16/bf16 for tensor cores). Everything elementwise is fused into its consumers (thread graphs
-by rule) and recomputed where needed, so the shared-memory estimate of the spec checker holds.
+fp16/bf16 for tensor cores; a scaled operand, exp(s - M), is staged as its scaled numbers).
+Everything elementwise is fused into its consumers (thread graphs by rule) and recomputed where
+needed. The spec checker's shared-memory figure is this layout's exact byte count.
 
 Each op is a pass over shared memory followed by __syncthreads(). Passes come from the table
 PASSES (op -> method). ACC_EXP_SUM / ACC_EXP_WSUM sharing a score tensor s form one group with
