@@ -200,3 +200,16 @@ def test_score_forms_take_the_register_path(kind, dt, graphs):
     assert "mlso::FlashRows<" in source and "flash.step" in source
     two = kind == "loop_two_terms"
     assert (source.count("FlashRows<") == 1) and (", 16, true, true>" in source) == two
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_float32_mode_reports_the_error_codegen_makes(name, graphs, emulator):
+    """One model of the computation: the interpreter's float32 mode (codegen's stabilised exps,
+    rewrites and 16-bit tensor-core operands) has the emulated program's error, within 2x."""
+    kg = graphs[name]
+    for scale in SCALES:
+        ins = _inputs(kg, scale)
+        (want,) = interpreter.run(kg, ins, mode="float64")
+        emu = _error(emulator.run(name, ins)[0], want)
+        model = _error(interpreter.run(kg, ins, mode="float32")[0], want)
+        assert model / 2 <= emu <= 2 * model, f"{name} at {scale}: emulator {emu:.2e}, float32 mode {model:.2e}"

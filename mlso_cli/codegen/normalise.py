@@ -6,7 +6,8 @@ max. A search that writes the first form (or a lifted softmax moved inside a loo
 otherwise make codegen sum exp(s) of every step in fp32, which overflows at logits near 89 and
 in 16-bit staging near 11. The rewrites are identities of the IR's exact semantics, so codegen,
 the shared-memory plan and the interpreter's "as codegen computes" mode all apply them, and the
-finite-field checker never needs to (it reads the original graph).
+finite-field checker never needs to (it reads the original graph). ascomputed.py builds the
+graph the interpreter runs from these rewrites.
 
 Rules are a table: op of the node -> function(node) -> replacement or None.
 """
@@ -15,11 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mlso_cli.codegen import synthetic
-from mlso_cli.codegen.stabilise import consumers_of, stabilised
 from mlso_cli.ir import build as b
-from mlso_cli.ir.graph import BlockGraph, KernelGraph
-from mlso_cli.ir.node import Node, toposort
+from mlso_cli.ir.graph import BlockGraph
+from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import Op, Phase
 
 
@@ -62,32 +61,3 @@ def normalise(bg: BlockGraph) -> BlockGraph:
     outs = tuple(done[s] for s in bg.outputs)
     return bg if outs == bg.outputs else bg.replace(outputs=outs)
 
-
-# ---- the graph as codegen computes it (for the interpreter's float32 mode) ----------------------
-
-def _mark_stabilised(nodes: list[Node], roots: tuple[Node, ...]) -> dict[Node, Node]:
-    """node -> node with every stabilised EXP marked (synthetic.Stabilised), rebuilt bottom-up."""
-    stab = stabilised(nodes, consumers_of(nodes))
-    done: dict[Node, Node] = {}
-    for n in toposort(list(roots)):
-        src = tuple(done[s] for s in n.src)
-        if n in stab:
-            axis, factors = stab[n]
-            done[n] = Node(Op.EXP, src + tuple(done[f] for f in factors), synthetic.Stabilised(axis), n.shape,
-                           n.dtype, n.phase)
-        elif n.op is Op.GRAPH_DEF:
-            bg = normalise(n.arg)
-            bnodes = bg.nodes()
-            bdone = _mark_stabilised(bnodes, bg.outputs)
-            done[n] = n.replace(src=src, arg=bg.replace(outputs=tuple(bdone[s] for s in bg.outputs)))
-        else:
-            done[n] = n if src == n.src else n.replace(src=src)
-    return done
-
-
-def as_computed(kg: KernelGraph) -> KernelGraph:
-    """kg as code generation computes it: block graphs normalised (RULES), and every EXP that
-    codegen keeps relative to a row max marked with the axis and mask factors of that max. The
-    interpreter's float32 mode runs this graph, so it makes codegen's decisions, not its own."""
-    done = _mark_stabilised(kg.nodes(), tuple(kg.inputs) + tuple(kg.outputs))
-    return kg.replace(inputs=tuple(done[n] for n in kg.inputs), outputs=tuple(done[n] for n in kg.outputs))

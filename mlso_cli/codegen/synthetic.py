@@ -81,6 +81,6 @@ def is_synthetic(n: Node) -> bool:
 class Stabilised:
     """An EXP marked as a softmax numerator (stabilise.stabilised): src = (x, *mask factors); its
     value is exp(x - M) relative to M = max of x over `axis`, skipping positions where a factor
-    is zero. Only the interpreter's "as codegen computes" graph carries it (normalise.as_computed)."""
+    is zero. Only the interpreter's "as codegen computes" graph carries it (ascomputed.as_computed)."""
 
     axis: int

@@ -11,7 +11,7 @@ Modes:
     so storage rounding shows. fp32 tensors stay in float64, so exact-semantics partials such as
     sum(exp(100)) cannot overflow.
   - "float32": numpy float32 compute with storage rounding, "as codegen computes": it runs
-    codegen.normalise.as_computed(kg), so the EXPs that generated code keeps relative to a row
+    codegen.ascomputed.as_computed(kg), so the EXPs that generated code keeps relative to a row
     max (softmax numerators, at kernel and block level) and the block rewrites are codegen's own
     decisions; ACC_EXP_SUM / ACC_EXP_WSUM keep a running max like online softmax, and scaled
     values stay scaled through the ops of scaled.RULES (matmuls included), as in codegen.
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from mlso_cli.codegen.normalise import as_computed
+from mlso_cli.codegen.ascomputed import as_computed
 from mlso_cli.codegen.synthetic import Stabilised
 from mlso_cli.ir.graph import BlockGraph, KernelGraph
 from mlso_cli.ir.node import Node, const_value
