@@ -213,3 +213,20 @@ def test_float32_mode_reports_the_error_codegen_makes(name, graphs, emulator):
         emu = _error(emulator.run(name, ins)[0], want)
         model = _error(interpreter.run(kg, ins, mode="float32")[0], want)
         assert model / 2 <= emu <= 2 * model, f"{name} at {scale}: emulator {emu:.2e}, float32 mode {model:.2e}"
+
+
+def test_matmul_scale_rule():
+    """A per-row scale of A is a per-row scale of C; a scale varying along K is not carried; a
+    per-column scale of B is a per-column scale of C; with both, A's is carried and B's materialised."""
+    from mlso_cli.codegen.scale import BufferScale, matmul_scale
+
+    m = b.input_(0, (2, 8, 1), F32)
+    row = BufferScale(m, 1, (None, (1, 1), None))        # M[0, i, 0] for A (.., i, k)
+    along_k = BufferScale(m, 1, (None, (2, 1), None))    # M depends on k
+    col = BufferScale(m, 1, (None, None, (2, 1)))        # M[0, 0, j] for B (.., k, j)
+    assert matmul_scale(row, None, 3, 3, 3) == (BufferScale(m, 1, (None, (1, 1), None)), True, False)
+    assert matmul_scale(along_k, None, 3, 3, 3) == (None, False, False)
+    assert matmul_scale(None, col, 3, 3, 3) == (BufferScale(m, 1, (None, None, (2, 1))), False, True)
+    assert matmul_scale(row, col, 3, 3, 3)[1:] == (True, False)
+    # a batch-free B against a batched A: C's dims are A's
+    assert matmul_scale(row, None, 3, 2, 3)[0] == row

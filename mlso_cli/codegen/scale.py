@@ -153,12 +153,12 @@ BINARY: dict[Op, BinaryRule] = {Op.MUL: _mul, Op.DIV: _div, Op.ADD: _additive, O
 
 # ---- matmul: linear in a scaled operand ---------------------------------------------------------
 
-def _keeps(bs: BufferScale, rank: int, contracted: int) -> bool:
+def _keeps(bs: BufferScale, contracted: int) -> bool:
     """A scale whose max tensor M does not vary along the contracted axis factors out of the sum."""
-    return all(f is None or f[0] != contracted for f in bs.mfunc) and rank >= 2
+    return all(f is None or f[0] != contracted for f in bs.mfunc)
 
 
-def _moved(bs: BufferScale, rank: int, c_rank: int, dims: dict[int, int]) -> BufferScale | None:
+def _moved(bs: BufferScale, dims: dict[int, int]) -> BufferScale | None:
     """bs re-indexed from an operand's coordinates to C's: operand dim i is C dim dims[i]
     (batch dims right-aligned); None when M follows an operand dim with no C counterpart."""
     out: list[tuple[int, int] | None] = []
@@ -183,12 +183,12 @@ def matmul_scale(a: BufferScale | None, b: BufferScale | None, a_rank: int, b_ra
     lead = c_rank - 2
     a_dims = {i: i + (c_rank - a_rank) for i in range(a_rank - 2)} | {a_rank - 2: lead}
     b_dims = {i: i + (c_rank - b_rank) for i in range(b_rank - 2)} | {b_rank - 1: lead + 1}
-    if a is not None and _keeps(a, a_rank, a_rank - 1):
-        moved = _moved(a, a_rank, c_rank, a_dims)
+    if a is not None and _keeps(a, a_rank - 1):
+        moved = _moved(a, a_dims)
         if moved is not None:
             return moved, True, False
-    if b is not None and _keeps(b, b_rank, b_rank - 2):
-        moved = _moved(b, b_rank, c_rank, b_dims)
+    if b is not None and _keeps(b, b_rank - 2):
+        moved = _moved(b, b_dims)
         if moved is not None:
             return moved, False, True
     return None, False, False

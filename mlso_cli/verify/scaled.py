@@ -50,10 +50,6 @@ def plain(x: Any) -> np.ndarray:
     return x.materialise() if isinstance(x, Scaled) else x
 
 
-def _lift(x: Any) -> Scaled:
-    return x if isinstance(x, Scaled) else Scaled(x, np.zeros((), np.float32))
-
-
 def _exp(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         return np.exp(x).astype(np.float32)
