@@ -230,3 +230,15 @@ def test_matmul_scale_rule():
     assert matmul_scale(row, col, 3, 3, 3)[1:] == (True, False)
     # a batch-free B against a batched A: C's dims are A's
     assert matmul_scale(row, None, 3, 2, 3)[0] == row
+
+
+def test_repro_programs_compile_with_nvcc(graphs, emulator):
+    """nvcc (not only the host emulator) accepts every repro program, FlashRows' two-term and
+    scaled-score forms included, for sm_80 and sm_90a (the emulator fixture sets the cache)."""
+    import re
+
+    from mlso_cli.codegen import nvcc
+
+    sources = [re.sub(r"\bmlso_k(\d+)\b", rf"r{i}_k\1", generate(kg).source) for i, kg in enumerate(graphs.values())]
+    fatbin = nvcc.compile_source("\n".join(sources), ("sm_80", "sm_90a"))
+    assert fatbin[:4] == (0xBA55ED50).to_bytes(4, "little")
