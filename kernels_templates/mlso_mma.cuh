@@ -223,9 +223,13 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   return r;
 }
 
-template <typename T, int NS, int KQ, int NV, bool AK, bool BK, bool VK>
+// The score may be a form of matmuls: S = sc * (A B + A2 B2) * ks[column], with the second term
+// present when KQ2 > 0 (MLA's nope and rope scores), sc a constant and ks a per-key factor in
+// shared memory (or nullptr): each multiplies the fp32 C fragments before the row max.
+template <typename T, int NS, int KQ, int NV, bool AK, bool BK, bool VK, int KQ2 = 0, bool AK2 = true,
+          bool BK2 = false>
 struct FlashRows {
-  static_assert(NS % 16 == 0 && KQ % 16 == 0 && NV % 8 == 0, "FlashRows tile shape");
+  static_assert(NS % 16 == 0 && KQ % 16 == 0 && NV % 8 == 0 && KQ2 % 16 == 0, "FlashRows tile shape");
   float o[NV / 8][4];
   float m[2], l[2];
   __device__ __forceinline__ FlashRows() {
@@ -238,9 +242,26 @@ struct FlashRows {
   // goes onto P's columns instead (exp(s_j - m) * vs[j]), so V is read as stored. l is unscaled.
   __device__ __forceinline__ void step(const T* A, int lda, const T* B, int ldb, const T* V, int ldv, int m0,
                                        const float* vs = nullptr) {
+    step2(A, lda, B, ldb, nullptr, 0, nullptr, 0, 1.0f, nullptr, V, ldv, m0, vs);
+  }
+  __device__ __forceinline__ void step2(const T* A, int lda, const T* B, int ldb, const T* A2, int lda2,
+                                        const T* B2, int ldb2, float sc, const float* ks, const T* V, int ldv,
+                                        int m0, const float* vs = nullptr) {
     float s[NS / 8][4];
     zero_acc<NS / 8>(s);
     warp_mma_strip<NS / 8, KQ, AK, BK, T>(s, A, lda, B, ldb, m0, 0);
+    if constexpr (KQ2 > 0) warp_mma_strip<NS / 8, KQ2, AK2, BK2, T>(s, A2, lda2, B2, ldb2, m0, 0);
+    if (sc != 1.0f || ks != nullptr) {
+      const int c0 = 2 * (threadIdx.x & 3);
+#pragma unroll
+      for (int j = 0; j < NS / 8; ++j) {
+        const float f0 = ks != nullptr ? sc * ks[j * 8 + c0] : sc, f1 = ks != nullptr ? sc * ks[j * 8 + c0 + 1] : sc;
+        s[j][0] *= f0;
+        s[j][1] *= f1;
+        s[j][2] *= f0;
+        s[j][3] *= f1;
+      }
+    }
     float mx[2] = {neg_inf(), neg_inf()};
 #pragma unroll
     for (int j = 0; j < NS / 8; ++j) {

@@ -4,12 +4,21 @@
     compile_program(kg, arch_targets=...) -> CompiledProgram(fatbin, plan, source, source_sha256)
 
 Strategy per construct (details in each module's docstring):
+  plan.py      plan(kg, arch): kernels, layouts, register paths, before any code is printed
   lower.py     which kernel-level nodes become kernels, buffers, launch order
+  schedule.py  the one dependency-first scheduling loop (kernels, and passes within a block)
   kernels.py   elementwise chains, reductions (incl. the split-KV combine), tiled matmuls
-  block.py     graph-defined kernels (ITER loads, PRE/LOOP/POST, accumulators, SAVE)
+  normalise.py exact block rewrites (ACC_SUM of exp terms -> rescaling accumulators), and the
+               graph as codegen computes it, for the interpreter's float32 mode
+  blockanalysis.py, blockstorage.py, blockmatmul.py, blocklayout.py, barriers.py
+               graph-defined kernels' decisions; blocklayout.smem_layout is the shared-memory
+               figure the spec checker uses
+  block.py     graph-defined kernels printed (ITER loads, PRE/LOOP/POST, accumulators, SAVE)
+  scoreform.py scores the register-resident online softmax computes (scaled, per-key, two terms)
   emitter.py   fused elementwise evaluation (thread graphs), views as index maps
-  scale.py     values kept relative to a running max (softmax safety at logits of +-100)
-  stabilise.py which EXPs are softmax numerators
+  scale.py     values kept relative to a running max (softmax safety at logits of +-100);
+               a matmul is linear in a row-scaled A or a column-scaled B
+  stabilise.py which EXPs are softmax numerators (reaching a sum or a contracting matmul)
   nvcc.py      fatbin compilation with a content-hash cache
 """
 

@@ -1,4 +1,8 @@
-"""Graph-defined kernels: one CUDA kernel per block graph.
+"""Graph-defined kernels: one CUDA kernel per block graph. This module prints; the decisions
+are made before it runs, by job: blockanalysis.py (what is materialised, groups, fusions, the
+register-path candidate, dependency order), blockstorage.py (buffers and which hold scaled
+numbers), blockmatmul.py (operands, staging copies), blocklayout.py (the layout options; the
+one shared-memory figure, smem_layout), barriers.py (where __syncthreads() is needed).
 
 Layout of a generated kernel (blockIdx.{x,y,z} are the grid coordinates):
 
@@ -11,8 +15,9 @@ Layout of a generated kernel (blockIdx.{x,y,z} are the grid coordinates):
 Materialised in shared memory (fp32 unless noted): ITER tiles (their input dtype, 16-byte rows
 padded by 16 bytes against ldmatrix bank conflicts), matmul and reduction results, accumulators,
 running maxima, and staging copies of matmul operands that are computed values (converted to
-fp16/bf16 for tensor cores). Everything elementwise is fused into its consumers (thread graphs
-by rule) and recomputed where needed, so the shared-memory estimate of the spec checker holds.
+fp16/bf16 for tensor cores; a scaled operand, exp(s - M), is staged as its scaled numbers).
+Everything elementwise is fused into its consumers (thread graphs by rule) and recomputed where
+needed. The spec checker's shared-memory figure is this layout's exact byte count.
 
 Each op is a pass over shared memory followed by __syncthreads(). Passes come from the table
 PASSES (op -> method). ACC_EXP_SUM / ACC_EXP_WSUM sharing a score tensor s form one group with
@@ -26,228 +31,103 @@ kernel-level REDUCE_SUM uses (kernels.emit_reduce).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mlso_cli.codegen import synthetic
+from mlso_cli.codegen.barriers import emit_with_barriers
+from mlso_cli.codegen.blockanalysis import Group
+from mlso_cli.codegen.blocklayout import CODEGEN_ARCH, BlockLayout
+from mlso_cli.codegen.blockmatmul import MatmulPlan, Operand, Stage
+from mlso_cli.codegen.blockstorage import _ceil_to
 from mlso_cli.codegen.cfmt import (
     CTYPE,
     Code,
     Coords,
-    Names,
     bcast,
+    c_float,
     canon,
     contiguous,
     decompose,
-    mentions,
     numel,
     offset,
 )
 from mlso_cli.codegen.emitter import Emitter
 from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.program import Kernel
-from mlso_cli.codegen.scale import BufferScale, Storage, Val, structural
-from mlso_cli.codegen.stabilise import consumers_of, stabilisers
+from mlso_cli.codegen.scale import BufferScale, Storage, structural
 from mlso_cli.codegen.teams import FOLD, LOOP_VAR, Pass, choose_mode, emit_passes
 from mlso_cli.codegen.views import strided
 from mlso_cli.ir.graph import PARTIAL, BlockGraph
 from mlso_cli.ir.node import Node
-from mlso_cli.ir.ops import ACCUMULATORS, REDUCE, SMEM_BUDGET, DType, Op, Phase
+from mlso_cli.ir.ops import ACCUMULATORS, SMEM_BUDGET, Op, Phase
 
 if TYPE_CHECKING:
     from mlso_cli.codegen.lower import Lowering
 
 XYZ = ("x", "y", "z")
-MMA_TYPES = (DType.F16, DType.BF16)
-SMEM_LIMIT = SMEM_BUDGET["sm_90"]
-DEEP_PIPELINE_LIMIT = SMEM_BUDGET["sm_80"] - 4096
-"""A 3-stage pipeline is used only when the kernel then still fits an sm_80 block."""
 PHASES = (Phase.PRE, Phase.LOOP, Phase.POST)
-SM_COUNT_HINT = 132
-"""SMs of the target GPU (H100/H200), for choices that depend on blocks per SM."""
-
-
-def _ceil_to(x: int, m: int) -> int:
-    return -(-x // m) * m
 
 
 def _bool(b: bool) -> str:
     return "true" if b else "false"
 
 
-@dataclass
-class Group:
-    """ACC_EXP_* accumulators sharing one score tensor s, hence one running max."""
+class BlockKernel(BlockLayout):
+    """Emission: prints the planned kernel (blocklayout.BlockLayout), deciding nothing new."""
 
-    s: Node
-    m: Node
-    sums: list[Node] = field(default_factory=list)
-    wsums: list[Node] = field(default_factory=list)
-    alpha: str = ""
-    p: Storage | None = None
-    p_dtype: DType = DType.F32
-
-
-@dataclass
-class Operand:
-    """How a matmul pass reads one operand: a strided shared-memory tensor."""
-
-    ptr: str
-    dtype: DType
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
-    base: int = 0
-
-    def ld(self, contiguous_last: bool) -> int:
-        return self.strides[-2] if contiguous_last else self.strides[-1]
-
-
-@dataclass
-class Stage:
-    """A staging copy of a computed matmul operand, in the operand's phase."""
-
-    src: Node
-    storage: Storage
-    phase: Phase
-    done: bool = False
-
-
-@dataclass
-class MatmulPlan:
-    kind: str  # "mma" | "simt" | "splitk"
-    a: Operand
-    b: Operand
-    c: Storage
-    accumulate: bool
-    dtype: DType | None
-    a_kmajor: bool = True
-    b_kmajor: bool = False
-    stages: list[Stage] = field(default_factory=list)
-    row_scale: str | None = None  # fp32 per-row factor applied to C before accumulating (online-softmax alpha)
-
-
-class BlockKernel:
     def __init__(self, lw: Lowering, gd: Node) -> None:
+        super().__init__(gd.arg)
         self.lw = lw
         self.gd = gd
-        self.bg: BlockGraph = gd.arg
         self.name = lw.kernel_name()
-        self.names = Names()
         self.uses = lw.uses()
-        self.nodes = self.bg.nodes()
-        self.consumers = consumers_of(self.nodes)
-        self.stab = stabilisers(self.nodes, self.consumers)
-        self.iters = [n for n in self.nodes if n.op is Op.ITER]
-        self.groups: dict[Node, Group] = {}
-        for n in self.nodes:
-            if n.op in (Op.ACC_EXP_SUM, Op.ACC_EXP_WSUM):
-                g = self.groups.setdefault(n.src[0], Group(n.src[0], synthetic.running_max(n.src[0])))
-                (g.sums if n.op is Op.ACC_EXP_SUM else g.wsums).append(n)
-        self.group_of = {a: g for g in self.groups.values() for a in g.sums + g.wsums}
-        self.fused: dict[Node, Node] = {}
-        for n in self.nodes:
-            if n.op is Op.ACC_SUM and n.src[0].op is Op.MATMUL and self.consumers[n.src[0]] == [n]:
-                self.fused[n.src[0]] = n
-        self.fused_reduce: dict[Node, Node] = {}
-        for n in self.nodes:
-            r = n.src[0] if n.op is Op.ACC_SUM else None
-            if r is not None and r.op in REDUCE and isinstance(r.arg, int) and self.consumers[r] == [n]:
-                self.fused_reduce[r] = n
-        self.flash = self._flash_group()
-        self.nt = 32 * (self.flash.s.shape[-2] // 16) if self.flash else 256
-        self.nw = self.nt // 32
-        self.materialised: set[Node] = set(self.iters) | set(self.stab.values())
-        self.materialised |= {n for n in self.nodes if (n.op in REDUCE and n not in self.fused_reduce)
-                              or n.op in ACCUMULATORS}
-        self.materialised |= {n for n in self.nodes if n.op is Op.MATMUL and n not in self.fused}
-        self.materialised |= {g.m for g in self.groups.values()}
-        self.order = self._schedule()
-        self.loop_iters = [n for n in self.iters if n.phase is Phase.LOOP]
-
-    def _flash_group(self) -> Group | None:
-        """The group whose loop runs in registers (mlso::FlashRows), if one qualifies: s is a
-        loop-phase matmul used only by the group, one weighted sum over rows aligned with s,
-        16-row warp strips (16 <= rows <= 128), at most 128 keys per step and 128 value columns."""
-        found = []
-        for g in self.groups.values():
-            s = g.s
-            if s.op is not Op.MATMUL or s.phase is not Phase.LOOP or len(g.wsums) != 1:
-                continue
-            w = g.wsums[0]
-            rows, keys = s.shape[-2], s.shape[-1]
-            if numel(s.shape[:-2]) != 1 or rows % 16 or not 16 <= rows <= 128 or keys % 16 or keys > 128:
-                continue
-            if w.shape[-1] % 8 or w.shape[-1] > 128 or w.shape[:-1] != g.m.shape[:-1] or w.src[1].phase is not Phase.LOOP:
-                continue
-            if not all(c in g.sums or c in g.wsums for c in self.consumers[s]):
-                continue
-            found.append(g)
-        return found[0] if len(found) == 1 else None
-
-    def _flash_ok(self) -> bool:
-        g = self.flash
-        if g is None:
-            return False
-        sp, wp = self.plans.get(g.s), self.plans.get(g.wsums[0])
-        if not (sp is not None and wp is not None and sp.kind == "mma" and wp.kind == "mma" and not sp.accumulate
-                and sp.dtype == wp.dtype == g.p_dtype and sp.a.shape[-2] % 16 == 0):
-            return False
-        self.flash_v, self.flash_f = (wp.b, wp.b_kmajor), None
-        scaled = self._flash_scaled_v(g.wsums[0].src[1], sp.dtype)
-        if scaled is not None:
-            self.flash_f = scaled[2]
-            self.flash_fbuf = self._alloc("float", self.names.new("vs"), g.s.shape[-1] * 4)
-        return True
-
-    def _flash_scaled_v(self, v: Node, dtype: DType) -> tuple[Operand, bool, Node] | None:
-        """v = x * f with f one factor per key (row of v) and x a 16-bit tile in shared memory: the
-        register pass then reads x as stored and puts f on P's columns (no staged copy of x * f)."""
-        if v.op is not Op.MUL:
-            return None
-        keys = v.shape[-2]
-        for x, f in (v.src, v.src[::-1]):
-            if x.shape != v.shape or f.shape[-1] != 1 or len(f.shape) != len(v.shape) or numel(f.shape) != keys:
-                continue
-            if f.shape[-2] != keys:
-                continue
-            op = self._direct(x)
-            if op is None or op.dtype != dtype:
-                continue
-            ok, kmajor = self._mma_ok(op, "B")
-            if ok:
-                return op, kmajor, f
-        return None
 
     def _flash_args(self, plan: MatmulPlan, op: Operand, contiguous_last: bool) -> str:
         off = f"({self._batch_offset(op, plan.c.shape[:-2])})(0)"
         return f"{op.ptr} + {off}, {op.ld(contiguous_last)}"
 
+    def _factor_pass(self, code: Code, f: Node, buf: str, what: str) -> None:
+        """One factor per key into `buf` (fp32 shared memory), for the register pass to read."""
+
+        def body(em: Emitter, coords: Coords) -> list[str]:
+            return [f"{buf}[e] = {em.plain(f, coords)};"]
+
+        code(f"// per-key factor of the {what}, {list(f.shape)}")
+        self._elementwise(code, f.shape, body)
+        code("__syncthreads();")
+        self._w(buf)
+
     def _pass_flash(self, code: Code, g: Group) -> None:
-        sp, wp = self.plans[g.s], self.plans[g.wsums[0]]
+        form = self.flash_form
+        sps = [self.plans[t] for t in form.terms]
+        wp = self.plans[g.wsums[0]]
         vop, vk = self.flash_v
-        self._r(sp.a.ptr, sp.b.ptr, vop.ptr)
+        self._r(*(p for sp in sps for p in (sp.a.ptr, sp.b.ptr)), vop.ptr)
         vs = ""
-        f = self.flash_f
-        if f is not None:
-            fb = self.flash_fbuf
-
-            def body(em: Emitter, coords: Coords) -> list[str]:
-                return [f"{fb}[e] = {em.plain(f, coords)};"]
-
-            code(f"// per-key factor of the weighted operand, {list(f.shape)}")
-            self._elementwise(code, f.shape, body)
-            code("__syncthreads();")
-            self._w(fb)
-            vs = f", {fb}"
-        code("// online softmax in registers: s = matmul, m, l and exp(s - m) @ v per 16-row warp strip")
-        code(f"flash.step({self._flash_args(sp, sp.a, sp.a_kmajor)}, {self._flash_args(sp, sp.b, not sp.b_kmajor)}, "
-             f"{self._flash_args(wp, vop, not vk)}, warp * 16{vs});")
+        if self.flash_f is not None:
+            self._factor_pass(code, self.flash_f, self.flash_fbuf, "weighted operand")
+            vs = f", {self.flash_fbuf}"
+        if self.flash_kbuf is not None:
+            self._factor_pass(code, form.key_factor, self.flash_kbuf, "scores")
+        ab = [f"{self._flash_args(sp, sp.a, sp.a_kmajor)}, {self._flash_args(sp, sp.b, not sp.b_kmajor)}" for sp in sps]
+        v = self._flash_args(wp, vop, not vk)
+        if len(sps) == 1 and form.scale == 1 and self.flash_kbuf is None:
+            code("// online softmax in registers: s = matmul, m, l and exp(s - m) @ v per 16-row warp strip")
+            code(f"flash.step({ab[0]}, {v}, warp * 16{vs});")
+            return
+        second = ab[1] if len(ab) > 1 else "nullptr, 0, nullptr, 0"
+        code(f"// online softmax in registers: s = {' + '.join('matmul' for _ in sps)} (times "
+             f"{float(form.scale)}{' and a per-key factor' if self.flash_kbuf else ''}), m, l and exp(s - m) @ v")
+        code(f"flash.step2({ab[0]}, {second}, {c_float(form.scale)}, {self.flash_kbuf or 'nullptr'}, {v}, "
+             f"warp * 16{vs});")
 
     def _flash_decl(self) -> str:
         g = self.flash
-        sp = self.plans[g.s]
+        sps = [self.plans[t] for t in self.flash_form.terms]
+        sp = sps[0]
+        second = "".join(f", {p.a.shape[-1]}, {_bool(p.a_kmajor)}, {_bool(p.b_kmajor)}" for p in sps[1:])
         return (f"mlso::FlashRows<{CTYPE[sp.dtype]}, {g.s.shape[-1]}, {sp.a.shape[-1]}, {g.wsums[0].shape[-1]}, "
-                f"{_bool(sp.a_kmajor)}, {_bool(sp.b_kmajor)}, {_bool(self.flash_v[1])}> flash;")
+                f"{_bool(sp.a_kmajor)}, {_bool(sp.b_kmajor)}, {_bool(self.flash_v[1])}{second}> flash;")
 
     def _flash_flush(self, code: Code) -> None:
         g = self.flash
@@ -259,235 +139,6 @@ class BlockKernel:
         code(f"flash.flush({w.ptr}, {g.wsums[0].shape[-1]}, {'flash_l' if sums else 'nullptr'}, {len(sums)}, "
              f"{self.storage[g.m].ptr}, warp * 16);")
         code("__syncthreads();")
-
-    # ---- analysis ----------------------------------------------------------------------------
-    def _deps(self, n: Node) -> list[Node]:
-        out: list[Node] = []
-
-        def walk(s: Node) -> None:
-            if s in self.materialised:
-                out.append(s)
-                return
-            if s in self.stab:
-                out.append(self.stab[s])
-            for t in s.src:
-                walk(t)
-
-        for s in n.src:
-            walk(s)
-        return out
-
-    def _schedule(self) -> list[Node]:
-        order: list[Node] = []
-        done: set[Node] = set()
-        stack: list[tuple[Node, bool]] = [(s, False) for s in reversed(self.bg.outputs)]
-        while stack:
-            n, expanded = stack.pop()
-            if n in done:
-                continue
-            if expanded:
-                done.add(n)
-                order.append(n)
-                continue
-            stack.append((n, True))
-            for d in reversed(self._deps(n)):
-                if d not in done:
-                    stack.append((d, False))
-        return order
-
-    # ---- shared memory -----------------------------------------------------------------------
-    def _layout(self, pad: bool, stages: int) -> None:
-        self.nstage = stages
-        self.smem = 0
-        self.ptrs: list[tuple[str, str, int]] = []  # (C type, name, byte offset)
-        self.storage: dict[Node, Storage] = {}
-        self.stages: dict[tuple, Stage] = {}
-        self.plans: dict[Node, MatmulPlan] = {}
-        self.red = self._alloc("float", "red", 32 * 4)
-        fl = self.flash
-        # loop tiles first, in one contiguous region: after the loop it is dead, and the register
-        # pass keeps its weighted sum there (flushed once the last step is done)
-        region = _ceil_to(self.smem, 128)
-        for it in sorted(self.iters, key=lambda i: i.phase is not Phase.LOOP):
-            strides = self._tile_strides(it.shape, it.dtype, pad)
-            nbytes = (strides[0] * it.shape[0] if it.shape else 1) * it.dtype.itemsize
-            base = f"s{it.arg}"
-            if it.phase is Phase.LOOP:
-                for k in range(stages):
-                    self._alloc(CTYPE[it.dtype], f"{base}_{k}", nbytes)
-                region_end = self.smem
-            else:
-                self._alloc(CTYPE[it.dtype], base, nbytes)
-            self.storage[it] = Storage(base, it.dtype, it.shape, strides)
-        self.flash_alias = None
-        for n in self.order:
-            if n in self.materialised and n.op is not Op.ITER:
-                if fl is not None and n is fl.s:  # never stored: S lives in registers
-                    self.storage[n] = Storage(self._unbacked("float", self.names.new("sm")), DType.F32, n.shape,
-                                              contiguous(n.shape))
-                elif fl is not None and n is fl.wsums[0] and self.loop_iters and n.numel * 4 <= region_end - region:
-                    name = self.names.new("sm")
-                    self.ptrs.append(("float", name, region))
-                    self.storage[n] = Storage(name, DType.F32, n.shape, contiguous(n.shape))
-                    self.flash_alias = n
-                else:
-                    self._fp32(n)
-        for g in self.groups.values():
-            self._fp32(g.m)
-            name = self.names.new("alpha")
-            g.alpha = self._unbacked("float", name) if g is fl else self._alloc("float", name, g.m.numel * 4)
-        for n in self.nodes:
-            if n.op is Op.MATMUL:
-                out = self.fused.get(n, n)
-                self.plans[n] = self._plan_matmul(n.src[0], n.src[1], self.storage[out], n in self.fused)
-        for g in self.groups.values():
-            if g.wsums:
-                self._plan_group_p(g)
-                for w in g.wsums:
-                    scaled = self._flash_scaled_v(w.src[1], g.p_dtype) if g is fl else None
-                    if scaled is not None:  # the register pass reads x of x * f as stored: no staging
-                        a = Operand(g.p.ptr, g.p.dtype, g.s.shape, g.p.strides)
-                        self.plans[w] = MatmulPlan("mma", a, scaled[0], self.storage[w], True, g.p_dtype, True,
-                                                   scaled[1])
-                    else:
-                        self.plans[w] = self._plan_matmul(None, w.src[1], self.storage[w], True, p_of=g)
-                    if self._rows_aligned(g):
-                        self.plans[w].row_scale = g.alpha
-        if not self._flash_ok():
-            self.flash = None
-
-    def _unbacked(self, ctype: str, name: str) -> str:
-        """A name for a buffer the generated code never touches (the register pass's S, P, alpha)."""
-        self.ptrs.append((ctype, name, 0))
-        return name
-
-    def _alloc(self, ctype: str, name: str, nbytes: int) -> str:
-        off = _ceil_to(self.smem, 128)
-        self.smem = off + max(nbytes, 4)
-        self.ptrs.append((ctype, name, off))
-        return name
-
-    def _fp32(self, n: Node) -> Storage:
-        if n not in self.storage:
-            name = self._alloc("float", self.names.new("sm"), n.numel * 4)
-            self.storage[n] = Storage(name, DType.F32, n.shape, contiguous(n.shape))
-        return self.storage[n]
-
-    @staticmethod
-    def _tile_strides(shape: tuple[int, ...], dtype: DType, pad: bool) -> tuple[int, ...]:
-        if pad and dtype.itemsize == 2 and len(shape) >= 2 and shape[-1] % 8 == 0 and shape[-1] >= 16:
-            return contiguous(shape[:-1] + (shape[-1] + 8,))
-        return contiguous(shape)
-
-    # ---- matmul planning ---------------------------------------------------------------------
-    def _direct(self, x: Node) -> Operand | None:
-        view = strided(x, self.storage)
-        if view is None or self.storage[view.leaf].scale is not None:
-            return None
-        st = self.storage[view.leaf]
-        return Operand(st.ptr, st.dtype, x.shape, view.strides, view.base)
-
-    @staticmethod
-    def _mma_ok(op: Operand, role: str) -> tuple[bool, bool]:
-        """(usable by ldmatrix, k-major) for a 16-bit operand."""
-        s, shape = op.strides, op.shape
-        aligned = op.base % 8 == 0 and all(v % 8 == 0 for v, d in zip(s[:-2], shape[:-2]) if d > 1)
-        if not aligned:
-            return False, True
-        rows_ok = s[-2] % 8 == 0 or shape[-2] == 1
-        cols_ok = s[-1] % 8 == 0 or shape[-1] == 1
-        if s[-1] == 1 and rows_ok:  # row-major in shared memory
-            return True, role == "A"
-        if s[-2] == 1 and cols_ok:  # column-major
-            return True, role == "B"
-        return False, True
-
-    def _stage(self, x: Node, role: str, dtype: DType, rows: int) -> Operand:
-        """A copy of operand x: A as (.., rows padded, K) k-major, B as (.., K, N) n-major."""
-        key = (x, role, dtype)
-        st = self.stages.get(key)
-        if st is None:
-            pad = 8 if dtype.itemsize == 2 else 0
-            shape = x.shape[:-2] + (rows, x.shape[-1])
-            strides = contiguous(shape[:-1] + (shape[-1] + pad,))
-            nbytes = (strides[0] * shape[0] if shape else 1) * dtype.itemsize
-            name = self._alloc(CTYPE[dtype], self.names.new("stg"), nbytes)
-            storage = Storage(name, dtype, shape, strides)
-            st = Stage(x, storage, x.phase or Phase.PRE)
-            self.stages[key] = st
-        s = st.storage
-        return Operand(s.ptr, dtype, x.shape, s.strides)
-
-    def _mma_hint(self, x: Node) -> DType | None:
-        """The 16-bit type a matmul operand should use on tensor cores: its stored type, or for a
-        computed operand the type of a 16-bit tile it is computed from (None: keep fp32)."""
-        d = self._direct(x)
-        if d is not None:
-            return d.dtype if d.dtype in MMA_TYPES else None
-        stack, seen = [x], set()
-        while stack:
-            n = stack.pop()
-            if n in seen:
-                continue
-            seen.add(n)
-            if n in self.storage:
-                if self.storage[n].dtype in MMA_TYPES:
-                    return self.storage[n].dtype
-                continue
-            stack.extend(n.src)
-        return None
-
-    def _plan_group_p(self, g: Group) -> None:
-        s = g.s
-        hints = [self._mma_hint(w.src[1]) for w in g.wsums
-                 if s.shape[-1] % 16 == 0 and w.src[1].shape[-1] % 8 == 0]
-        dt = next((d for d in hints if d is not None), DType.F32)
-        rows = _ceil_to(s.shape[-2], 16) if dt is not DType.F32 else s.shape[-2]
-        pad = 8 if dt.itemsize == 2 else 0
-        shape = s.shape[:-2] + (rows, s.shape[-1])
-        strides = contiguous(shape[:-1] + (shape[-1] + pad,))
-        nbytes = (strides[0] * shape[0] if shape else 1) * dt.itemsize
-        if g is self.flash:  # P stays in registers
-            name = self._unbacked(CTYPE[dt], self.names.new("p"))
-        else:
-            name = self._alloc(CTYPE[dt], self.names.new("p"), nbytes)
-        g.p = Storage(name, dt, shape, strides)
-        g.p_dtype = dt
-
-    def _plan_matmul(self, a: Node | None, b: Node, c: Storage, accumulate: bool,
-                     p_of: Group | None = None) -> MatmulPlan:
-        a_shape = p_of.s.shape if p_of else a.shape
-        m, k, n = a_shape[-2], a_shape[-1], b.shape[-1]
-        batch = numel(c.shape[:-2])
-        a_dir = Operand(p_of.p.ptr, p_of.p.dtype, a_shape, p_of.p.strides) if p_of else self._direct(a)
-        b_dir = self._direct(b)
-        if p_of is not None:
-            mma = p_of.p_dtype if p_of.p_dtype in MMA_TYPES else None
-        else:
-            mma = self._mma_hint(a) or self._mma_hint(b)
-        if mma is not None and n % 8 == 0 and k % 16 == 0:
-            stages = []
-            a_ok, a_km = self._mma_ok(a_dir, "A") if a_dir and a_dir.dtype == mma else (False, True)
-            if p_of is None and not (a_ok and m % 16 == 0):
-                a_dir, a_km = self._stage(a, "A", mma, _ceil_to(m, 16)), True
-                stages.append(self.stages[(a, "A", mma)])
-            b_ok, b_km = self._mma_ok(b_dir, "B") if b_dir and b_dir.dtype == mma else (False, False)
-            if not b_ok:
-                b_dir, b_km = self._stage_b(b, mma), False
-                stages.append(self.stages[(b, "B", mma)])
-            return MatmulPlan("mma", a_dir, b_dir, c, accumulate, mma, a_km, b_km, stages)
-        stages = []
-        if a_dir is None:
-            a_dir = self._stage(a, "A", DType.F32, m)
-            stages.append(self.stages[(a, "A", DType.F32)])
-        if b_dir is None:
-            b_dir = self._stage_b(b, DType.F32)
-            stages.append(self.stages[(b, "B", DType.F32)])
-        kind = "simt" if batch * m * n >= self.nt or k < 64 else "splitk"
-        return MatmulPlan(kind, a_dir, b_dir, c, accumulate, None, stages=stages)
-
-    def _stage_b(self, b: Node, dtype: DType) -> Operand:
-        return self._stage(b, "B", dtype, b.shape[-2])
 
     # ---- emission helpers --------------------------------------------------------------------
     def emitter(self) -> Emitter:
@@ -554,10 +205,18 @@ class BlockKernel:
         ctype = CTYPE[s.dtype]
 
         def body(em: Emitter, coords: Coords) -> list[str]:
-            v = em.plain(st.src, coords)
+            if st.scale is None:
+                v = em.plain(st.src, coords)
+            else:
+                val = em.value(st.src, coords)
+                if val.scale is None or structural(val.scale, coords) != st.scale:
+                    raise CodegenError(f"staged operand {st.src.op.value}{list(st.src.shape)}: emitted scale "
+                                       "differs from the planned one", "Report this as a codegen bug.")
+                v = val.code
             return [f"{s.ptr}[{offset(coords, s.strides)}] = mlso::from_f32<{ctype}>({v});"]
 
-        code(f"// stage {st.src.op.value}{list(st.src.shape)} as {s.dtype.value}")
+        code(f"// stage {st.src.op.value}{list(st.src.shape)} as {s.dtype.value}"
+             + (" (scaled by a row max)" if st.scale is not None else ""))
         self._elementwise(code, st.src.shape, body)
         self._w(s.ptr)
 
@@ -626,34 +285,22 @@ class BlockKernel:
         axis = n.arg.axis if isinstance(n.arg, synthetic.RowMax) else n.arg
         length = x.shape[axis]
         op = "max" if n.op is Op.REDUCE_MAX else "sum"
-        state: dict = {}
-
         def inner(tokens: Coords) -> Coords:
             c = list(tokens)
             c[axis] = LOOP_VAR
             return canon(x.shape, c)
+
+        planned = st.scale if into is None else None  # decided by _reduce_scale before emission
 
         def body(em: Emitter, tokens: Coords) -> str:
             c = inner(tokens)
             if weighted:
                 w = em.plain(n.src[1], bcast(n.src[1].shape, c))
                 return f"({w} != 0.0f ? {em.plain(x, c)} : mlso::neg_inf())"
-            v = em.value(x, c)
-            sc = v.scale
-            if sc is not None and not any(mentions(m, LOOP_VAR) for m in sc.mcoords) and (op == "sum" or sc.degree > 0):
-                state["scale"] = sc
-                return v.code
-            return em.materialise(v)
+            return em.value(x, c).code if planned is not None else em.plain(x, c)
 
         def finish(em: Emitter, tokens: Coords, acc: str) -> list[str]:
             val = f"{acc} / {float(length)}f" if n.op is Op.REDUCE_MEAN else acc
-            sc = state.get("scale")
-            if sc is not None:
-                bs = structural(sc, tokens) if into is None else None
-                if bs is not None:
-                    st.scale = bs
-                else:
-                    val = em.materialise(Val(val, sc))
             return [f"{st.ptr}[o] {'+=' if into is not None else '='} {val};"]
 
         code(f"// {n.op.value} axis {axis} of {list(x.shape)}" + (" (softmax stabiliser)" if weighted or
@@ -673,10 +320,6 @@ class BlockKernel:
 
         code(f"// acc_sum{list(n.shape)}")
         self._elementwise(code, n.shape, body)
-
-    def _rows_aligned(self, g: Group) -> bool:
-        rows = g.m.shape[:-1]
-        return all(acc.shape[:-1] == rows for acc in g.wsums)
 
     def _team_width(self, length: int, rows: int) -> int:
         """Lanes per row for a row pass: enough teams that every row gets one at once (when the
@@ -832,13 +475,6 @@ class BlockKernel:
 
         return index
 
-    def _acc_scale(self, acc: Node) -> BufferScale:
-        g = self.group_of[acc]
-        ms = g.m.shape
-        lead = len(acc.shape) - len(ms)
-        mfunc = tuple(None if (j == len(ms) - 1 or ms[j] == 1) else (j + lead, 1) for j in range(len(ms)))
-        return BufferScale(g.m, 1, mfunc)
-
     def _pass_save(self, code: Code, save: Node, written: set[Node]) -> None:
         om = save.arg.omap
         proj = self.proj_storage[save.arg.index]
@@ -954,28 +590,12 @@ class BlockKernel:
 
     # ---- the kernel --------------------------------------------------------------------------
     def build(self) -> Kernel:
-        # deeper cp.async pipelines only where the loop is long enough and the kernel still fits
-        # an sm_80 block; padding rows against bank conflicts only where it fits at all
-        options = [(True, 3, DEEP_PIPELINE_LIMIT), (True, 2, SMEM_LIMIT), (False, 2, SMEM_LIMIT)]
-        while True:
-            flash = self.flash
-            # the register pass: small blocks (a warp per 16 rows) with a small footprint, so that
-            # several blocks share an SM and hide each other's latency: double buffering is enough
-            # there. With at most one block per SM, shared memory buys nothing else: prefetch deeper.
-            shallow = flash is not None and numel(self.bg.grid) > SM_COUNT_HINT
-            for pad, stages, limit in (options[1:] if shallow else options):
-                if stages > 2 and (self.bg.loop < 3 or not self.loop_iters):
-                    continue
-                self._layout(pad, stages)
-                if self.smem <= limit:
-                    break
-            else:
-                raise CodegenError(f"graph-defined kernel needs {self.smem} bytes of shared memory "
-                                   f"(limit {SMEM_LIMIT})",
-                                   "Choose smaller tiles (a larger grid or loop) for this block graph.")
-            if self.flash is flash:
-                break
-            self.nt, self.nw = 256, 8  # the register path does not apply after all: the usual block size
+        layout = self.plan()
+        if not layout.fits:
+            raise CodegenError(f"graph-defined kernel needs {layout.smem} bytes of shared memory "
+                               f"(limit {SMEM_BUDGET[CODEGEN_ARCH]})",
+                               "Choose smaller tiles (a larger grid or loop) for this block graph; "
+                               "mlso_cli.ir.spec.check rejects this graph for the same reason.")
         self.proj_storage: dict[int, Storage] = {}
         projs = {n.arg: n for n in self.lw.order
                  if n.op is Op.PROJ and isinstance(n.arg, int) and n.src[0] == self.gd}
@@ -986,9 +606,6 @@ class BlockKernel:
             st = self.lw.storage.get(proj) or self.lw.scratch_storage(proj)
             self.proj_storage[idx] = st
             self.uses.write(st.buffer)
-        for acc in self.group_of:
-            self.storage[acc].scale = self._acc_scale(acc)
-
         body = Code(1)
         self._emit_body(body)
         code = Code()
@@ -1018,10 +635,14 @@ class BlockKernel:
             if n in self.group_of:
                 last_of_group[self.group_of[n].s] = n
 
+        staged: set[int] = set()  # each staging copy is written once, before its first matmul
+
         def stage(plans: list[MatmulPlan]) -> None:
             for plan in plans:
                 for st in plan.stages:
-                    passes[st.phase].append(lambda c, st=st: self._stage_once(c, st))
+                    if id(st) not in staged:
+                        staged.add(id(st))
+                        passes[st.phase].append(lambda c, st=st: self._pass_stage(c, st))
 
         for n in self.order:
             if n.op is Op.ITER or n in (g.m for g in self.groups.values()):
@@ -1059,29 +680,18 @@ class BlockKernel:
             phase = n.phase or Phase.PRE
             if n in self.plans:
                 stage([self.plans[n]])
-            if self.flash is not None and n is self.flash.s:
+            if self.flash is not None and n in self.flash_form.terms:
                 continue  # computed inside the register pass of its group
             passes[phase].append(lambda c, n=n, rule=rule: rule(self, c, n))
         return passes, saves
 
     def _emit_passes(self, code: Code, passes: list[Callable[[Code], None]]) -> None:
-        """Emit passes with a barrier only where a pass reads or writes shared memory that an
-        earlier pass since the last barrier wrote, or writes what one read (RAW, WAW, WAR)."""
-        reads: set[str] = set()
-        writes: set[str] = set()
-        for p in passes:
-            sub = Code(code.ind)
+        """Emit passes with the barriers barriers.emit_with_barriers finds necessary."""
+
+        def reset() -> None:
             self._reads, self._writes = set(), set()
-            p(sub)
-            if not sub.lines:
-                continue
-            r, w = self._reads, self._writes
-            if (r & writes) or (w & (reads | writes)):
-                code("__syncthreads();")
-                reads, writes = set(), set()
-            code.lines.extend(sub.lines)
-            reads |= r
-            writes |= w
+
+        emit_with_barriers(code, passes, reset, lambda: (self._reads, self._writes))
 
     def _emit_body(self, code: Code) -> None:
         code("MLSO_DYNAMIC_SMEM(smem);")
@@ -1132,10 +742,6 @@ class BlockKernel:
         for s in saves:
             self._pass_save(code, s, written)
 
-    def _stage_once(self, code: Code, st: Stage) -> None:
-        if not st.done:
-            self._pass_stage(code, st)
-            st.done = True
 
 
 PASSES: dict[Op, Callable[[BlockKernel, Code, Node], None]] = {

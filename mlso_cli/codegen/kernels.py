@@ -25,7 +25,7 @@ from mlso_cli.codegen.cfmt import (
 from mlso_cli.codegen.emitter import Flat
 from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.program import Kernel
-from mlso_cli.codegen.scale import Scale, Val, structural
+from mlso_cli.codegen.scale import Scale, Val, matmul_scale, structural
 from mlso_cli.codegen.synthetic import Copy, RowMax
 from mlso_cli.codegen.teams import LOOP_VAR, Pass, choose_mode, emit_passes
 from mlso_cli.codegen.views import strided
@@ -191,6 +191,24 @@ def _operand_layout(lw: Lowering, x: Node, role: str, mma: DType | None) -> tupl
     return vec and batch_ok, k_major
 
 
+def _scaled_operands(lw: Lowering, root: Node, scratch: bool) -> set[str]:
+    """Which operands ("a"/"b") the matmul reads as their scaled numbers, leaving C (fp32
+    scratch) scaled by scale.matmul_scale; an output buffer always receives the exact values."""
+    if not scratch:
+        return set()
+    scales = []
+    for x in root.src:
+        tokens = decompose("e", x.shape)
+        v = lw.emitter(lw.uses(), Names()).value(x, tokens).scale
+        scales.append(structural(v, tokens) if v is not None else None)
+    a, b = root.src
+    cs, keep_a, keep_b = matmul_scale(scales[0], scales[1], len(a.shape), len(b.shape), len(root.shape))
+    if cs is None:
+        return set()
+    lw.storage[root].scale = cs
+    return {"a"} if keep_a else {"b"}
+
+
 def emit_matmul(lw: Lowering, root: Node) -> Kernel:
     """Tiled matmul: tensor cores (mma.sync) for fp16/bf16 operands, fp32 SIMT otherwise."""
     name, names, uses = lw.kernel_name(), Names(), lw.uses()
@@ -207,11 +225,12 @@ def emit_matmul(lw: Lowering, root: Node) -> Kernel:
     ctype = CTYPE[mma] if mma else "float"
     lambdas: list[str] = []
     flags: list[str] = []
+    keep = _scaled_operands(lw, root, out.buffer.kind == "scratch")
     for x, role, (r, c) in ((a, "a", ("m", "k")), (b, "b", ("k", "n"))):
         coords = canon(x.shape, bcast(x.shape[:-2], bt) + (r, c))
         vec, k_major = _operand_layout(lw, x, role, mma)
         em = lw.emitter(uses, names)
-        val = em.plain(x, coords)
+        val = em.value(x, coords).code if role in keep else em.plain(x, coords)
         body = " ".join(em.lines)
         lambdas.append(f"auto {role}_at = [&](int b, int {r}, int {c}) -> float {{ {body} return {val}; }};")
         if vec:

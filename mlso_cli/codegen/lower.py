@@ -23,6 +23,7 @@ from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.kernels import emit_elementwise, emit_matmul, emit_reduce
 from mlso_cli.codegen.program import Buffer, GeneratedProgram, Kernel, build_plan
 from mlso_cli.codegen.scale import Storage, Val, structural
+from mlso_cli.codegen.schedule import schedule
 from mlso_cli.codegen.stabilise import consumers_of, stabilisers
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.hashing import graph_hash
@@ -166,10 +167,12 @@ class Lowering:
 
     def _deps(self, root: Node, roots: set[Node]) -> list[Node]:
         out: list[Node] = []
+        seen: set[Node] = set()
 
         def walk(s: Node) -> None:
-            if s.op in (Op.INPUT, Op.CONST):
+            if s.op in (Op.INPUT, Op.CONST) or s in seen:
                 return
+            seen.add(s)
             if s in roots:
                 out.append(s)
             elif s.op is Op.PROJ:
@@ -189,23 +192,7 @@ class Lowering:
         return out
 
     def _schedule(self, roots: set[Node], targets: list[Node]) -> list[Node]:
-        order: list[Node] = []
-        done: set[Node] = set()
-        stack: list[tuple[Node, bool]] = [(t, False) for t in reversed(targets)]
-        while stack:
-            n, expanded = stack.pop()
-            if n in done:
-                continue
-            if expanded:
-                done.add(n)
-                if n in roots:
-                    order.append(n)
-                continue
-            stack.append((n, True))
-            for d in reversed(self._deps(n, roots)):
-                if d not in done:
-                    stack.append((d, False))
-        return order
+        return schedule(targets, lambda n: self._deps(n, roots), keep=lambda n: n in roots)
 
     # ---- driver ------------------------------------------------------------------------------
     def generate(self) -> GeneratedProgram:

@@ -149,3 +149,46 @@ def _additive(a: Scale | None, b: Scale | None) -> tuple[Scale | None, bool, boo
 
 BINARY: dict[Op, BinaryRule] = {Op.MUL: _mul, Op.DIV: _div, Op.ADD: _additive, Op.SUB: _additive,
                                 Op.MAX: _additive}
+
+
+# ---- matmul: linear in a scaled operand ---------------------------------------------------------
+
+def _keeps(bs: BufferScale, contracted: int) -> bool:
+    """A scale whose max tensor M does not vary along the contracted axis factors out of the sum."""
+    return all(f is None or f[0] != contracted for f in bs.mfunc)
+
+
+def _moved(bs: BufferScale, dims: dict[int, int]) -> BufferScale | None:
+    """bs re-indexed from an operand's coordinates to C's: operand dim i is C dim dims[i]
+    (batch dims right-aligned); None when M follows an operand dim with no C counterpart."""
+    out: list[tuple[int, int] | None] = []
+    for f in bs.mfunc:
+        if f is None:
+            out.append(None)
+        elif f[0] in dims:
+            out.append((dims[f[0]], f[1]))
+        else:
+            return None
+    return BufferScale(bs.key, bs.degree, tuple(out))
+
+
+def matmul_scale(a: BufferScale | None, b: BufferScale | None, a_rank: int, b_rank: int,
+                 c_rank: int) -> tuple[BufferScale | None, bool, bool]:
+    """(scale of C = A @ B, keep A's stored numbers?, keep B's stored numbers?).
+
+    Why: a matmul is linear in each operand. A per-row scale of A (M independent of K) is a
+    per-row scale of C, a per-column scale of B likewise. Keeping the stored numbers is what keeps
+    exp(s - M) in [0, 1] when it is staged in 16-bit storage for the tensor cores. Only one
+    operand's scale can be carried (C holds one max tensor); the other is materialised."""
+    lead = c_rank - 2
+    a_dims = {i: i + (c_rank - a_rank) for i in range(a_rank - 2)} | {a_rank - 2: lead}
+    b_dims = {i: i + (c_rank - b_rank) for i in range(b_rank - 2)} | {b_rank - 1: lead + 1}
+    if a is not None and _keeps(a, a_rank - 1):
+        moved = _moved(a, a_dims)
+        if moved is not None:
+            return moved, True, False
+    if b is not None and _keeps(b, b_rank - 2):
+        moved = _moved(b, b_dims)
+        if moved is not None:
+            return moved, False, True
+    return None, False, False

@@ -75,3 +75,12 @@ def copy(x: Node, slot: int) -> Node:
 
 def is_synthetic(n: Node) -> bool:
     return isinstance(n.arg, (RowMax, RunningMax, Combined, PartialMax, Copy))
+
+
+@dataclass(frozen=True)
+class Stabilised:
+    """An EXP marked as a softmax numerator (stabilise.stabilised): src = (x, *mask factors); its
+    value is exp(x - M) relative to M = max of x over `axis`, skipping positions where a factor
+    is zero. Only the interpreter's "as codegen computes" graph carries it (ascomputed.as_computed)."""
+
+    axis: int

@@ -224,7 +224,12 @@ def block_problems(bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90") 
             out.append(f"{where}: phase should be {max(phases, key=_ORDER.__getitem__).value}")
     if out:
         return out
-    smem = block_smem(bg, srcs, arch)
+    from mlso_cli.codegen.errors import CodegenError  # lazily: codegen imports ir
+
+    try:
+        smem = block_smem(bg, srcs, arch)
+    except CodegenError as exc:  # a construct the layout cannot plan: not valid for any arch
+        return [f"code generation cannot lay this block graph out: {exc}"]
     budget = SMEM_BUDGET[arch]
     if smem > budget:
         out.append(f"block graph needs {smem} bytes of shared memory; {arch} has {budget}")
@@ -235,16 +240,13 @@ def block_smem(bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90") -> i
     """Bytes of shared memory one block of `bg` needs on `arch`: the figure the spec checker holds
     to the arch's budget, and the one the block builder tracks as it grows a graph.
 
-    Today this is an estimate (ITER tiles, double-buffered when looped; fp32 accumulators, matmul
-    and reduction results); the lowering plan will make it the exact byte count codegen allocates.
+    It is the exact byte count code generation allocates (padding, staging copies, P buffers,
+    pipeline stages included): both read mlso_cli.codegen.blocklayout.smem_layout. `srcs` is
+    kept for callers; the layout depends on the tiles, which the block graph holds.
     """
-    smem = 0
-    for n in toposort(list(bg.outputs)):
-        if n.op is Op.ITER:
-            smem += n.numel * n.dtype.itemsize * (2 if n.phase is Phase.LOOP else 1)
-        elif n.op in ACCUMULATORS or n.op is Op.MATMUL or n.op in REDUCE:
-            smem += n.numel * 4
-    return smem
+    from mlso_cli.codegen.blocklayout import smem_layout  # lazily: codegen imports ir
+
+    return smem_layout(bg, arch).smem
 
 
 def _check_save(bg: BlockGraph, n: Node) -> list[str]:

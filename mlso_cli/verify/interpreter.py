@@ -10,8 +10,11 @@ Modes:
     F16/BF16 is rounded to that dtype (bf16 = fp32 rounded to nearest-even on the top 16 bits),
     so storage rounding shows. fp32 tensors stay in float64, so exact-semantics partials such as
     sum(exp(100)) cannot overflow.
-  - "float32": numpy float32 compute with storage rounding. ACC_EXP_SUM / ACC_EXP_WSUM keep a
-    running max like online softmax (scaled.py); kernel-level ops are plain float32.
+  - "float32": numpy float32 compute with storage rounding, "as codegen computes": it runs
+    codegen.ascomputed.as_computed(kg), so the EXPs that generated code keeps relative to a row
+    max (softmax numerators, at kernel and block level) and the block rewrites are codegen's own
+    decisions; ACC_EXP_SUM / ACC_EXP_WSUM keep a running max like online softmax, and scaled
+    values stay scaled through the ops of scaled.RULES (matmuls included), as in codegen.
 
 Ops are a table (op -> numpy function); inside a block everything is numpy on the tile, and only
 blocks and steps are Python loops.
@@ -25,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from mlso_cli.codegen.ascomputed import as_computed
+from mlso_cli.codegen.synthetic import Stabilised
 from mlso_cli.ir.graph import BlockGraph, KernelGraph
 from mlso_cli.ir.node import Node, const_value
 from mlso_cli.ir.ops import DType, Op
@@ -150,10 +155,18 @@ class Float32Backend(FloatBackend):
 
     dtype = np.float32
 
-    def __init__(self) -> None:
+    def __init__(self, outputs: frozenset[Node] = frozenset()) -> None:
         super().__init__(rounding=True)
+        self.outputs = outputs
+        """Kernel-level tensors that are graph outputs: the only ones codegen stores in their own
+        dtype (every other kernel writes fp32 scratch, so logits of 100 are not rounded by 0.03)."""
 
     def compute(self, node: Node, args: list[Any]) -> Any:
+        if isinstance(node.arg, Stabilised):
+            with np.errstate(all="ignore"):
+                return sc.stabilised_exp(node.arg.axis, sc.plain(args[0]), [sc.plain(a) for a in args[1:]])
+        if node.op is Op.MATMUL and node.phase is None:
+            args = [self._operand(s, a) for s, a in zip(node.src, args)]
         if any(isinstance(a, sc.Scaled) for a in args):
             rule = sc.RULES.get(node.op)
             if rule is not None:
@@ -162,11 +175,21 @@ class Float32Backend(FloatBackend):
             args = [sc.plain(a) for a in args]
         return super().compute(node, args)
 
-    def store(self, node: Node, value: Any) -> Any:
+    def _operand(self, src: Node, value: Any) -> Any:
+        """A kernel-level matmul operand as the tensor cores read it: rounded to a 16-bit dtype."""
+        if src.dtype is DType.F32:
+            return value
         if isinstance(value, sc.Scaled):
-            if node.dtype is DType.F32:
-                return value
-            value = value.materialise()
+            return sc.Scaled(self._round(value.v, src), value.m)
+        return self._round(value, src)
+
+    def store(self, node: Node, value: Any) -> Any:
+        if node.phase is None and node.op is not Op.PROJ and node not in self.outputs:
+            return value  # fp32 scratch
+        if isinstance(value, sc.Scaled):
+            # codegen keeps scaled intermediates as their scaled numbers (rounded where they are
+            # 16-bit); graph outputs are materialised by run()
+            return value if node.dtype is DType.F32 else sc.Scaled(self._round(value.v, node), value.m)
         return self._round(value, node)
 
     def acc_step(self, node: Node, state: Any, args: list[Any]) -> Any:
@@ -216,8 +239,15 @@ def backend(mode: str) -> FloatBackend:
 def run(kg: KernelGraph, inputs: Sequence[np.ndarray], mode: str = "float64",
         observe: Observer | None = None) -> list[np.ndarray]:
     """Execute kg on numpy inputs; outputs are float64 (float32 in "float32" mode) arrays."""
-    outs = evaluate(kg, inputs, backend(mode), observe)
-    return [np.asarray(sc.plain(o)) for o in outs]
+    be = backend(mode)
+    if isinstance(be, Float32Backend):
+        kg = as_computed(kg)
+        be.outputs = frozenset(kg.outputs)
+    outs = evaluate(kg, inputs, be, observe)
+    if mode != "float32":
+        return [np.asarray(sc.plain(o)) for o in outs]
+    return [round_to(np.asarray(sc.plain(o)), n.dtype, np.float32) if isinstance(o, sc.Scaled) else np.asarray(o)
+            for o, n in zip(outs, kg.outputs)]
 
 
 def run_field(kg: KernelGraph, inputs: Sequence[Any], fld: Any) -> list[Any]:

@@ -21,6 +21,7 @@ import numpy as np
 
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import Op
+from mlso_cli.verify.storage import round_to
 
 
 @dataclass
@@ -49,31 +50,47 @@ def plain(x: Any) -> np.ndarray:
     return x.materialise() if isinstance(x, Scaled) else x
 
 
-def _lift(x: Any) -> Scaled:
-    return x if isinstance(x, Scaled) else Scaled(x, np.zeros((), np.float32))
-
-
 def _exp(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         return np.exp(x).astype(np.float32)
 
 
-def _add(n: Node, a: Any, b: Any, sign: float = 1.0) -> Scaled:
-    a, b = _lift(a), _lift(b)
-    m = np.maximum(a.m, b.m)
-    m = np.where(np.isfinite(m), m, 0).astype(np.float32)
-    return Scaled(a.v * _exp(a.m - m) + np.float32(sign) * b.v * _exp(b.m - m), m)
+def _same(a: Scaled, b: Scaled) -> bool:
+    """Both relative to the same max (codegen compares the max tensor and its coordinates)."""
+    try:
+        shape = np.broadcast_shapes(a.m.shape, b.m.shape)
+    except ValueError:
+        return False
+    return bool(np.array_equal(np.broadcast_to(a.m, shape), np.broadcast_to(b.m, shape)))
+
+
+def _add(n: Node, a: Any, b: Any, sign: float = 1.0) -> Any:
+    """Equally scaled operands add as stored; anything else is materialised first (as codegen's
+    scale.BINARY does: a sum of differently scaled values has no single max)."""
+    if isinstance(a, Scaled) and isinstance(b, Scaled) and _same(a, b):
+        return Scaled(a.v + np.float32(sign) * b.v, a.m)
+    return plain(a) + np.float32(sign) * plain(b)
 
 
 def _mul(n: Node, a: Any, b: Any) -> Scaled:
-    a, b = _lift(a), _lift(b)
-    return Scaled(a.v * b.v, a.m + b.m)
+    if isinstance(a, Scaled) and isinstance(b, Scaled):
+        if _same(a, b):
+            return Scaled(a.v * b.v, a.m + b.m)
+        return Scaled(a.v * plain(b), a.m)
+    if isinstance(a, Scaled):
+        return Scaled(a.v * b, a.m)
+    return Scaled(a * b.v, b.m)
 
 
-def _div(n: Node, a: Any, b: Any) -> Scaled:
-    a, b = _lift(a), _lift(b)
+def _div(n: Node, a: Any, b: Any) -> Any:
     with np.errstate(divide="ignore", invalid="ignore"):
-        return Scaled(a.v / b.v, a.m - b.m)
+        if isinstance(a, Scaled) and isinstance(b, Scaled):
+            if _same(a, b):
+                return a.v / b.v  # the scale cancels
+            return Scaled(a.v / plain(b), a.m)
+        if isinstance(a, Scaled):
+            return Scaled(a.v / b, a.m)
+        return Scaled(a / b.v, -b.m)
 
 
 def _reciprocal(n: Node, a: Scaled) -> Scaled:
@@ -101,18 +118,69 @@ def _row_m(m: np.ndarray, ndim: int) -> np.ndarray | None:
     return m[..., :1] if np.all(m == m[..., :1]) else None
 
 
+def _col_m(m: np.ndarray, ndim: int) -> np.ndarray | None:
+    """m as (..., 1, N) when it is constant along the second-last axis, else None."""
+    if m.ndim < ndim or m.shape[-2] == 1:
+        return m
+    return m[..., :1, :] if np.all(m == m[..., :1, :]) else None
+
+
 def _matmul(n: Node, a: Any, b: Any) -> Any:
-    if isinstance(a, Scaled) and not isinstance(b, Scaled):
+    """Linear in a row-scaled A, or else a column-scaled B (codegen.scale.matmul_scale)."""
+    if isinstance(a, Scaled):
         m = _row_m(a.m, a.v.ndim)
         if m is not None:
-            return Scaled(np.matmul(a.v, b), m)
+            return Scaled(np.matmul(a.v, plain(b)), m)
+    if isinstance(b, Scaled):
+        m = _col_m(b.m, b.v.ndim)
+        if m is not None:
+            return Scaled(np.matmul(plain(a), b.v), m)
     return np.matmul(plain(a), plain(b))
+
+
+def _cast(n: Node, a: Scaled) -> Scaled:
+    """A cast keeps the scaled numbers; inside a block it rounds them as its staging copy does."""
+    if n.phase is None:
+        return a
+    return Scaled(round_to(a.v, n.arg, np.float32), a.m)
+
+
+def stabilised_exp(axis: int, x: np.ndarray, factors: list[np.ndarray]) -> Scaled:
+    """exp(x) as exp(x - M), M = max of x over `axis` where no mask factor is zero (a masked-out
+    large logit must not underflow the kept ones); codegen's RowMax stabiliser."""
+    keep = np.ones(x.shape, bool)
+    for f in factors:
+        keep = keep & (np.broadcast_to(f, x.shape) != 0)
+    m = np.max(np.where(keep, x, -np.inf), axis=axis, keepdims=True)
+    m = _finite(m)
+    return Scaled(_exp(x - m), m)
 
 
 def _view(fn: Callable[[np.ndarray, Any], np.ndarray]) -> Callable[[Node, Scaled], Scaled]:
     def rule(n: Node, a: Scaled) -> Scaled:
         return Scaled(fn(a.v, n.arg), fn(a.full_m(), n.arg))
     return rule
+
+
+def _power(p: float) -> Callable[[Node, Scaled], Scaled]:
+    """f(v e^m) = f(v) e^(p m) for f = x^p (square, sqrt, rsqrt): codegen's UNARY_DEGREE."""
+    fns = {2.0: np.square, 0.5: np.sqrt, -0.5: lambda x: 1 / np.sqrt(x)}
+    return lambda n, a: Scaled(fns[p](a.v).astype(np.float32), (a.m * np.float32(p)).astype(np.float32))
+
+
+def _reduce_mean(n: Node, a: Scaled) -> Scaled:
+    out = _reduce_sum(n, a)
+    return Scaled(out.v / np.float32(a.v.shape[n.arg]), out.m)
+
+
+def _reduce_max(n: Node, a: Scaled) -> Any:
+    """A max along an axis the max tensor does not vary over keeps the scale (exp is increasing)."""
+    m = a.m
+    if m.ndim == a.v.ndim and m.shape[n.arg] != 1:
+        if not np.all(m == m.take([0], axis=n.arg)):
+            return np.max(a.materialise(), axis=n.arg, keepdims=True)
+        m = m.take([0], axis=n.arg)
+    return Scaled(np.max(a.v, axis=n.arg, keepdims=True), m)
 
 
 RULES: dict[Op, Callable[..., Any]] = {
@@ -123,12 +191,20 @@ RULES: dict[Op, Callable[..., Any]] = {
     Op.RECIPROCAL: _reciprocal,
     Op.NEG: lambda n, a: Scaled(-a.v, a.m),
     Op.REDUCE_SUM: _reduce_sum,
+    Op.REDUCE_MEAN: _reduce_mean,
+    Op.REDUCE_MAX: _reduce_max,
+    Op.SQUARE: _power(2.0),
+    Op.SQRT: _power(0.5),
+    Op.RSQRT: _power(-0.5),
+    Op.RELU: lambda n, a: Scaled(np.maximum(a.v, 0), a.m),
     Op.MATMUL: _matmul,
+    Op.CAST: _cast,
     Op.RESHAPE: _view(lambda x, s: np.reshape(x, s)),
     Op.TRANSPOSE: _view(lambda x, p: np.transpose(x, p)),
     Op.BROADCAST: _view(lambda x, s: np.broadcast_to(x, s)),
 }
-"""Ops that keep a scaled value scaled; every other op materialises its arguments first."""
+"""Ops that keep a scaled value scaled, as codegen's scale.py tables (UNARY_DEGREE, BINARY) do;
+every other op materialises its arguments first."""
 
 
 # ---- the online-softmax accumulators -----------------------------------------------------------

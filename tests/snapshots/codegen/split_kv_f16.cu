@@ -2,8 +2,8 @@
 // uGraph sha256 174dd950ed3b376877c8aca3a63c49f452ccf0fd7b239aa954d039bbca744162; targets sm_80, sm_90a
 #include "mlso.cuh"
 
-// mlso_k0: graph-defined kernel, grid [2, 2, 2], loop 2; grid [2, 2, 2], block [256, 1, 1], smem 11264 B
-extern "C" __global__ void __launch_bounds__(256) mlso_k0(const __half* __restrict__ in0, const __half* __restrict__ in1, const __half* __restrict__ in2, float* __restrict__ sc0, float* __restrict__ sc1, float* __restrict__ sc2) {
+// mlso_k0: graph-defined kernel, grid [2, 2, 2], loop 2; grid [2, 2, 2], block [32, 1, 1], smem 6720 B
+extern "C" __global__ void __launch_bounds__(32) mlso_k0(const __half* __restrict__ in0, const __half* __restrict__ in1, const __half* __restrict__ in2, float* __restrict__ sc0, float* __restrict__ sc1, float* __restrict__ sc2) {
   MLSO_DYNAMIC_SMEM(smem);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   (void)lane; (void)warp;
@@ -13,87 +13,54 @@ extern "C" __global__ void __launch_bounds__(256) mlso_k0(const __half* __restri
   __half* const s2_0 = reinterpret_cast<__half*>(smem + 2688);
   __half* const s2_1 = reinterpret_cast<__half*>(smem + 4224);
   __half* const s0 = reinterpret_cast<__half*>(smem + 5760);
-  float* const sm0 = reinterpret_cast<float*>(smem + 6528);
-  float* const sm1 = reinterpret_cast<float*>(smem + 8576);
-  float* const sm2 = reinterpret_cast<float*>(smem + 9600);
-  float* const sm3 = reinterpret_cast<float*>(smem + 9728);
-  float* const alpha0 = reinterpret_cast<float*>(smem + 9856);
-  __half* const p0 = reinterpret_cast<__half*>(smem + 9984);
-  mlso::copy_chunks<true, 256, 32>([&](int c) -> const __half* { return in0 + ((int)blockIdx.x * 1) * 512 + ((c / 2) + (int)blockIdx.y * 16) * 16 + (c % 2) * 8; }, [&](int c) -> __half* { return s0 + ((c / 2)) * 24 + (c % 2) * 8; });
-  mlso::copy_chunks<true, 256, 64>([&](int c) -> const __half* { return in1 + ((int)blockIdx.x * 1) * 2048 + ((c / 4)) * 128 + (c % 4) * 8 + (int)blockIdx.z * 64 + (0) * 32; }, [&](int c) -> __half* { return s1_0 + ((c / 4)) * 40 + (c % 4) * 8; });
-  mlso::copy_chunks<true, 256, 64>([&](int c) -> const __half* { return in2 + ((int)blockIdx.x * 1) * 2048 + ((c / 2) + (int)blockIdx.z * 64 + (0) * 32) * 16 + (c % 2) * 8; }, [&](int c) -> __half* { return s2_0 + ((c / 2)) * 24 + (c % 2) * 8; });
+  float* const sm0 = reinterpret_cast<float*>(smem + 0);
+  float* const sm1 = reinterpret_cast<float*>(smem + 128);
+  float* const sm2 = reinterpret_cast<float*>(smem + 6528);
+  float* const sm3 = reinterpret_cast<float*>(smem + 6656);
+  float* const alpha0 = reinterpret_cast<float*>(smem + 0);
+  __half* const p0 = reinterpret_cast<__half*>(smem + 0);
+  mlso::copy_chunks<true, 32, 32>([&](int c) -> const __half* { return in0 + ((int)blockIdx.x * 1) * 512 + ((c / 2) + (int)blockIdx.y * 16) * 16 + (c % 2) * 8; }, [&](int c) -> __half* { return s0 + ((c / 2)) * 24 + (c % 2) * 8; });
+  mlso::copy_chunks<true, 32, 64>([&](int c) -> const __half* { return in1 + ((int)blockIdx.x * 1) * 2048 + ((c / 4)) * 128 + (c % 4) * 8 + (int)blockIdx.z * 64 + (0) * 32; }, [&](int c) -> __half* { return s1_0 + ((c / 4)) * 40 + (c % 4) * 8; });
+  mlso::copy_chunks<true, 32, 64>([&](int c) -> const __half* { return in2 + ((int)blockIdx.x * 1) * 2048 + ((c / 2) + (int)blockIdx.z * 64 + (0) * 32) * 16 + (c % 2) * 8; }, [&](int c) -> __half* { return s2_0 + ((c / 2)) * 24 + (c % 2) * 8; });
   mlso::cp_async_commit();
   mlso::cp_async_wait<0>();
   __syncthreads();
   __syncthreads();
-  for (int e = threadIdx.x; e < 256; e += 256) sm1[e] = 0.0f;
-  for (int e = threadIdx.x; e < 16; e += 256) sm2[e] = 0.0f;
-  for (int e = threadIdx.x; e < 16; e += 256) sm3[e] = mlso::neg_inf();
+  for (int e = threadIdx.x; e < 16; e += 32) sm2[e] = 0.0f;
+  for (int e = threadIdx.x; e < 16; e += 32) sm3[e] = mlso::neg_inf();
   __syncthreads();
+  mlso::FlashRows<__half, 32, 16, 16, true, false, false> flash;
   for (int it = 0; it < 2; ++it) {
     __half* const s1 = ((it) & 1 ? s1_1 : s1_0);
     __half* const s2 = ((it) & 1 ? s2_1 : s2_0);
     if (it + 1 < 2) {
-      mlso::copy_chunks<true, 256, 64>([&](int c) -> const __half* { return in1 + ((int)blockIdx.x * 1) * 2048 + ((c / 4)) * 128 + (c % 4) * 8 + (int)blockIdx.z * 64 + (it + 1) * 32; }, [&](int c) -> __half* { return ((it + 1) & 1 ? s1_1 : s1_0) + ((c / 4)) * 40 + (c % 4) * 8; });
-      mlso::copy_chunks<true, 256, 64>([&](int c) -> const __half* { return in2 + ((int)blockIdx.x * 1) * 2048 + ((c / 2) + (int)blockIdx.z * 64 + (it + 1) * 32) * 16 + (c % 2) * 8; }, [&](int c) -> __half* { return ((it + 1) & 1 ? s2_1 : s2_0) + ((c / 2)) * 24 + (c % 2) * 8; });
+      mlso::copy_chunks<true, 32, 64>([&](int c) -> const __half* { return in1 + ((int)blockIdx.x * 1) * 2048 + ((c / 4)) * 128 + (c % 4) * 8 + (int)blockIdx.z * 64 + (it + 1) * 32; }, [&](int c) -> __half* { return ((it + 1) & 1 ? s1_1 : s1_0) + ((c / 4)) * 40 + (c % 4) * 8; });
+      mlso::copy_chunks<true, 32, 64>([&](int c) -> const __half* { return in2 + ((int)blockIdx.x * 1) * 2048 + ((c / 2) + (int)blockIdx.z * 64 + (it + 1) * 32) * 16 + (c % 2) * 8; }, [&](int c) -> __half* { return ((it + 1) & 1 ? s2_1 : s2_0) + ((c / 2)) * 24 + (c % 2) * 8; });
     }
     mlso::cp_async_commit();
     mlso::cp_async_wait<1>();
     __syncthreads();
-    // matmul -> [1, 16, 32]: ([1, 16, 16] x [1, 16, 32]), mma
-    mlso::block_mma<__half, 1, 16, 16, 32, 16, 1, true, false, false, 8>(s0, 24, [&](int bt) -> int { return 0; }, s1, 40, [&](int bt) -> int { return 0; }, sm0, 32, 512);
-    __syncthreads();
-    // rescaling accumulators over s[1, 16, 32]: row max, rescale, exp(s - m), row sums (16 lanes per row)
-    for (int ob = warp * 2; ob < 16; ob += 16) {
-      const int o = ob + (lane / 16), tl = lane % 16;
-      float mx = mlso::neg_inf();
-      #pragma unroll
-      for (int ri = 0; ri < 2; ++ri) {
-        const int rr = ((ri + lane / 16) % 2) * 16 + tl;
-        const float t0 = mlso::to_f32(sm0[o * 32 + rr]);
-        const float t1 = mlso::ew::mul(t0, 2.5e-1f);
-        mx = fmaxf(mx, t1);
-      }
-      mx = mlso::warp_allreduce<mlso::MaxOp, 16>(mx);
-      const float mo = sm3[o];
-      const float mn = fmaxf(mo, mx);
-      const float alpha = mlso::rescale(mo, mn);
-      float sm = 0.0f;
-      #pragma unroll
-      for (int ri = 0; ri < 2; ++ri) {
-        const int rr = ((ri + lane / 16) % 2) * 16 + tl;
-        const float t2 = mlso::to_f32(sm0[o * 32 + rr]);
-        const float t3 = mlso::ew::mul(t2, 2.5e-1f);
-        const float p = mlso::exp_rel(t3, mn);
-        sm += p;
-        p0[o * 40 + rr] = mlso::from_f32<__half>(p);
-      }
-      sm = mlso::warp_allreduce<mlso::SumOp, 16>(sm);
-      __syncwarp();
-      if (tl == 0) {
-        sm3[o] = mn;
-        sm2[o] = sm2[o] * alpha + sm;
-        alpha0[o] = alpha;
-      }
-    }
-    __syncthreads();
-    // exp(s - m) @ v: ([1, 16, 32] x [1, 32, 16]), mma accumulate
-    mlso::block_mma<__half, 1, 16, 16, 16, 32, 1, true, false, true, 8>(p0, 40, [&](int bt) -> int { return 0; }, s2, 24, [&](int bt) -> int { return 0; }, sm1, 16, 256, alpha0);
+    // online softmax in registers: s = matmul (times 0.25), m, l and exp(s - m) @ v
+    flash.step2(s0 + ([&](int bt) -> int { return 0; })(0), 24, s1 + ([&](int bt) -> int { return 0; })(0), 40, nullptr, 0, nullptr, 0, 2.5e-1f, nullptr, s2 + ([&](int bt) -> int { return 0; })(0), 24, warp * 16);
     __syncthreads();
   }
+  // the register state to the shared-memory accumulators
+  float* const flash_l[] = {sm2};
+  flash.flush(sm1, 16, flash_l, 1, sm3, warp * 16);
+  __syncthreads();
   __syncthreads();
   // save output 0 (scaled partial + its max)
-  for (int e = threadIdx.x; e < 256; e += 256) {
-    const float t4 = mlso::to_f32(sm1[((e / 16)) * 16 + (e % 16)]);
-    sc0[((int)blockIdx.z) * 1024 + ((int)blockIdx.x * 1) * 512 + ((e / 16) + (int)blockIdx.y * 16) * 16 + (e % 16)] = mlso::from_f32<float>(t4);
+  for (int e = threadIdx.x; e < 256; e += 32) {
+    const float t0 = mlso::to_f32(sm1[((e / 16)) * 16 + (e % 16)]);
+    sc0[((int)blockIdx.z) * 1024 + ((int)blockIdx.x * 1) * 512 + ((e / 16) + (int)blockIdx.y * 16) * 16 + (e % 16)] = mlso::from_f32<float>(t0);
   }
-  for (int e = threadIdx.x; e < 16; e += 256) {
+  for (int e = threadIdx.x; e < 16; e += 32) {
     sc2[((int)blockIdx.z) * 64 + ((int)blockIdx.x * 1) * 32 + e + (int)blockIdx.y * 16] = sm3[e];
   }
   // save output 1 (scaled partial + its max)
-  for (int e = threadIdx.x; e < 16; e += 256) {
-    const float t5 = mlso::to_f32(sm2[e]);
-    sc1[((int)blockIdx.z) * 64 + ((int)blockIdx.x * 1) * 32 + e + (int)blockIdx.y * 16] = mlso::from_f32<float>(t5);
+  for (int e = threadIdx.x; e < 16; e += 32) {
+    const float t1 = mlso::to_f32(sm2[e]);
+    sc1[((int)blockIdx.z) * 64 + ((int)blockIdx.x * 1) * 32 + e + (int)blockIdx.y * 16] = mlso::from_f32<float>(t1);
   }
 }
 

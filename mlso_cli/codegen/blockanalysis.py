@@ -1,0 +1,128 @@
+"""What a graph-defined kernel must compute, decided from its block graph alone.
+
+Why separate from layout and emission: these facts (which values are materialised in shared
+memory, which accumulators share a running max, which matmul or reduction is fused into its
+accumulator, which group may run in registers, the dependency order) depend on nothing but the
+(normalised) graph, and both the shared-memory plan and the emitted code read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mlso_cli.codegen import synthetic
+from mlso_cli.codegen.cfmt import Names, numel
+from mlso_cli.codegen.normalise import normalise
+from mlso_cli.codegen.scale import Storage
+from mlso_cli.codegen.schedule import schedule
+from mlso_cli.codegen.scoreform import ScoreForm, score_form
+from mlso_cli.codegen.stabilise import consumers_of, stabilisers
+from mlso_cli.ir.graph import BlockGraph
+from mlso_cli.ir.node import Node
+from mlso_cli.ir.ops import ACCUMULATORS, REDUCE, DType, Op, Phase
+
+
+@dataclass
+class Group:
+    """ACC_EXP_* accumulators sharing one score tensor s, hence one running max."""
+
+    s: Node
+    m: Node
+    sums: list[Node] = field(default_factory=list)
+    wsums: list[Node] = field(default_factory=list)
+    alpha: str = ""
+    p: Storage | None = None
+    p_dtype: DType = DType.F32
+
+
+class BlockAnalysis:
+    """The graph-only decisions of one block graph (normalise.normalise applied first)."""
+
+    def __init__(self, bg: BlockGraph) -> None:
+        self.bg: BlockGraph = normalise(bg)
+        self.names = Names()
+        self.nodes = self.bg.nodes()
+        self.consumers = consumers_of(self.nodes)
+        self.stab = stabilisers(self.nodes, self.consumers)
+        self.iters = [n for n in self.nodes if n.op is Op.ITER]
+        self.groups: dict[Node, Group] = {}
+        for n in self.nodes:
+            if n.op in (Op.ACC_EXP_SUM, Op.ACC_EXP_WSUM):
+                g = self.groups.setdefault(n.src[0], Group(n.src[0], synthetic.running_max(n.src[0])))
+                (g.sums if n.op is Op.ACC_EXP_SUM else g.wsums).append(n)
+        self.group_of = {a: g for g in self.groups.values() for a in g.sums + g.wsums}
+        self.fused: dict[Node, Node] = {}
+        for n in self.nodes:
+            if n.op is Op.ACC_SUM and n.src[0].op is Op.MATMUL and self.consumers[n.src[0]] == [n]:
+                self.fused[n.src[0]] = n
+        self.fused_reduce: dict[Node, Node] = {}
+        for n in self.nodes:
+            r = n.src[0] if n.op is Op.ACC_SUM else None
+            if r is not None and r.op in REDUCE and isinstance(r.arg, int) and self.consumers[r] == [n]:
+                self.fused_reduce[r] = n
+        self.flash_form: ScoreForm | None = None
+        self.flash = self._flash_group()
+        self.nt = 32 * (self.flash.s.shape[-2] // 16) if self.flash else 256
+        self.nw = self.nt // 32
+        self.materialised: set[Node] = set(self.iters) | set(self.stab.values())
+        self.materialised |= {n for n in self.nodes if (n.op in REDUCE and n not in self.fused_reduce)
+                              or n.op in ACCUMULATORS}
+        self.materialised |= {n for n in self.nodes if n.op is Op.MATMUL and n not in self.fused}
+        self.materialised |= {g.m for g in self.groups.values()}
+        self.order = self._schedule()
+        self.loop_iters = [n for n in self.iters if n.phase is Phase.LOOP]
+
+    def _flash_group(self) -> Group | None:
+        """The group whose loop runs in registers (mlso::FlashRows), if one qualifies: s is a
+        score form (scoreform.py: scaled matmuls, a per-key factor, two terms) used only by the group, one weighted sum over rows aligned with s,
+        16-row warp strips (16 <= rows <= 128), at most 128 keys per step and 128 value columns."""
+        found = []
+        for g in self.groups.values():
+            s = g.s
+            form = score_form(s, self.consumers)
+            if form is None or s.phase is not Phase.LOOP or len(g.wsums) != 1:
+                continue
+            if any(t.shape != s.shape for t in form.terms):
+                continue
+            w = g.wsums[0]
+            rows, keys = s.shape[-2], s.shape[-1]
+            if numel(s.shape[:-2]) != 1 or rows % 16 or not 16 <= rows <= 128 or keys % 16 or keys > 128:
+                continue
+            if w.shape[-1] % 8 or w.shape[-1] > 128 or w.shape[:-1] != g.m.shape[:-1] or w.src[1].phase is not Phase.LOOP:
+                continue
+            if not all(c in g.sums or c in g.wsums for c in self.consumers[s]):
+                continue
+            found.append((g, form))
+        if len(found) != 1:
+            return None
+        self.flash_form = found[0][1]
+        return found[0][0]
+
+    def _deps(self, n: Node) -> list[Node]:
+        """The materialised values (and stabiliser maxima) n's inline evaluation reads; each
+        shared subexpression is walked once (a DAG of reused values is not a tree)."""
+        out: list[Node] = []
+        seen: set[Node] = set()
+
+        def walk(s: Node) -> None:
+            if s in seen:
+                return
+            seen.add(s)
+            if s in self.materialised:
+                out.append(s)
+                return
+            if s in self.stab:
+                out.append(self.stab[s])
+            for t in s.src:
+                walk(t)
+
+        for s in n.src:
+            walk(s)
+        return out
+
+    def _schedule(self) -> list[Node]:
+        return schedule(self.bg.outputs, self._deps)
+
+    def _rows_aligned(self, g: Group) -> bool:
+        rows = g.m.shape[:-1]
+        return all(acc.shape[:-1] == rows for acc in g.wsums)
