@@ -9,6 +9,8 @@ import pytest
 
 from tests.helpers import SMALL, TRANSFORMER, TRANSFORMER_SHAPE, run_cli
 
+BUDGET = ("--max-states", "20000")
+"""A deterministic state budget that keeps each search to seconds on CI's two cores."""
 EVERY = ["gqa", "rmsnorm_linear", "gated_mlp", "lora", "ntrans", "qknorm_real", "mla", "layernorm_linear"]
 
 
@@ -16,7 +18,7 @@ EVERY = ["gqa", "rmsnorm_linear", "gated_mlp", "lora", "ntrans", "qknorm_real", 
 def test_optimize_then_verify(tmp_path, name):
     src = next(p for p in SMALL if p.stem == name)
     out = tmp_path / "fast.onnx"
-    r = run_cli("optimize", str(src), "-o", str(out), "--min-speedup", "0", "--json")
+    r = run_cli("optimize", str(src), "-o", str(out), "--min-speedup", "0", "--json", *BUDGET)
     assert r.returncode == 0, r.stderr
     rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
     summary = rows[-1]
@@ -36,7 +38,8 @@ def test_optimize_then_verify(tmp_path, name):
 
 def test_optimize_transformer_all_regions(tmp_path):
     out = tmp_path / "t.onnx"
-    r = run_cli("optimize", str(TRANSFORMER), *TRANSFORMER_SHAPE, "-o", str(out), "--min-speedup", "0", "--json")
+    r = run_cli("optimize", str(TRANSFORMER), *TRANSFORMER_SHAPE, "-o", str(out), "--min-speedup", "0", "--json",
+                *BUDGET)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout.decode().splitlines()[-1])
     assert summary["packaged"] == summary["regions"] >= 4

@@ -199,13 +199,13 @@ def instantiate(target: KernelGraph, dc: DimClasses, recipe: Recipe, dims: Dims,
     for j, v in enumerate(recipe.outputs):
         node = kv[v]
         want = target.outputs[j]
+        if node.dtype != want.dtype:  # cast before the view: the cast fuses into its producer
+            node = b.cast(node, want.dtype)
         if node.shape != want.shape:
             try:
                 node = b.reshape(node, want.shape)
             except Exception as exc:
                 raise RecipeError(f"output {j}: {node.shape} vs {want.shape}") from exc
-        if node.dtype != want.dtype:
-            node = b.cast(node, want.dtype)
         outs.append(node)
     return b.kernel_graph(list(target.inputs), outs, list(target.input_names), list(target.output_names))
 

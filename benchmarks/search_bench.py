@@ -1,0 +1,125 @@
+"""The search on every benchmark model: what it finds, how fast, against the hand-written fixture.
+
+For each benchmark row (models/build_models.py SPECS, fp16, every batch size) this runs
+
+    mlso optimize MODEL --dry-run --json --jobs 2 --no-cache [--max-states N]
+
+in a subprocess (as a user would, on this machine's cores), reads the region's JSON line, and
+compares the chosen program with the fixture of tests/fixtures/ugraphs.py under the same cost
+model: launches, and estimated microseconds. A row passes when a searched program was chosen
+with no more launches than the fixture and an estimate within 10% of it (or better).
+
+    .venv/bin/python -m benchmarks.search_bench [--only gqa] [--max-states N] [--out FILE]
+
+Prints a Markdown table (stdout) ready for benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mlso_cli.search.cost import program_cost  # noqa: E402
+from models.build_models import SPECS  # noqa: E402
+from tests.fixtures.ugraphs import fixture  # noqa: E402
+
+TOLERANCE = 1.10
+
+
+def run_row(name: str, bs: int, max_states: int | None, timeout: float, save: Path | None = None) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{name}_bs{bs}.onnx"
+        onnx.save(SPECS[name].build(bs, "float16", small=False), str(path))
+        # a fresh cache per row: nothing is served from an earlier run, and the entry this run
+        # writes holds the chosen program (the CLI's JSON carries only its figures)
+        cmd = [sys.executable, "-m", "mlso_cli", "optimize", str(path), "--dry-run", "--json", "--jobs", "2",
+               "--min-speedup", "0"]
+        if max_states is not None:
+            cmd += ["--max-states", str(max_states)]
+        t0 = time.monotonic()
+        env = {**os.environ, "MLSO_CACHE_DIR": str(Path(tmp) / "cache"), "PYTHONPATH": str(ROOT)}
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+        wall = time.monotonic() - t0
+        if save is not None and r.returncode == 0:
+            _save_best(Path(tmp) / "cache", save / f"{name}_bs{bs}.json")
+    if r.returncode != 0:
+        return {"name": name, "bs": bs, "error": r.stderr.strip().splitlines()[-1:] or ["?"], "wall": wall}
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+    region = next(x for x in rows if x.get("type") == "region")
+    fx = program_cost(fixture(name, False, bs))
+    return {"name": name, "bs": bs, "wall": wall, "region": region, "fixture_us": fx.us, "fixture_kernels": fx.launches}
+
+
+def _save_best(cache: Path, dest: Path) -> None:
+    from mlso_cli.ir import serialize
+    from mlso_cli.search.cache import result_from_dict
+
+    for entry in sorted(cache.rglob("*.json")):
+        try:
+            body = json.loads(entry.read_bytes().partition(b"\n")[2])  # line 1: the body's sha256
+            result = result_from_dict(body["result"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(serialize.dumps(result.best.graph))
+        return
+
+
+def table(results: list[dict]) -> str:
+    head = ("| row | states | pruned | verified | search s | kernels (fixture) | estimate µs | fixture µs | "
+            "ratio | bound | found |")
+    lines = [head, "|" + "---|" * 11]
+    for res in results:
+        row = f"{res['name']} bs{res['bs']}"
+        if "error" in res:
+            lines.append(f"| {row} | error: {res['error'][0][:80]} |" + " |" * 9)
+            continue
+        g = res["region"]
+        est = g.get("estimate_us") or 0.0
+        ratio = est / res["fixture_us"] if res["fixture_us"] else float("inf")
+        ok = g.get("searched") and g.get("kernels", 99) <= res["fixture_kernels"] and ratio <= TOLERANCE \
+            and g.get("verified", 0) > 0
+        lines.append(f"| {row} | {g.get('states')} | {g.get('pruned')} | {g.get('verified')} | "
+                     f"{g.get('search_s', 0):.1f} | {g.get('kernels')} ({res['fixture_kernels']}) | {est:.1f} | "
+                     f"{res['fixture_us']:.1f} | {ratio:.2f} | {g.get('bound', 0):.2g} | {'yes' if ok else 'no'} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", action="append", default=[], help="benchmark names to run (default: all)")
+    ap.add_argument("--max-states", type=int, default=None)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per row (the issue's limit: 600)")
+    ap.add_argument("--out", type=Path, default=None, help="also write the table to this file")
+    ap.add_argument("--save", type=Path, default=None, help="write each row's chosen program (μGraph JSON) here")
+    args = ap.parse_args()
+    results = []
+    for name, spec in SPECS.items():
+        if args.only and name not in args.only:
+            continue
+        for bs in spec.batch_sizes:
+            try:
+                res = run_row(name, bs, args.max_states, args.timeout, args.save)
+            except subprocess.TimeoutExpired:
+                res = {"name": name, "bs": bs, "error": [f"timed out after {args.timeout:.0f} s"], "wall": args.timeout}
+            results.append(res)
+            print(f"{name} bs{bs}: {json.dumps(res.get('region', res.get('error')))[:300]}", file=sys.stderr, flush=True)
+    text = table(results)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
