@@ -4,8 +4,11 @@ It ranks candidates and decides the never-slower rule when no GPU is there to me
 numbers are the H200's, measured (../shared/DESIGN.md): 4.3 TB/s device copy, 790 TFLOP/s
 bf16/fp16 on tensor cores; fp32 SIMT and launch latency are estimates.
 
-Two constants are calibrated on measurements (benchmarks/RESULTS.md, "optimize --gpu"):
+Calibration (measured, or fitted to measurements) (benchmarks/RESULTS.md, "optimize --gpu"):
 - ONNX Runtime pays about 6 µs per node in a `run` call (ntrans: 15 nodes, 86-107 µs measured).
+- Every kernel pays at least one DRAM round trip (`pre_latency_s`) on top of its launch, and
+  a kernel-level matmul one more per K-step, as a graph-defined kernel's loop does; so the
+  model compares a chain of small kernels with one fused kernel by the same rules.
 - Code generation's stand-alone kernel-level matmul (the lifted, unfused programs use it) reaches
   about 5% of DRAM bandwidth and 3.2 TFLOP/s on the benchmark shapes (rmsnorm_linear's lifted
   program: 246 / 349 / 499 µs at bs 1 / 8 / 16). Without these the model called those programs
@@ -109,14 +112,24 @@ def program_cost(kg: KernelGraph, hw: Hardware = H200) -> Cost:
             f = _matmul_flops(n) if n.op is Op.MATMUL else n.numel
             tensor = n.op is Op.MATMUL and n.src[0].dtype is not DType.F32
         if n.op is Op.MATMUL:
-            t = max(b / (hw.dram_bytes_per_s * hw.codegen_matmul_bw_fraction), f / hw.codegen_matmul_flops) + hw.launch_s
+            t = max(b / (hw.dram_bytes_per_s * hw.codegen_matmul_bw_fraction), f / hw.codegen_matmul_flops,
+                    hw.pre_latency_s + _matmul_steps(n) * hw.step_latency_s) + hw.launch_s
         elif n.op is Op.GRAPH_DEF:
             t = max(_kernel_time(hw, b, f, tensor), block_graph_time(n, b, f, tensor, hw))
         else:
-            t = _kernel_time(hw, b, f, tensor)
+            t = _kernel_time(hw, b, f, tensor) + hw.pre_latency_s
         total += t
         nbytes, flops, launches = nbytes + b, flops + f, launches + 1
     return Cost(total, nbytes, flops, launches)
+
+
+def _matmul_steps(n: Node) -> int:
+    """K-steps of codegen's kernel-level matmul: it stages K in tiles of 32 (tensor cores) or 16
+    (fp32 SIMT), and each step is a DRAM round trip, as a graph-defined kernel's loop step is.
+    Why: without it a chain of small kernels looked cheaper than one fused kernel that loops."""
+    k = n.src[0].shape[-1]
+    tk = 16 if n.src[0].dtype is DType.F32 else 32
+    return -(-k // tk)
 
 
 def block_graph_time(gd: Node, nbytes: int, flops: int, tensor: bool, hw: Hardware = H200) -> float:

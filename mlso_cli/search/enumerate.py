@@ -212,7 +212,8 @@ class BlockSearch:
         self.rays: dict[tuple, int] = {(v.node.phase, v.expr.print.ray()): i for i, v in enumerate(self.values)}
         self.partials: list[int] = []
         self.combined: dict[int, Expr] = {}
-        self.partial_omap = save_omap(dc, sig, 0) if sig.partial() is not None else None
+        # partial sums are completed at kernel level for one output only (KernelCompletion)
+        self.partial_omap = save_omap(dc, sig, 0) if sig.partial() is not None and len(target.outputs) == 1 else None
         self.stopped = False
 
     @staticmethod
@@ -311,7 +312,8 @@ class BlockSearch:
         if v.node.phase is Phase.LOOP:
             return
         if self.sig.partial() is not None:
-            if v.node.phase is Phase.POST and i not in self.combined:
+            if self.partial_omap is not None and v.node.phase is Phase.POST and i not in self.combined \
+                    and len(v.node.shape) == len(self.target.outputs[0].shape):
                 c = self.alg.combine(v.expr, v.node, self.partial_omap)
                 if c is not None:
                     self.combined[i] = c

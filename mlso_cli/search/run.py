@@ -124,12 +124,25 @@ class Explored:
     """An internal error that ended this signature's exploration early (reported in notes)."""
 
 
+_PRUNERS: dict[str, ExprPruner] = {}
+
+
+def _pruner(key: str, small: KernelGraph, dcs: DimClasses) -> ExprPruner:
+    """The target's pruner, built once per process and region: normalising a large region's
+    target takes seconds, and every signature of the region binds the same one."""
+    p = _PRUNERS.get(key)
+    if p is None:
+        _PRUNERS.clear()  # one region at a time: keep memory flat over a whole model
+        p = _PRUNERS[key] = ExprPruner(small, dcs)
+    return p
+
+
 def explore(task: Task) -> Explored:
     """Enumerate, filter and size the structures of one signature."""
     target = serialize.loads(task.target_json)
     small, _ = shrink(target)
     dcs, dcf = dim_classes(small), dim_classes(target)
-    pruner = ExprPruner(small, dcs) if task.prune else None
+    pruner = _pruner(task.target_json, small, dcs) if task.prune else None
     stats = Stats()
     dims = provisional(dcs, task.sig)
     out: list[Found] = []

@@ -38,11 +38,19 @@ MAX_SUBSETS = 4096
 single members are stored, so a check prunes some true subexpressions of such huge targets
 (none of the benchmark regions comes near: their largest monomial has 9 choices)."""
 
+MAX_VISITS = 20_000
+"""Terms visited while building one target. Chains of contractions (a region holding a whole
+attention block and its projections) make the partial-contraction closure grow exponentially:
+beyond the budget the target stops growing and is marked `truncated`, so a check may prune a true
+subexpression there (the search then finds less, it never accepts a wrong program: acceptance is
+the field check's)."""
+
 
 # ---- pattern keys ------------------------------------------------------------------------------
 
 _KEY: dict[tuple[int, str], int] = {}
 _PATTERN: dict[tuple, int] = {}
+_LOCAL: dict[tuple[int, frozenset[int]], tuple] = {}
 
 
 class _Pattern:
@@ -74,10 +82,15 @@ class _Pattern:
         self._local: dict[int, tuple] = {}
 
     def local(self, i: int) -> tuple:
-        """i serialised on its own (its free variables numbered from 0): a sort key."""
+        """i serialised on its own (its free variables numbered from 0): a sort key. It depends
+        only on i and the skipped digits i uses, so it is shared by every pattern computation."""
         k = self._local.get(i)
         if k is None:
-            k = self._local[i] = self.ser(i, {}, set())
+            gk = (i, frozenset(self.skip & T.deps(i)) if self.skip else frozenset())
+            k = _LOCAL.get(gk)
+            if k is None:
+                k = _LOCAL[gk] = self.ser(i, {}, set())
+            self._local[i] = k
         return k
 
     def _sorted(self, ids: list[int] | tuple[int, ...]) -> list[int]:
@@ -194,6 +207,12 @@ class Target:
         self.monos: set[int] = set()
         self.polys: set[int] = set()
         self._seen: set[int] = set()
+        self._factors: set[int] = set()
+        self._monos: set[int] = set()
+        self._contracted: set[int] = set()
+        """Sums built as partial contractions: theirs are among their parent's, not enumerated again."""
+        self._renamings: dict[int, dict[int, tuple[int]]] = {}
+        self.truncated = False
         self._memo: dict[int, bool] = {}
         self.outputs: tuple[Expr, ...] = ()
         """The target graph's output expressions (for expr_equal on a finished candidate)."""
@@ -213,6 +232,9 @@ class Target:
     def _visit(self, p: int) -> None:
         if p in self._seen:
             return
+        if len(self._seen) >= MAX_VISITS:
+            self.truncated = True
+            return
         self._seen.add(p)
         ts = T.terms(p)
         for m, _ in ts:
@@ -229,7 +251,18 @@ class Target:
             for sub in itertools.combinations(ts, r):
                 self.polys.add(poly_key(T.poly(dict(sub))))
 
+    def _renaming(self, f: int) -> dict[int, tuple[int]]:
+        """Free variables for the bound ones of sum factor f: one set per factor, so a sum reached
+        again builds the same terms (fresh ones every time made each visit new, exponentially)."""
+        ren = self._renamings.get(f)
+        if ren is None:
+            ren = self._renamings[f] = {v: (T.fresh(n),) for v, n in T.node(f)[1]}
+        return ren
+
     def _visit_mono(self, m: int) -> None:
+        if m in self._monos:
+            return
+        self._monos.add(m)
         facs = T.factors(m)
         options = [[0, *_exponent_options(e)] for _, e in facs]
         count = 1
@@ -247,11 +280,14 @@ class Target:
             self._visit_factor(f)
             if e == 1 and T.node(f)[0] == "sum":
                 # c * sum_i b = sum_i (c b): the outside factors times the body, index free
-                body = T.subst(T.node(f)[2], {v: (T.fresh(n),) for v, n in T.node(f)[1]})
+                body = T.subst(T.node(f)[2], self._renaming(f))
                 rest = T.mono({g: x for g, x in facs if g != f})
                 self._visit(T.mul(T.of_mono(rest), T.of_mono(body)))
 
     def _visit_factor(self, f: int) -> None:
+        if f in self._factors:
+            return  # its closure is built (renamed copies would only repeat the same patterns)
+        self._factors.add(f)
         t = T.node(f)
         k = t[0]
         if k == "exp":
@@ -266,19 +302,22 @@ class Target:
         elif k == "sum":
             self._visit(T.of_mono(t[2]))
             bound = t[1]
-            if len(bound) >= 2:
-                self._partial_contractions(bound, t[2])
+            if len(bound) >= 2 and f not in self._contracted:
+                self._partial_contractions(f, bound, t[2])
 
-    def _partial_contractions(self, bound: tuple[tuple[int, int], ...], body: int) -> None:
+    def _partial_contractions(self, f: int, bound: tuple[tuple[int, int], ...], body: int) -> None:
         """sum_{V} b contains sum_W (the factors of b that use W) for every W inside V."""
-        ren = {v: (T.fresh(n),) for v, n in bound}
+        ren = self._renaming(f)
         b = T.subst(body, ren)
         for r in range(1, len(bound)):
             for w in itertools.combinations(bound, r):
                 ws = [(ren[v][0], n) for v, n in w]
                 names = {x for x, _ in ws}
-                inner = T.mono({f: e for f, e in T.factors(b) if T.deps(f) & names})
-                self._visit(T.sum_over(ws, T.of_mono(inner)))
+                inner = T.mono({g: e for g, e in T.factors(b) if T.deps(g) & names})
+                q = T.sum_over(ws, T.of_mono(inner))
+                # a contraction over W' inside W of this sum is the parent's contraction over W'
+                self._contracted.update(g for m, _ in T.terms(q) for g, _ in T.factors(m) if T.node(g)[0] == "sum")
+                self._visit(q)
 
     # -- checking --
     def admits(self, expr: Expr | int) -> bool:
