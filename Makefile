@@ -29,7 +29,7 @@ DEMO_SHAPE := --input-shape hidden=1,16,64
 demo: $(STAMP)
 	mkdir -p build/demo
 	$(MLSO) -v inspect models/transformer_tiny.onnx $(DEMO_SHAPE)
-	$(MLSO) -v optimize models/transformer_tiny.onnx $(DEMO_SHAPE) -o build/demo/transformer_tiny.mlso.onnx --min-speedup 0 --force
+	$(MLSO) -v optimize models/transformer_tiny.onnx $(DEMO_SHAPE) -o build/demo/transformer_tiny.mlso.onnx --min-speedup 0 --force --max-states 20000
 	$(MLSO) -v verify models/transformer_tiny.onnx build/demo/transformer_tiny.mlso.onnx $(DEMO_SHAPE)
 
 test: $(STAMP)

@@ -203,7 +203,7 @@ def random_region(draw):
     return _model(nodes, [_vi("x", [rows, cols])], [_vi(cur, shape)], inits), (rows, cols)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(random_region(), st.integers(0, 2**31 - 1))
 def test_random_regions_lifted_agree_with_ort(tmp_path_factory, case, seed):
     model, (rows, cols) = case
@@ -221,5 +221,8 @@ def test_random_regions_lifted_agree_with_ort(tmp_path_factory, case, seed):
            for n in lr.graph.input_names]
     (got,) = interpreter.run(lr.graph, ins, mode="float64")
     assert got.shape == want.shape
-    # ORT computes in fp32: its own error against exact arithmetic grows along random chains
-    assert _rel(got, want.astype(np.float64)) < 1e-4
+    # ORT computes in fp32: its own error against exact arithmetic grows along random chains, and
+    # where a chain cancels (x - mean(x), then a sum) the result is near zero: an absolute floor
+    # of fp32 rounding at the inputs' scale keeps the check about the lift, not about ORT
+    err = float(np.linalg.norm(got - want.astype(np.float64)))
+    assert err < 1e-4 * max(float(np.linalg.norm(want)), 1e-2 * float(np.linalg.norm(x)))

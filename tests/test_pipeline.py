@@ -240,20 +240,23 @@ def test_nothing_in_the_package_imports_tests():
 
 
 def test_cli_outputs_are_byte_identical_across_processes(tmp_path):
-    """Two processes with different hash seeds (Python salts hash() per process) and the same
-    options write the same bytes; the second run is served from the search cache."""
+    """Two processes with different hash seeds (Python salts hash() per process), each searching
+    afresh (own cache) with the same --seed and --max-states, write the same bytes; a third run on
+    the first's cache is served from it and writes them too."""
     from tests.helpers import TRANSFORMER, TRANSFORMER_SHAPE, run_cli
 
     outs = []
-    for seed in ("1", "2"):
+    for seed, cache in (("1", "c1"), ("2", "c2"), ("3", "c1")):
         out = tmp_path / f"t{seed}" / "t.onnx"
         out.parent.mkdir()
         r = run_cli("optimize", str(TRANSFORMER), *TRANSFORMER_SHAPE, "-o", str(out), "--min-speedup", "0", "--json",
-                    env={"PYTHONHASHSEED": seed, "MLSO_CACHE_DIR": str(tmp_path / "cache")})
+                    "--seed", "5", "--max-states", "4000",
+                    env={"PYTHONHASHSEED": seed, "MLSO_CACHE_DIR": str(tmp_path / cache)})
         assert r.returncode == 0, r.stderr
         outs.append((out.read_bytes(), json.loads(r.stdout.decode().splitlines()[-1])))
-    assert outs[0][0] == outs[1][0]
-    assert outs[0][1]["cached"] < outs[0][1]["regions"] and outs[1][1]["cached"] == outs[1][1]["regions"]
+    assert outs[0][0] == outs[1][0] == outs[2][0]
+    assert outs[0][1]["cached"] < outs[0][1]["regions"] and outs[1][1]["cached"] == outs[0][1]["cached"]
+    assert outs[2][1]["cached"] == outs[2][1]["regions"]
 
 
 def test_equal_regions_are_searched_once_and_bound_once(tmp_path):

@@ -1,6 +1,6 @@
 """Replace each optimized region by one `ai.mlso::MlsoKernel` node that still runs anywhere.
 
-Why the shape of the output (DESIGN.md, pipeline step 7 and "Runtime"):
+Why the shape of the output (docs/architecture.md, pipeline step 7 and "Runtime"):
 - Each node carries a model-local function whose body is the original region, so stock ONNX
   Runtime (no mlso library registered) runs the original computation. Regions differ, so each
   gets its own overload of ai.mlso::MlsoKernel (ONNX IR >= 10: FunctionProto.overload and

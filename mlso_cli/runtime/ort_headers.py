@@ -4,7 +4,7 @@ Why this exists: the headers are needed at build time only, pip's onnxruntime-gp
 ship them, and Debian ships them (package libonnxruntime-dev) only in trixie, while our machines
 run bookworm. So, in order: MLSO_ORT_INCLUDE, a system include dir, or a one-time download of
 trixie's libonnxruntime-dev into the cache. The download uses a private apt state, cache and
-sources list and never touches the system's apt configuration (like ../shared/device/prepare.sh).
+sources list and never touches the system's apt configuration (as the GPU machine set-up does).
 """
 
 from __future__ import annotations

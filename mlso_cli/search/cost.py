@@ -1,7 +1,7 @@
 """An analytic cost model: DRAM bytes, FLOPs on the right unit, and kernel launches.
 
 It ranks candidates and decides the never-slower rule when no GPU is there to measure. The
-numbers are the H200's, measured (../shared/DESIGN.md): 4.3 TB/s device copy, 790 TFLOP/s
+numbers are the H200's, measured (docs/benchmarks.md): 4.3 TB/s device copy, 790 TFLOP/s
 bf16/fp16 on tensor cores; fp32 SIMT and launch latency are estimates.
 
 Calibration (measured, or fitted to measurements) (benchmarks/RESULTS.md, "optimize --gpu"):

@@ -1,6 +1,6 @@
 """Dimensions for a recipe: the grid and loop sizes the cost model likes best.
 
-Why a separate step: DESIGN.md's "structure before dimensions". The enumerator proves a
+Why a separate step: docs/architecture.md's "structure before dimensions". The enumerator proves a
 structure once, at reduced shapes; the sizes only change how fast it runs, so they are chosen
 afterwards from divisors of each index, by the cost model, subject to the spec checker (which
 holds every block to the arch's shared-memory budget) and CUDA's grid limits.

@@ -2,7 +2,7 @@
 
 Why: the finite-field check executes every block and loop step literally, so at Mirage's shapes
 one check of attention takes up to 27 s, while the structure of a candidate does not depend on
-the sizes. DESIGN.md: verify structures at reduced shapes with the primes, inputs and target
+the sizes. docs/architecture.md: verify structures at reduced shapes with the primes, inputs and target
 fingerprints fixed once per run, and re-verify the chosen program at full shapes. A class of
 size n becomes gcd(n, REDUCED) (powers of two stay tensor-core friendly, divisibility by the
 grid and loop splits the search uses at reduced shapes is kept), and every node is rebuilt

@@ -1,7 +1,7 @@
 """Verification: the numpy interpreter, finite-field fingerprints with a stated bound, float checks.
 
 Why three tools: the interpreter makes every mapping of a μGraph observable on the CPU; the field
-check proves exact-semantics equivalence with a false-accept bound (DESIGN.md, Verification);
+check proves exact-semantics equivalence with a false-accept bound (docs/verification.md);
 the float check catches what exact semantics cannot (overflow, storage rounding, a missing
 softmax stabiliser). Module map:
   walk.py         the one literal op walk (kernel, block, thread level) all evaluators share

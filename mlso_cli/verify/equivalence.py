@@ -1,7 +1,7 @@
 """Probabilistic equivalence of two kernel graphs by finite-field fingerprints, with a stated bound.
 
 Why: the search proposes millions of rewrites; each survivor must be proved equal to the original
-program, fast, with a false-accept probability we can state (DESIGN.md, Verification). Each trial
+program, fast, with a false-accept probability we can state (docs/architecture.md, Verification). Each trial
 draws fresh primes (p, q) and fresh inputs, evaluates both graphs in the field (fieldrun.py) and
 compares every output. Trials repeat until the product of per-trial bounds reaches the target.
 

@@ -3,7 +3,7 @@
 Why: the field check proves the exact semantics equal; it says nothing about rounding, overflow
 or a missing softmax stabiliser. The reference is an fp64 evaluation of the original region (never
 fp16 ONNX Runtime: it overflows at large scales and CPU and CUDA disagree). The metric is the
-norm-wise relative error ||out - ref|| / ||ref||, with the limits of DESIGN.md.
+norm-wise relative error ||out - ref|| / ||ref||, with the limits of docs/architecture.md.
 """
 
 from __future__ import annotations

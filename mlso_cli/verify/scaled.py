@@ -1,7 +1,7 @@
 """Log-scaled fp32 values: the running-max representation that float code must use for softmax.
 
 Why: the IR says ACC_EXP_SUM / ACC_EXP_WSUM mean sum(exp(s)) and sum(exp(s) @ v) in exact
-arithmetic; subtracting a running max is an obligation of code generation (DESIGN.md). In the
+arithmetic; subtracting a running max is an obligation of code generation (docs/architecture.md). In the
 "float32" interpreter mode we discharge it the way generated code does: an accumulator is held as
 `v * exp(m)` with `m` the running row max, partial outputs keep their max next to them (as
 flash-decoding stores it), and a split-KV combine rescales the partials to their common max

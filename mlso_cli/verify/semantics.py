@@ -6,7 +6,7 @@ would be derived for a different program than the one tested. Both implement the
 const, add, sub, mul, neg, inv, exp, oracle, oracle_reduce, q_known, matmul, reduce_sum,
 reshape, transpose, broadcast.
 
-The canonical forms of DESIGN.md live here, so equivalent spellings meet in the field:
+The canonical forms of docs/verification.md live here, so equivalent spellings meet in the field:
   sigmoid(x) = 1 / (1 + exp(-x))       silu(x) = x * sigmoid(x)
   tanh(x)    = 2 * sigmoid(2x) - 1     rsqrt(x) = 1 / sqrt(x), sqrt an oracle
   gelu(x)    = x * Phi(x), Phi an oracle          relu(x) = max(x, 0), max an oracle

@@ -1,6 +1,6 @@
 // mlso's ONNX Runtime custom-op library: one generic op, ai.mlso::MlsoKernel, on the CUDA EP.
 //
-// Why it looks like this (see DESIGN.md, "Runtime"):
+// Why it looks like this (see docs/architecture.md, "Runtime"):
 // - Built against the ORT C API headers only, at API version 21, and not linked to onnxruntime:
 //   the OrtApiBase that ORT passes to RegisterCustomOps is the only way in.
 // - Not linked to libcuda (dlopen, see mlso_cuda_driver.h), so it loads on machines without a GPU.
