@@ -100,6 +100,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", action="append", default=[], help="benchmark names to run (default: all)")
     ap.add_argument("--max-states", type=int, default=None)
+    ap.add_argument("--batch", type=int, action="append", default=[], help="batch sizes to run (default: all)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per row (the issue's limit: 600)")
     ap.add_argument("--out", type=Path, default=None, help="also write the table to this file")
     ap.add_argument("--save", type=Path, default=None, help="write each row's chosen program (μGraph JSON) here")
@@ -109,6 +110,8 @@ def main() -> None:
         if args.only and name not in args.only:
             continue
         for bs in spec.batch_sizes:
+            if args.batch and bs not in args.batch:
+                continue
             try:
                 res = run_row(name, bs, args.max_states, args.timeout, args.save)
             except subprocess.TimeoutExpired:

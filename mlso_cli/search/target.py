@@ -241,6 +241,9 @@ class Target:
             self._visit_mono(m)
         if len(ts) >= 2:
             self._sub_sums(ts)
+            # a*(b+c): the common factor a is a subexpression even where its monomials are too
+            # large to enumerate their sub-products (MAX_SUBSETS)
+            self.monos.add(mono_key(_content(p)))
 
     def _sub_sums(self, ts: tuple[tuple[int, Fraction], ...]) -> None:
         n = len(ts)
