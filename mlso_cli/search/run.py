@@ -155,6 +155,8 @@ def explore(task: Task) -> Explored:
         return True
 
     filtered = 0
+    if pruner is not None and pruner.target.timed_out:
+        cut["partial"] = True  # the closure was cut by the clock: this result is not reproducible
     if dims is not None:
         try:
             fp = Fingerprints(small, dcs, task.sig, dims, task.seed)

@@ -27,6 +27,7 @@ every sub-sum of a poly, and every partial contraction of a flattened multi-vari
 from __future__ import annotations
 
 import itertools
+import time
 from fractions import Fraction
 
 from mlso_cli.ir.graph import KernelGraph
@@ -44,6 +45,10 @@ attention block and its projections) make the partial-contraction closure grow e
 beyond the budget the target stops growing and is marked `truncated`, so a check may prune a true
 subexpression there (the search then finds less, it never accepts a wrong program: acceptance is
 the field check's)."""
+
+MAX_BUILD_S = 120.0
+"""Wall-clock cap on building one target (the same truncation as MAX_VISITS): a region's search
+must not spend its budget before the first candidate."""
 
 
 # ---- pattern keys ------------------------------------------------------------------------------
@@ -213,7 +218,9 @@ class Target:
         """Sums built as partial contractions: theirs are among their parent's, not enumerated again."""
         self._renamings: dict[int, dict[int, tuple[int]]] = {}
         self.truncated = False
+        self.timed_out = False
         self._memo: dict[int, bool] = {}
+        self._deadline = time.monotonic() + MAX_BUILD_S
         self.outputs: tuple[Expr, ...] = ()
         """The target graph's output expressions (for expr_equal on a finished candidate)."""
         for p in polys:
@@ -234,6 +241,9 @@ class Target:
             return
         if len(self._seen) >= MAX_VISITS:
             self.truncated = True
+            return
+        if len(self._seen) % 64 == 0 and time.monotonic() > self._deadline:
+            self.truncated = self.timed_out = True  # not reproducible: the search reports partial
             return
         self._seen.add(p)
         ts = T.terms(p)
