@@ -85,6 +85,13 @@ def test_relu_matmul_in_one_block_is_rejected_by_the_spec_not_by_codegen():
     assert generate(half).kernels[0].smem == block_smem(_graph_defs(half)[0].arg, (), "sm_90")
 
 
+def test_budget_false_drops_only_the_budget():
+    """The search's reduced-shape check: everything but the shared-memory budget."""
+    big = _single_block((128, 256), (256, 128), 1)
+    assert any("bytes of shared memory" in p for p in problems(big))
+    assert problems(big, budget=False) == []
+
+
 def test_the_budget_is_per_arch():
     kg = _single_block((128, 256), (256, 128), 2)
     gd = _graph_defs(kg)[0]

@@ -122,6 +122,8 @@ class Explored:
     partial: bool
     error: str = ""
     """An internal error that ended this signature's exploration early (reported in notes)."""
+    limited: bool = False
+    """The state budget stopped it (it would have gone on): a later pass may give it more."""
 
 
 _PRUNERS: dict[str, ExprPruner] = {}
@@ -180,7 +182,10 @@ def explore(task: Task) -> Explored:
                 cand = instantiate(small, dcs, recipe, dims, slots)
             except RecipeError:
                 continue
-            if problems(cand, task.arch):
+            # the budget is not checked at reduced shapes and provisional sizes: a tile's bytes there
+            # say nothing about the full-size instances, which choose_dims holds to it (gqa at
+            # batch 16 keeps a 32-wide index when reduced; its structure was dropped here)
+            if problems(cand, task.arch, budget=False):
                 continue
             verdict = check_equivalent(small, cand, seed=task.seed + 7919 * (k + 1), target_bound=FILTER_BOUND)
             if not verdict.equivalent:
@@ -188,7 +193,47 @@ def explore(task: Task) -> Explored:
                 continue
             for sized in choose_dims(target, dcf, recipe, slots, task.arch, keep=1):
                 out.append(Found(recipe, sized.dims, sized.cost.us, sized.cost.launches))
-    return Explored(task.sig, tuple(out), stats.states, stats.pruned, stats.duplicates, filtered, cut["partial"])
+    return Explored(task.sig, tuple(out), stats.states, stats.pruned, stats.duplicates, filtered, cut["partial"],
+                    limited=stats.states >= task.states)
+
+
+PASSES = 3
+"""Budget passes: the states a signature leaves unused go to those its share stopped."""
+
+
+def _passes(tasks: list[Task], total: int, pool: ProcessPoolExecutor | None, run, deadline: float | None,
+            on_result) -> list[Explored]:
+    """Explore every signature with an equal share of `total`, then give the states left over to
+    the signatures their share stopped, and explore those again from scratch with the larger
+    share (up to PASSES times). Why: most signatures are exhausted in a few hundred states, while
+    the one that holds the fused program may need tens of thousands; an equal split starved it
+    as the signature count grew with the batch size (gqa bs16: 66 signatures, 3,000 states
+    each). Each pass depends only on the previous pass's results, so the outcome is the same
+    for any --jobs. States of every pass are counted."""
+    def explore_all(ts: list[Task]) -> list[Explored]:
+        out = []
+        for ex in (pool.map(run, ts) if pool is not None else map(run, ts)):
+            on_result(ex)
+            out.append(ex)
+        return out
+
+    from dataclasses import replace
+
+    done = explore_all(tasks)
+    used = sum(ex.states for ex in done)
+    for _ in range(PASSES - 1):
+        starved = [i for i, ex in enumerate(done) if ex.limited]
+        left = total - used
+        if not starved or left <= 0 or (deadline is not None and time.time() > deadline):
+            break
+        share = left // len(starved)  # the passes together never exceed `total`
+        if share <= max(tasks[i].states for i in starved):
+            break
+        again = [replace(tasks[i], states=share) for i in starved]
+        for i, t, ex in zip(starved, again, explore_all(again)):
+            tasks[i], done[i] = t, ex
+            used += ex.states
+    return done
 
 
 class _Guarded:
@@ -215,12 +260,10 @@ def search(target: KernelGraph, options: SearchOptions, progress: ProgressFn | N
     text = serialize.dumps(target)
     tasks = [Task(text, sig, share, seed * 1_000_003 + i, options.arch, options.block_ops, deadline,
                   prune) for i, sig in enumerate(sigs)]
-    done: list[Explored] = []
     totals = {"states": 0, "pruned": 0}
     best: list[float] = []
 
     def record(ex: Explored) -> None:
-        done.append(ex)
         totals["states"] += ex.states
         totals["pruned"] += ex.pruned
         best.extend(f.estimate_us for f in ex.found)
@@ -230,13 +273,12 @@ def search(target: KernelGraph, options: SearchOptions, progress: ProgressFn | N
 
     jobs = max(1, min(options.jobs, len(tasks), os.cpu_count() or 1))
     explore_safely = _Guarded()
-    if jobs == 1:
-        for t in tasks:
-            record(explore_safely(t))
-    else:
-        with ProcessPoolExecutor(jobs) as pool:
-            for ex in pool.map(explore_safely, tasks):
-                record(ex)
+    pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
+    try:
+        done = _passes(tasks, total, pool, explore_safely, deadline, record)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     found = sorted((f for ex in done for f in ex.found), key=lambda f: (f.estimate_us, f.launches, repr(f.recipe)))
     lifted = program_cost(target)
     candidates: list[Candidate] = [Candidate(target, lifted.us, lifted.launches, 0.0)]
