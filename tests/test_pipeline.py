@@ -247,11 +247,11 @@ def test_cli_outputs_are_byte_identical_across_processes(tmp_path):
     from tests.helpers import run_cli
 
     outs = []
-    for seed, cache in (("1", "c1"), ("2", "c2"), ("3", "c1")):
+    for seed, cache_dir in (("1", "c1"), ("2", "c2"), ("3", "c1")):
         out = tmp_path / f"t{seed}" / "t.onnx"
         out.parent.mkdir()
         r = run_cli("optimize", str(SRC), "-o", str(out), "--min-speedup", "0", "--json", "--seed", "5",
-                    "--max-states", "20000", env={"PYTHONHASHSEED": seed, "MLSO_CACHE_DIR": str(tmp_path / cache)})
+                    "--max-states", "20000", env={"PYTHONHASHSEED": seed, "MLSO_CACHE_DIR": str(tmp_path / cache_dir)})
         assert r.returncode == 0, r.stderr
         rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
         outs.append((out.read_bytes(), rows[0]))
