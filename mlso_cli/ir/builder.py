@@ -4,21 +4,25 @@ checked when it is added.
 Why: the search replays recipes op by op and the test generators grow random graphs the same
 way; both want to hear at once which op is wrong and why (a shape, dtype or phase rule, or a
 shared-memory budget it would break), not that a whole candidate failed the spec checker later.
-Each op is made by ir.build (which computes shape, dtype and phase) and then held to the spec
-checker's own per-node rules (spec.block_node_problems), so the builder accepts an op exactly
-when the spec would accept it in a finished graph; `finish` runs the spec's block checks on the
-whole graph.
+Each op is made by ir.build (which computes shape, dtype and phase with ir.shapes' rules); the
+rules ir.build does not enforce (accumulator sources, output maps, partial dtypes) are checked
+with the spec checker's own per-node rules (spec.block_node_problems; SPEC_RULES says which), so
+the builder accepts the ops the spec accepts in a finished graph and refuses the others; `finish`
+runs the spec's block checks on the whole graph.
 
 Shared memory: `smem()` is the byte count spec.block_smem reports (the one code generation
-allocates, blocklayout.smem_layout). A graph being built has values no SAVE reaches yet; each
-gets a temporary fp32 SAVE so that the layout can be computed; a loop-phase value, which only
-an accumulator can carry out of the loop, is saved as the loop sum of its row sums (a small
-accumulator, as code generation fuses the row sum into it). Once every value reaches a SAVE
-the figure is block_smem of the finished graph, exactly. With `budget=True` an op whose figure
-would exceed the arch's budget is refused. The figure for an unfinished graph can be higher than
-the finished one (a score matrix about to become an online-softmax accumulator, kept in
-registers, is costed as a stored matrix), so the search, whose recipes are judged finished,
-builds with budget=False. Figures are cached per set of roots (and smem_layout caches per block graph).
+allocates, blocklayout.smem_layout). A graph being built has open values, which nothing reads
+and no SAVE writes yet. Each open pre- or post-loop value gets a temporary fp32 SAVE so that the
+layout can be computed; an open loop tile (ITER) is costed through a loop sum of its row sums (a
+small accumulator: code generation fuses the row sum into it); any other open loop value is not
+costed until an accumulator reads it, because its storage depends on the accumulator (a score
+that the online softmax keeps in registers takes no shared memory). Once every value reaches a
+SAVE the figure is block_smem of the finished graph, exactly. With `budget=True` an op whose
+figure would exceed the arch's budget is refused. A figure before that point can exceed the
+finished one (an open value stored for its temporary SAVE that the finished graph fuses), so
+the search, whose recipes are judged whole, builds with budget=False and leaves the budget to
+`finish`. Figures are computed only when asked or checked, cached per set of roots (and
+smem_layout caches per block graph).
 """
 
 from __future__ import annotations
@@ -257,7 +261,9 @@ class BlockBuilder:
         omap = _pad3([PARTIAL if g > 1 else None for g in self.grid], None)
         for r in roots[len(saves):]:
             x = r
-            if r.phase is Phase.LOOP:  # a loop value reaches a SAVE through an accumulator
+            if r.phase is Phase.LOOP:
+                if r.op is not Op.ITER:
+                    continue  # costed once an accumulator reads it: how depends on the accumulator
                 x = b.accumulate(Op.ACC_SUM, b.reduce(Op.REDUCE_SUM, r, -1) if r.shape else r)
             saves.append(Node(Op.SAVE, (x,), OutputMap(len(saves), omap), x.shape, DType.F32, x.phase))
         bg = b.block_graph(self.grid, self.loop, self.inputs, saves)
