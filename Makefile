@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 MLSO   := $(VENV)/bin/mlso
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-gpu lint lib models export-transformer clean
+.PHONY: demo test test-slow test-gpu lint lib models export-transformer clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 	$(VENV)/bin/ruff check mlso_cli models tests
+
+# Long CPU tests (marked `slow`; `make test` deselects them): thousands of generated graphs on
+# the kernel emulator, and the like.
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow tests
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu tests

@@ -135,16 +135,14 @@ def tile_shape(shape: tuple[int, ...], im: InputMap, grid: tuple[int, int, int],
     return tuple(t)
 
 
-def block_problems(bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90", *, budget: bool = True) -> list[str]:
+def input_tiles(grid: tuple[int, int, int], loop: int, inputs: tuple[InputMap, ...] | list[InputMap],
+                srcs: tuple[Node, ...] | list[Node]) -> tuple[list[str], list[tuple[int, ...]]]:
+    """Problems of the input maps against their kernel sources, and each input's tile shape
+    (the source's whole shape where its map is unusable). The block builder checks its inputs
+    with this when it is constructed; `block_problems` when it checks a finished graph."""
     out: list[str] = []
-    if len(bg.grid) != 3 or any((not isinstance(g, int)) or g < 1 for g in bg.grid):
-        return [f"grid {bg.grid} must be three positive ints"]
-    if bg.loop < 1:
-        out.append(f"loop range {bg.loop} must be >= 1")
-    if len(bg.inputs) != len(srcs):
-        return out + [f"block graph has {len(bg.inputs)} input maps for {len(srcs)} sources"]
     tiles: list[tuple[int, ...]] = []
-    for i, (im, src) in enumerate(zip(bg.inputs, srcs)):
+    for i, (im, src) in enumerate(zip(inputs, srcs)):
         rank = len(src.shape)
         mapped = [d for d in im.imap if d is not None]
         if len(im.imap) != 3:
@@ -157,14 +155,31 @@ def block_problems(bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90", 
             out.append(f"input {i}: fmap {im.fmap} invalid (rank {rank}, imap {im.imap})")
             tiles.append(src.shape)
             continue
-        for g, d in zip(bg.grid, im.imap):
+        for g, d in zip(grid, im.imap):
             if d is not None and src.shape[d] % g:
                 out.append(f"input {i}: dim {d} ({src.shape[d]}) is not divisible by grid {g}")
         if im.fmap is not None:
-            chunk = src.shape[im.fmap] // _split(bg.grid, im, im.fmap)
-            if chunk % bg.loop:
-                out.append(f"input {i}: dim {im.fmap} (per block {chunk}) is not divisible by loop {bg.loop}")
-        tiles.append(tile_shape(src.shape, im, bg.grid, bg.loop))
+            chunk = src.shape[im.fmap] // _split(grid, im, im.fmap)
+            if chunk % loop:
+                out.append(f"input {i}: dim {im.fmap} (per block {chunk}) is not divisible by loop {loop}")
+        tiles.append(tile_shape(src.shape, im, grid, loop))
+    return out, tiles
+
+
+def block_problems(bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90",
+                   checked: frozenset[Node] | set[Node] = frozenset(), *, budget: bool = True) -> list[str]:
+    """Every problem of a block graph over its kernel sources. `checked` holds nodes whose own
+    rules (block_node_problems, against these same maps) are already known to hold: the block
+    builder checks each op as it adds it and need not pay for it twice."""
+    out: list[str] = []
+    if len(bg.grid) != 3 or any((not isinstance(g, int)) or g < 1 for g in bg.grid):
+        return [f"grid {bg.grid} must be three positive ints"]
+    if bg.loop < 1:
+        out.append(f"loop range {bg.loop} must be >= 1")
+    if len(bg.inputs) != len(srcs):
+        return out + [f"block graph has {len(bg.inputs)} input maps for {len(srcs)} sources"]
+    probs, tiles = input_tiles(bg.grid, bg.loop, bg.inputs, srcs)
+    out.extend(probs)
 
     saves = list(bg.outputs)
     if [s.arg.index if isinstance(s.arg, OutputMap) else None for s in saves] != list(range(len(saves))):
@@ -172,59 +187,8 @@ def block_problems(bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90", 
     if not saves:
         out.append("block graph has no outputs")
     for n in toposort(saves):
-        where = f"block {n.op.value}{n.shape}"
-        if n.op not in BLOCK_OPS:
-            out.append(f"{where}: op not allowed in a block graph")
-            continue
-        if n.phase is None:
-            out.append(f"{where}: block op without a loop phase")
-            continue
-        if n.op in ARITY and len(n.src) != ARITY[n.op]:
-            out.append(f"{where}: takes {ARITY[n.op]} sources, got {len(n.src)}")
-            continue
-        if n.op is Op.ITER:
-            if not isinstance(n.arg, int) or not 0 <= n.arg < len(tiles):
-                out.append(f"{where}: ITER of unknown input {n.arg}")
-                continue
-            im = bg.inputs[n.arg]
-            want_phase = Phase.LOOP if im.fmap is not None else Phase.PRE
-            if n.shape != tiles[n.arg]:
-                out.append(f"{where}: tile of input {n.arg} should be {tiles[n.arg]}")
-            if n.dtype != srcs[n.arg].dtype:
-                out.append(f"{where}: ITER dtype {n.dtype.value} differs from input {srcs[n.arg].dtype.value}")
-            if n.phase is not want_phase:
-                out.append(f"{where}: ITER phase should be {want_phase.value}")
-            continue
-        if n.op is Op.CONST:
-            out.extend(_check_const(n))
-            if n.phase is not Phase.PRE:
-                out.append(f"{where}: constants are pre-loop values")
-            continue
-        if n.op in ACCUMULATORS:
-            if any(s.phase is not Phase.LOOP for s in n.src if s.op is not Op.CONST):
-                out.append(f"{where}: accumulator sources must be loop-phase values")
-            if n.phase is not Phase.POST:
-                out.append(f"{where}: accumulators produce post-loop values")
-            try:
-                if infer(n.op, [s.shape for s in n.src], None) != n.shape:
-                    out.append(f"{where}: wrong accumulator shape")
-            except ShapeError as exc:
-                out.append(f"{where}: {exc}")
-            continue
-        if n.op is Op.SAVE:
-            out.extend(_check_save(bg, n))
-            continue
-        if n.op is Op.THREAD:
-            out.extend(_check_thread(n))
-        else:
-            out.extend(_check_compute(n, block=True))
-            if n.dtype is not DType.F32:
-                out.append(f"{where}: block compute is fp32, got {n.dtype.value}")
-        phases = [s.phase for s in n.src if s.phase is not None]
-        if Phase.LOOP in phases and Phase.POST in phases:
-            out.append(f"{where}: mixes loop-phase and post-loop values")
-        elif phases and n.phase is not max(phases, key=_ORDER.__getitem__):
-            out.append(f"{where}: phase should be {max(phases, key=_ORDER.__getitem__).value}")
+        if n not in checked:
+            out.extend(block_node_problems(n, bg.grid, bg.inputs, tiles, srcs))
     if out:
         return out
     from mlso_cli.codegen.errors import CodegenError  # lazily: codegen imports ir
@@ -236,6 +200,62 @@ def block_problems(bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90", 
     limit = SMEM_BUDGET[arch]
     if budget and smem > limit:
         out.append(f"block graph needs {smem} bytes of shared memory; {arch} has {limit}")
+    return out
+
+
+def block_node_problems(n: Node, grid: tuple[int, int, int], inputs: tuple[InputMap, ...] | list[InputMap],
+                        tiles: list[tuple[int, ...]], srcs: tuple[Node, ...] | list[Node]) -> list[str]:
+    """The rules one block node must satisfy on its own (given its sources): the same rules
+    whether the spec checks a finished graph or the block builder checks an op as it is added."""
+    out: list[str] = []
+    where = f"block {n.op.value}{n.shape}"
+    if n.op not in BLOCK_OPS:
+        return [f"{where}: op not allowed in a block graph"]
+    if n.phase is None:
+        return [f"{where}: block op without a loop phase"]
+    if n.op in ARITY and len(n.src) != ARITY[n.op]:
+        return [f"{where}: takes {ARITY[n.op]} sources, got {len(n.src)}"]
+    if n.op is Op.ITER:
+        if not isinstance(n.arg, int) or not 0 <= n.arg < len(tiles):
+            return [f"{where}: ITER of unknown input {n.arg}"]
+        im = inputs[n.arg]
+        want_phase = Phase.LOOP if im.fmap is not None else Phase.PRE
+        if n.shape != tiles[n.arg]:
+            out.append(f"{where}: tile of input {n.arg} should be {tiles[n.arg]}")
+        if n.dtype != srcs[n.arg].dtype:
+            out.append(f"{where}: ITER dtype {n.dtype.value} differs from input {srcs[n.arg].dtype.value}")
+        if n.phase is not want_phase:
+            out.append(f"{where}: ITER phase should be {want_phase.value}")
+        return out
+    if n.op is Op.CONST:
+        out.extend(_check_const(n))
+        if n.phase is not Phase.PRE:
+            out.append(f"{where}: constants are pre-loop values")
+        return out
+    if n.op in ACCUMULATORS:
+        if any(s.phase is not Phase.LOOP for s in n.src if s.op is not Op.CONST):
+            out.append(f"{where}: accumulator sources must be loop-phase values")
+        if n.phase is not Phase.POST:
+            out.append(f"{where}: accumulators produce post-loop values")
+        try:
+            if infer(n.op, [s.shape for s in n.src], None) != n.shape:
+                out.append(f"{where}: wrong accumulator shape")
+        except ShapeError as exc:
+            out.append(f"{where}: {exc}")
+        return out
+    if n.op is Op.SAVE:
+        return save_problems(grid, n)
+    if n.op is Op.THREAD:
+        out.extend(_check_thread(n))
+    else:
+        out.extend(_check_compute(n, block=True))
+        if n.dtype is not DType.F32:
+            out.append(f"{where}: block compute is fp32, got {n.dtype.value}")
+    phases = [s.phase for s in n.src if s.phase is not None]
+    if Phase.LOOP in phases and Phase.POST in phases:
+        out.append(f"{where}: mixes loop-phase and post-loop values")
+    elif phases and n.phase is not max(phases, key=_ORDER.__getitem__):
+        out.append(f"{where}: phase should be {max(phases, key=_ORDER.__getitem__).value}")
     return out
 
 
@@ -252,7 +272,8 @@ def block_smem(bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90") -> i
     return smem_layout(bg, arch).smem
 
 
-def _check_save(bg: BlockGraph, n: Node) -> list[str]:
+def save_problems(grid: tuple[int, int, int], n: Node) -> list[str]:
+    """A SAVE node against the grid: its omap, its source's phase, partial outputs in fp32."""
     where = f"block save{n.shape}"
     out = []
     om = n.arg
@@ -266,7 +287,7 @@ def _check_save(bg: BlockGraph, n: Node) -> list[str]:
     dims = [d for d in om.omap if d is not None and d != PARTIAL]
     if len(set(dims)) != len(dims) or any(not 0 <= d < len(n.shape) for d in dims):
         out.append(f"{where}: omap {om.omap} invalid for rank {len(n.shape)}")
-    for g, d in zip(bg.grid, om.omap):
+    for g, d in zip(grid, om.omap):
         if g > 1 and d is None:
             out.append(f"{where}: grid dim of size {g} is not mapped (use a tensor dim or PARTIAL)")
     if PARTIAL in om.omap and n.dtype is not DType.F32:

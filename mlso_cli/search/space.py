@@ -15,6 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 from mlso_cli.ir import build as b
+from mlso_cli.ir.builder import BlockBuilder, BuildError
 from mlso_cli.ir.graph import PARTIAL, InputMap, KernelGraph
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import ACCUMULATORS, BINARY, REDUCE, UNARY, DType, Op
@@ -136,6 +137,16 @@ def _apply(op: Op, srcs: list[Node], arg: Any) -> Node:
     raise RecipeError(f"recipe step {op.value} has no builder")
 
 
+def _block_step(bb: BlockBuilder, step: Step, values: list[Node]) -> Node:
+    """One block step through the builder (a recipe's ROW reshape spelled as its shape)."""
+    try:
+        srcs = [values[i] for i in step.srcs]
+        arg = (1, srcs[0].shape[0]) if step.op is Op.RESHAPE and step.arg == ROW else step.arg
+    except IndexError as exc:
+        raise RecipeError(f"{step.op.value}: {exc}") from exc
+    return bb.apply(step.op, srcs, arg)
+
+
 def apply_step(step: Step, values: list[Node]) -> Node:
     """Build one step's node from earlier values (ShapeError becomes RecipeError)."""
     from mlso_cli.ir.shapes import ShapeError
@@ -177,20 +188,21 @@ def save_omap(dc: DimClasses, sig: Signature, out: int) -> tuple[int | None, ...
 def instantiate(target: KernelGraph, dc: DimClasses, recipe: Recipe, dims: Dims,
                 save_slots: tuple[int, ...]) -> KernelGraph:
     """Replay `recipe` at `dims`. `save_slots[i]` is the target output whose layout save i
-    takes (its omap); partial saves are fp32, others take that output's dtype."""
+    takes (its omap); partial saves are fp32, others take that output's dtype. The block graph
+    is grown by ir.builder.BlockBuilder, which checks every step against the spec's rules as it
+    is added; a step it refuses, or a finished block graph the spec rejects, is a RecipeError."""
     sig = recipe.signature
-    values, maps, grid = iters(target, dc, sig, dims, recipe.feeds)
-    for st in recipe.block_steps:
-        values.append(apply_step(st, values))
-    saves = []
-    for i, (v, slot) in enumerate(zip(recipe.saves, save_slots)):
-        omap = save_omap(dc, sig, slot)
-        dt = DType.F32 if sig.partial() is not None else target.outputs[slot].dtype
-        saves.append(b.save(values[v], i, omap, dt))
+    _, maps, grid = iters(target, dc, sig, dims, recipe.feeds)  # RecipeError on a misfit size
     try:
-        bg = b.block_graph(grid, dims.loop, maps, saves)
-        projs = b.graph_def([target.inputs[f] for f in recipe.feeds], bg)
-    except Exception as exc:  # shape inference of the outputs
+        bb = BlockBuilder(grid, dims.loop, maps, [target.inputs[f] for f in recipe.feeds], budget=False)
+        values = [bb.iter(i) for i in range(len(recipe.feeds))]
+        for st in recipe.block_steps:
+            values.append(_block_step(bb, st, values))
+        for v, slot in zip(recipe.saves, save_slots):
+            dt = DType.F32 if sig.partial() is not None else target.outputs[slot].dtype
+            bb.save(values[v], save_omap(dc, sig, slot), dt)
+        projs = bb.launch()
+    except BuildError as exc:
         raise RecipeError(str(exc)) from exc
     kv: list[Node] = list(target.inputs) + projs
     for st in recipe.kernel_steps:
