@@ -20,8 +20,9 @@ that the online softmax keeps in registers takes no shared memory). Once every v
 SAVE the figure is block_smem of the finished graph, exactly. With `budget=True` an op whose
 figure would exceed the arch's budget is refused. A figure before that point can exceed the
 finished one (an open value stored for its temporary SAVE that the finished graph fuses), so
-the search, whose recipes are judged whole, builds with budget=False and leaves the budget to
-`finish`. Figures are computed only when asked or checked, cached per set of roots (and
+the search, whose recipes are judged whole, builds with budget=False: then `finish` leaves the
+budget out too (a structure checked at reduced shapes is sized later, and the spec checker holds
+each sized instance to the budget). Figures are computed only when asked or checked, cached per set of roots (and
 smem_layout caches per block graph).
 """
 
