@@ -21,9 +21,9 @@ Every graph is built through BlockBuilder (sm_90 budget) and passes `mlso_cli.ir
 before it is returned. Outputs stay finite, in their dtype, on unit-normal inputs by
 construction: denominators are row sums of exp terms or squares plus a positive constant, raw
 exp sums are not saved when an exp prologue widened the scores, and random walks end in an RMS
-normalisation. `small=True` (the default)
-keeps tiles small enough for the CPU emulator; `small=False` draws tiles up to full kernel
-sizes, some of which the builder refuses for shared memory (the draw is then repeated).
+normalisation. `small=True` (the default) keeps tiles small enough for the CPU emulator;
+`small=False` draws tiles up to full kernel sizes, some of which the builder refuses for shared
+memory (the draw is then repeated).
 
 Two front ends share the families: `graphs()` is a hypothesis strategy, `seeded(seed, n)` a
 plain seeded list that visits the families in turn.
@@ -241,7 +241,7 @@ def attention(d: Draw) -> KernelGraph:
     """softmax-weighted sums of V over Q K scores, in PRE or LOOP phase, whole or split over the
     keys (PARTIAL numerators and denominators, combined at kernel level); K stored either way
     round, maybe doubling as V (MLA's latent cache), maybe a second score term (MLA's rope).
-    A third of the draws are kept to what the register-resident online softmax takes (16-bit
+    About a third of the draws keep to what the register-resident online softmax takes (16-bit
     tiles, a loop, rescaling accumulators, score forms), which random draws rarely all meet."""
     fl = d.chance("flash_friendly", 0.35)
     d.flash = fl
