@@ -346,7 +346,7 @@ class BlockSearch:
         for v in views:
             for y in operands:
                 for a, b_ in ((v, y), (y, v)):
-                    if not (self._is_view(a) and self._is_view(b_)):
+                    if not (self._is_transpose(a) and self._is_transpose(b_)):
                         self._add(Step(Op.MATMUL, (0, 1)), [a, b_], rnd)
         for x in new:
             for op in self.vocab.unary:
@@ -368,18 +368,22 @@ class BlockSearch:
                         # no chains of one kind of constant arithmetic: (x * c1) * c2, (x + c1) + c2
                         self._add(Step(op, (0, 1)), [a, b_], rnd)
         newset = set(new)
+        # every view made so far (views are made in the round their tile is new, so a later value
+        # must still meet them as a contraction operand: a normalised row times W^T)
+        all_views = [y for y in operands if self._is_view(y) and y not in views]
         for x in new:
-            for y in everything:
+            for y in everything + all_views:
                 if y in newset and y < x:
                     continue  # the pair was tried when y's turn came
-                for op in self.vocab.binary:
-                    if x == y and op is not Op.MUL:
-                        continue  # x+x, x-x, x/x, max(x,x): a constant multiple or a constant
-                    self._add(Step(op, (0, 1)), [x, y], rnd)
-                    if op not in _COMMUTATIVE and x != y:
-                        self._add(Step(op, (0, 1)), [y, x], rnd)
+                if not self._is_view(y):
+                    for op in self.vocab.binary:
+                        if x == y and op is not Op.MUL:
+                            continue  # x+x, x-x, x/x, max(x,x): a constant multiple or a constant
+                        self._add(Step(op, (0, 1)), [x, y], rnd)
+                        if op not in _COMMUTATIVE and x != y:
+                            self._add(Step(op, (0, 1)), [y, x], rnd)
                 for a, b_ in ((x, y), (y, x)) if x != y else ((x, y),):
-                    if self._is_view(a) and self._is_view(b_):
+                    if self._is_transpose(a) and self._is_transpose(b_):
                         continue  # (B^T A^T) is (A B)^T: the same value, transposed
                     self._add(Step(Op.MATMUL, (0, 1)), [a, b_], rnd)
                     if self.vocab.exp_accumulators:
@@ -399,6 +403,10 @@ class BlockSearch:
     def _is_view(self, i: int) -> bool:
         st = self.values[i].step
         return st is not None and st.op in (Op.TRANSPOSE, Op.RESHAPE)
+
+    def _is_transpose(self, i: int) -> bool:
+        st = self.values[i].step
+        return st is not None and st.op is Op.TRANSPOSE
 
     def run(self) -> Iterator[Recipe]:
         """Grow the pool round by round; yield a recipe each time the outputs' providers improve."""
