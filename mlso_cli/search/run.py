@@ -57,7 +57,12 @@ FULL_CHECKS = 3
 """Structures re-verified at full shapes per region (the cheapest by estimate)."""
 FILTER_BOUND = 2.0**-30
 """The reduced-shape check is a filter, not an acceptance: a looser bound suffices."""
-DEFAULT_STATES = 200_000
+STATES_PER_SIGNATURE = 64_000
+DEFAULT_STATES_CAP = 1_000_000
+"""Without --max-states a region gets STATES_PER_SIGNATURE states per signature, at most
+DEFAULT_STATES_CAP in all. Why per signature: a signature explores the same op structure at its
+own tiling, and the one holding the fused program needs its full depth (batchnorm_linear: 60,000
+states for the loop-over-K signature); a fixed total shared by 16 signatures never got there."""
 """The state budget when neither --max-states nor --budget is given."""
 
 
@@ -253,7 +258,8 @@ def search(target: KernelGraph, options: SearchOptions, progress: ProgressFn | N
     small, _ = shrink(target)
     dcs, dcf = dim_classes(small), dim_classes(target)
     sigs = [s for s in signatures(dcs) if provisional(dcs, s) is not None]
-    total = options.max_states if options.max_states is not None else DEFAULT_STATES
+    total = options.max_states if options.max_states is not None else \
+        min(DEFAULT_STATES_CAP, STATES_PER_SIGNATURE * max(1, len(sigs)))
     share = max(1, total // max(1, len(sigs)))
     seed = options.seed if options.seed is not None else 0
     deadline = None if options.budget_s is None else time.time() + options.budget_s
