@@ -64,7 +64,7 @@ def _check_numbers(min_speedup: float, budget: float | None, max_states: int | N
 @click.option("--budget", type=float, default=None, metavar="SECONDS",
               help="Wall-clock search budget per region (a result cut short is never cached).")
 @click.option("--max-states", type=int, default=None, metavar="N",
-              help="Stop each region's search after N states (deterministic).")
+              help="Stop each region's search after N states (deterministic) [default: 64,000 per signature, at most 1,000,000].")
 @click.option("--jobs", type=int, default=None, metavar="N", help="Search worker processes [default: the cores].")
 @click.option("--top-k", type=int, default=3, show_default=True, help="With --gpu: candidates timed per region.")
 @click.option("--dry-run", is_flag=True, help="Search and report; compile and write nothing.")
