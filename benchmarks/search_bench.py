@@ -117,7 +117,8 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 res = {"name": name, "bs": bs, "error": [f"timed out after {args.timeout:.0f} s"], "wall": args.timeout}
             results.append(res)
-            print(f"{name} bs{bs}: {json.dumps(res.get('region', res.get('error')))[:300]}", file=sys.stderr, flush=True)
+            # the row as it will appear in the table: a run cut short still leaves its rows
+            print(table([res]).splitlines()[-1], file=sys.stderr, flush=True)
     text = table(results)
     print(text)
     if args.out:
