@@ -57,3 +57,36 @@ def test_search_is_deterministic_for_a_seed_and_budget():
     runs = [search(target, SearchOptions(max_states=5_000, seed=3, jobs=j)) for j in (1, 2)]
     assert [dumps(c.graph) for c in runs[0].candidates] == [dumps(c.graph) for c in runs[1].candidates]
     assert runs[0].states == runs[1].states and _fused(runs[0])
+
+
+def test_a_signature_explores_the_same_whatever_ran_before_in_the_process(tmp_path):
+    """Pattern keys break ties by term intern order, so exploring a signature after others must
+    start from the same term tables as exploring it first (search/state.py): otherwise state
+    counts, and in rare ties the pruning, depend on how a pool handed out the signatures (lora's
+    state count once varied between identical runs with --jobs 2)."""
+    import onnx
+
+    from mlso_cli.frontend.lift import lift_model
+    from mlso_cli.ir import serialize
+    from mlso_cli.search import run as R
+    from mlso_cli.search.dims import dim_classes
+    from mlso_cli.search.shrink import shrink
+    from mlso_cli.search.space import signatures
+    from models.build_models import SPECS
+
+    path = tmp_path / "lora.onnx"  # the region whose state counts once varied from run to run
+    onnx.save(SPECS["lora"].build(1, "float16", small=False), str(path))
+    (target,) = lift_model(str(path))
+    small, _ = shrink(target)
+    dcs = dim_classes(small)
+    sigs = [g for g in signatures(dcs) if R.provisional(dcs, g) is not None]
+    text = serialize.dumps(target)
+
+    def run(i: int):
+        return R.explore(R.Task(text, sigs[i], 3000, i, "sm_90", 11, None, True))
+
+    R._PRUNERS.clear()
+    first = [run(i) for i in range(len(sigs))]
+    again = [run(i) for i in reversed(range(len(sigs)))][::-1]
+    assert [(e.states, e.pruned, e.duplicates, e.found) for e in again] == \
+        [(e.states, e.pruned, e.duplicates, e.found) for e in first]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from mlso_cli.ir import serialize
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.spec import problems
+from mlso_cli.search import state
 from mlso_cli.search.api import Candidate, ProgressFn, SearchOptions, SearchProgress, SearchResult
 from mlso_cli.search.cost import program_cost
 from mlso_cli.search.dims import DimClasses, dim_classes
@@ -131,17 +132,22 @@ class Explored:
     """The state budget stopped it (it would have gone on): a later pass may give it more."""
 
 
-_PRUNERS: dict[str, ExprPruner] = {}
+_PRUNERS: dict[str, tuple[ExprPruner, state.Saved]] = {}
 
 
 def _pruner(key: str, small: KernelGraph, dcs: DimClasses) -> ExprPruner:
-    """The target's pruner, built once per process and region: normalising a large region's
-    target takes seconds, and every signature of the region binds the same one."""
-    p = _PRUNERS.get(key)
-    if p is None:
+    """The target's pruner, built once per process and region (normalising a large region's
+    target takes seconds, and every signature of the region binds the same one), from the
+    pristine term tables; each call returns it with the tables as they stood right after the
+    build, so every signature's exploration starts from the same state (search/state.py)."""
+    got = _PRUNERS.get(key)
+    if got is None:
         _PRUNERS.clear()  # one region at a time: keep memory flat over a whole model
-        p = _PRUNERS[key] = ExprPruner(small, dcs)
-    return p
+        state.restore(state.PRISTINE)
+        p = ExprPruner(small, dcs)
+        got = _PRUNERS[key] = (p, state.save(p.target._memo))
+    state.restore(got[1])
+    return got[0]
 
 
 def explore(task: Task) -> Explored:
