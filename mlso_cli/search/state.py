@@ -9,7 +9,9 @@ the pristine tables, and every signature's exploration starts from the tables as
 after that build: the same state in every process, whatever ran there before, for any --jobs.
 
 Tables only grow (lists append, dicts insert), so a saved state is their sizes: restoring pops
-what was added since, newest first.
+what was added since, newest first. The consequence for callers: a search invalidates term ids
+(abstract expressions, Targets) built before it in the same process; they are the search's
+internal currency, and nothing outside `search/` keeps them.
 """
 
 from __future__ import annotations
