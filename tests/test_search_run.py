@@ -85,7 +85,7 @@ def test_a_signature_explores_the_same_whatever_ran_before_in_the_process(tmp_pa
     def run(i: int):
         return R.explore(R.Task(text, sigs[i], 3000, i, "sm_90", 11, None, True))
 
-    R._PRUNERS.clear()
+    R._REGIONS.clear()
     first = [run(i) for i in range(len(sigs))]
     again = [run(i) for i in reversed(range(len(sigs)))][::-1]
     assert [(e.states, e.pruned, e.duplicates, e.found) for e in again] == \

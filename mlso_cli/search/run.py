@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mlso_cli.ir import serialize
 from mlso_cli.ir.graph import KernelGraph
@@ -64,7 +64,6 @@ DEFAULT_STATES_CAP = 1_000_000
 DEFAULT_STATES_CAP in all. Why per signature: a signature explores the same op structure at its
 own tiling, and the one holding the fused program needs its full depth (batchnorm_linear: 60,000
 states for the loop-over-K signature); a fixed total shared by 16 signatures never got there."""
-"""The state budget when neither --max-states nor --budget is given."""
 
 
 def provisional(dc: DimClasses, sig: Signature) -> Dims | None:
@@ -132,30 +131,48 @@ class Explored:
     """The state budget stopped it (it would have gone on): a later pass may give it more."""
 
 
-_PRUNERS: dict[str, tuple[ExprPruner, state.Saved]] = {}
+@dataclass
+class _Region:
+    """What every signature of one region shares: the target, its reduced copy and their index
+    classes, and the pruner with the term tables as they stood right after building it."""
+
+    target: KernelGraph
+    small: KernelGraph
+    dcs: DimClasses
+    dcf: DimClasses
+    pruner: ExprPruner | None = None
+    saved: state.Saved | None = None
 
 
-def _pruner(key: str, small: KernelGraph, dcs: DimClasses) -> ExprPruner:
-    """The target's pruner, built once per process and region (normalising a large region's
-    target takes seconds, and every signature of the region binds the same one), from the
-    pristine term tables; each call returns it with the tables as they stood right after the
-    build, so every signature's exploration starts from the same state (search/state.py)."""
-    got = _PRUNERS.get(key)
-    if got is None:
-        _PRUNERS.clear()  # one region at a time: keep memory flat over a whole model
+_REGIONS: dict[str, _Region] = {}
+
+
+def _region(key: str, prune: bool) -> _Region:
+    """The region of `key` (its target's JSON), prepared once per process: parsing, reducing and
+    classing the target, and above all normalising it for the pruner (seconds on a large
+    region), are the same for every signature. The pruner is built from the pristine term
+    tables, and each call restores the tables to their state right after that build, so every
+    signature's exploration starts from the same state (search/state.py)."""
+    r = _REGIONS.get(key)
+    if r is None:
+        _REGIONS.clear()  # one region at a time: keep memory flat over a whole model
+        target = serialize.loads(key)
+        small, _ = shrink(target)
+        r = _REGIONS[key] = _Region(target, small, dim_classes(small), dim_classes(target))
+    if prune and r.pruner is None:
         state.restore(state.PRISTINE)
-        p = ExprPruner(small, dcs)
-        got = _PRUNERS[key] = (p, state.save(p.target._memo))
-    state.restore(got[1])
-    return got[0]
+        r.pruner = ExprPruner(r.small, r.dcs)
+        r.saved = state.save(r.pruner.target._memo)
+    if r.saved is not None:
+        state.restore(r.saved)
+    return r
 
 
 def explore(task: Task) -> Explored:
     """Enumerate, filter and size the structures of one signature."""
-    target = serialize.loads(task.target_json)
-    small, _ = shrink(target)
-    dcs, dcf = dim_classes(small), dim_classes(target)
-    pruner = _pruner(task.target_json, small, dcs) if task.prune else None
+    r = _region(task.target_json, task.prune)
+    target, small, dcs, dcf = r.target, r.small, r.dcs, r.dcf
+    pruner = r.pruner if task.prune else None
     stats = Stats()
     dims = provisional(dcs, task.sig)
     out: list[Found] = []
@@ -227,8 +244,6 @@ def _passes(tasks: list[Task], total: int, pool: ProcessPoolExecutor | None, run
             on_result(ex)
             out.append(ex)
         return out
-
-    from dataclasses import replace
 
     done = explore_all(tasks)
     used = sum(ex.states for ex in done)

@@ -116,6 +116,11 @@ def input_map(dc: DimClasses, sig: Signature, feed: int) -> InputMap:
     return InputMap(tuple(imap), fmap)
 
 
+def _shape_arg(arg: Any, srcs: list[Node]) -> Any:
+    """A RESHAPE step's target shape: ROW views a 1-D tile as one row."""
+    return (1, srcs[0].shape[0]) if arg == ROW else arg
+
+
 def _apply(op: Op, srcs: list[Node], arg: Any) -> Node:
     if op is Op.CONST:
         return b.const(arg)
@@ -132,8 +137,7 @@ def _apply(op: Op, srcs: list[Node], arg: Any) -> Node:
     if op is Op.TRANSPOSE:
         return b.transpose(srcs[0], arg)
     if op is Op.RESHAPE:
-        shape = (1, srcs[0].shape[0]) if arg == ROW else arg
-        return b.reshape(srcs[0], shape)
+        return b.reshape(srcs[0], _shape_arg(arg, srcs))
     raise RecipeError(f"recipe step {op.value} has no builder")
 
 
@@ -141,7 +145,7 @@ def _block_step(bb: BlockBuilder, step: Step, values: list[Node]) -> Node:
     """One block step through the builder (a recipe's ROW reshape spelled as its shape)."""
     try:
         srcs = [values[i] for i in step.srcs]
-        arg = (1, srcs[0].shape[0]) if step.op is Op.RESHAPE and step.arg == ROW else step.arg
+        arg = _shape_arg(step.arg, srcs) if step.op is Op.RESHAPE else step.arg
     except IndexError as exc:
         raise RecipeError(f"{step.op.value}: {exc}") from exc
     return bb.apply(step.op, srcs, arg)
