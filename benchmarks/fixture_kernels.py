@@ -39,7 +39,9 @@ TARGETS_US: dict[str, float] = {
 
 def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--fixtures", required=True, help="module path exposing FIXTURES, e.g. tests.fixtures.ugraphs")
+    p.add_argument("--fixtures", default="", help="module path exposing FIXTURES, e.g. tests.fixtures.ugraphs")
+    p.add_argument("--graphs", default="", help="also time every μGraph JSON file in this folder (e.g. the "
+                   "programs `search_bench.py --save` wrote), named 'searched:<file stem>'")
     p.add_argument("--only", default="", help="comma-separated names or globs (default: all)")
     p.add_argument("--out", default="", help="write JSON results here")
     p.add_argument("--repeats", type=int, default=5)
@@ -55,6 +57,13 @@ def _selected(names: list[str], only: str) -> list[str]:
         return names
     pats = [s.strip() for s in only.split(",") if s.strip()]
     return [n for n in names if any(fnmatch.fnmatch(n, p) for p in pats)]
+
+
+def _saved_graphs(folder: Path) -> dict:
+    """μGraph JSON files as fixture loaders, named 'searched:<stem>' (stems sorted)."""
+    from mlso_cli.ir import serialize
+
+    return {f"searched:{f.stem}": (lambda f=f: serialize.loads(f.read_text())) for f in sorted(folder.glob("*.json"))}
 
 
 def _verify(kg, prog) -> float:
@@ -80,7 +89,12 @@ def main() -> int:
     from mlso_cli.codegen import compile_program
     from mlso_cli.runtime.launcher import Program
 
-    fixtures = importlib.import_module(args.fixtures).FIXTURES
+    fixtures = dict(importlib.import_module(args.fixtures).FIXTURES) if args.fixtures else {}
+    if args.graphs:
+        fixtures.update(_saved_graphs(Path(args.graphs)))
+    if not fixtures:
+        print("nothing to time: give --fixtures MODULE and/or --graphs DIR", file=sys.stderr)
+        return 2
     names = _selected(list(fixtures), args.only)
     gpu = ""
     try:
@@ -102,7 +116,7 @@ def main() -> int:
                 err = _verify(kg, prog) if args.verify else None
             row = {"name": name, "us": round(t.median_us, 3), "samples_us": [round(s, 3) for s in t.samples_us],
                    "method": t.method, "rotated_sets": t.rotated_sets, "launches": len(cp.plan["launches"]),
-                   "smem_max": cp.plan["smem_max"], "target_us": TARGETS_US.get(name), "compile_s": round(compile_s, 2)}
+                   "smem_max": cp.plan["smem_max"], "target_us": TARGETS_US.get(name.removeprefix("searched:")), "compile_s": round(compile_s, 2)}
             if err is not None:
                 row["rel_error"] = err
             if t.note:

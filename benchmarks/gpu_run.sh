@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (after the staging of ../shared/device/README.md): the GPU test
-# suite, the fixture kernel timings and the model-level benchmark, with logs under $OUT.
+# suite, the fixture kernel timings, the searched programs' timings and the model-level benchmark,
+# with logs under $OUT.
 #   carry: .device-stage/gpu.sh .device-stage/onnxruntime .mlso-cache
 set -u
 source .device-stage/gpu.sh env
@@ -17,6 +18,12 @@ fi
 if [ "$what" = all ] || [ "$what" = kernels ]; then
   timeout ${KERNEL_TIMEOUT:-150} python3 benchmarks/fixture_kernels.py --fixtures tests.fixtures.ugraphs --out "$OUT/fixture_kernels.json" > "$OUT/fixture_kernels.md" 2>&1
   tail -40 "$OUT/fixture_kernels.md"
+fi
+if [ "$what" = all ] || [ "$what" = searched ]; then
+  # the programs benchmarks/search_bench.py --save chose, timed like the fixtures and checked
+  # against the float64 interpreter
+  timeout ${SEARCHED_TIMEOUT:-200} python3 benchmarks/fixture_kernels.py --graphs benchmarks/searched_programs --verify --out "$OUT/searched_kernels.json" > "$OUT/searched_kernels.md" 2>&1
+  tail -30 "$OUT/searched_kernels.md"
 fi
 if [ "$what" = all ] || [ "$what" = models ]; then
   timeout ${MODEL_TIMEOUT:-200} python3 benchmarks/model_bench.py --out "$OUT/model_bench.json" ${ROWS:+--rows $ROWS} > "$OUT/model_bench.md" 2>&1

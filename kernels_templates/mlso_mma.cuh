@@ -226,6 +226,10 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
 // The score may be a form of matmuls: S = sc * (A B + A2 B2) * ks[column], with the second term
 // present when KQ2 > 0 (MLA's nope and rope scores), sc a constant and ks a per-key factor in
 // shared memory (or nullptr): each multiplies the fp32 C fragments before the row max.
+// n0 is the first column of V (and of O) this warp owns: when V is wider than one warp's register
+// tile, several warps take the same 16 rows and split V's columns, each recomputing the strip's
+// scores (cheap next to keeping 16 x NV fp32 in one warp's registers); only the n0 == 0 warp
+// writes l and m.
 template <typename T, int NS, int KQ, int NV, bool AK, bool BK, bool VK, int KQ2 = 0, bool AK2 = true,
           bool BK2 = false>
 struct FlashRows {
@@ -241,12 +245,12 @@ struct FlashRows {
   // vs != nullptr: the weighted operand is V scaled per key (row j of V times vs[j]); the factor
   // goes onto P's columns instead (exp(s_j - m) * vs[j]), so V is read as stored. l is unscaled.
   __device__ __forceinline__ void step(const T* A, int lda, const T* B, int ldb, const T* V, int ldv, int m0,
-                                       const float* vs = nullptr) {
-    step2(A, lda, B, ldb, nullptr, 0, nullptr, 0, 1.0f, nullptr, V, ldv, m0, vs);
+                                       int n0, const float* vs = nullptr) {
+    step2(A, lda, B, ldb, nullptr, 0, nullptr, 0, 1.0f, nullptr, V, ldv, m0, n0, vs);
   }
   __device__ __forceinline__ void step2(const T* A, int lda, const T* B, int ldb, const T* A2, int lda2,
                                         const T* B2, int ldb2, float sc, const float* ks, const T* V, int ldv,
-                                        int m0, const float* vs = nullptr) {
+                                        int m0, int n0, const float* vs = nullptr) {
     float s[NS / 8][4];
     zero_acc<NS / 8>(s);
     warp_mma_strip<NS / 8, KQ, AK, BK, T>(s, A, lda, B, ldb, m0, 0);
@@ -312,15 +316,17 @@ struct FlashRows {
 #pragma unroll
       for (int j = 0; j < NV / 8; ++j) {
         unsigned b[2];
-        load_b_frag<VK>(b, V, ldv, kk * 16, j * 8);
+        load_b_frag<VK>(b, V, ldv, kk * 16, n0 + j * 8);
         mma_16816<T>(o[j], a, b);
       }
     }
   }
-  // O to o_smem (row stride ldo), l to each of the nl sum buffers, m to m_smem; rows m0..m0+15.
+  // O's columns n0.. to o_smem (row stride ldo), l to each of the nl sum buffers, m to m_smem;
+  // rows m0..m0+15.
   __device__ __forceinline__ void flush(float* o_smem, int ldo, float* const* l_smem, int nl, float* m_smem,
-                                        int m0) const {
-    store_acc<NV / 8>(o, o_smem, ldo, m0, 0, m0 + 16);
+                                        int m0, int n0) const {
+    store_acc<NV / 8>(o, o_smem, ldo, m0, n0, m0 + 16);
+    if (n0 != 0) return;
     const int lane = threadIdx.x & 31, r = m0 + (lane >> 2);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

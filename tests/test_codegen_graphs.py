@@ -120,9 +120,11 @@ def split_kv_attention(dt: DType = F16, g: int = 2, m: int = 32, d: int = 16, n:
     return b.kernel_graph([q, k, v], [b.reshape(_back(out, dt), (g, m, d))], ["Q", "K", "V"], ["O"])
 
 
-def flash_attention(dt: DType = F16, g: int = 2, m: int = 32, d: int = 16, n: int = 96, loop: int = 3) -> KernelGraph:
-    """No split: the loop walks all keys and the POST division cancels the running max in-block."""
-    q, k, v = b.input_(0, (g, m, d), dt), b.input_(1, (g, d, n), dt), b.input_(2, (g, n, d), dt)
+def flash_attention(dt: DType = F16, g: int = 2, m: int = 32, d: int = 16, n: int = 96, loop: int = 3,
+                    dv: int | None = None) -> KernelGraph:
+    """No split: the loop walks all keys and the POST division cancels the running max in-block.
+    dv: V's width when it differs from d (MLA's values are wider than one warp's register tile)."""
+    q, k, v = b.input_(0, (g, m, d), dt), b.input_(1, (g, d, n), dt), b.input_(2, (g, n, dv or d), dt)
     blk = _Blk((g, 2, 1), loop)
     bq, bk, bv = blk.it(q, (0, 1, None)), blk.it(k, (0, None, None), 2), blk.it(v, (0, None, None), 1)
     s = b.matmul(bq, bk)
@@ -224,6 +226,8 @@ GRAPHS: dict[str, Callable[[], KernelGraph]] = {
     "flash_f16": flash_attention,
     "flash_bf16": partial(flash_attention, BF16),
     "flash_v_factor_f16": flash_v_factor,
+    "flash_wide_v_f16": partial(flash_attention, dv=256),
+    "flash_wide_v_bf16": partial(flash_attention, BF16, dv=264),
     "partial_outputs_f32": partial_outputs,
     "rmsnorm_matmul_f16": rmsnorm_matmul,
     "rmsnorm_matmul_f32": partial(rmsnorm_matmul, F32),
@@ -244,6 +248,8 @@ LOGIT_SCALE: dict[str, tuple[int, float]] = {
     "flash_f16": (0, 25.0),
     "flash_bf16": (0, 25.0),
     "flash_v_factor_f16": (0, 25.0),
+    "flash_wide_v_f16": (0, 25.0),
+    "flash_wide_v_bf16": (0, 25.0),
     "partial_outputs_f32": (0, 25.0),
     "block_softmax_f16": (0, 25.0),
 }

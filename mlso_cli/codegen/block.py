@@ -113,20 +113,30 @@ class BlockKernel(BlockLayout):
         v = self._flash_args(wp, vop, not vk)
         if len(sps) == 1 and form.scale == 1 and self.flash_kbuf is None:
             code("// online softmax in registers: s = matmul, m, l and exp(s - m) @ v per 16-row warp strip")
-            code(f"flash.step({ab[0]}, {v}, warp * 16{vs});")
+            code(f"flash.step({ab[0]}, {v}, {self._flash_rows()}{vs});")
             return
         second = ab[1] if len(ab) > 1 else "nullptr, 0, nullptr, 0"
         code(f"// online softmax in registers: s = {' + '.join('matmul' for _ in sps)} (times "
              f"{float(form.scale)}{' and a per-key factor' if self.flash_kbuf else ''}), m, l and exp(s - m) @ v")
         code(f"flash.step2({ab[0]}, {second}, {c_float(form.scale)}, {self.flash_kbuf or 'nullptr'}, {v}, "
-             f"warp * 16{vs});")
+             f"{self._flash_rows()}{vs});")
+
+    def _flash_rows(self) -> str:
+        """This warp's first row and first value column: warps split rows into 16-row strips,
+        then (flash_split > 1) the value columns of a strip."""
+        if self.flash_split == 1:
+            return "warp * 16, 0"
+        strips = self.flash.s.shape[-2] // 16
+        width = self.flash.wsums[0].shape[-1] // self.flash_split
+        return f"(warp % {strips}) * 16, (warp / {strips}) * {width}"
 
     def _flash_decl(self) -> str:
         g = self.flash
         sps = [self.plans[t] for t in self.flash_form.terms]
         sp = sps[0]
         second = "".join(f", {p.a.shape[-1]}, {_bool(p.a_kmajor)}, {_bool(p.b_kmajor)}" for p in sps[1:])
-        return (f"mlso::FlashRows<{CTYPE[sp.dtype]}, {g.s.shape[-1]}, {sp.a.shape[-1]}, {g.wsums[0].shape[-1]}, "
+        width = g.wsums[0].shape[-1] // self.flash_split
+        return (f"mlso::FlashRows<{CTYPE[sp.dtype]}, {g.s.shape[-1]}, {sp.a.shape[-1]}, {width}, "
                 f"{_bool(sp.a_kmajor)}, {_bool(sp.b_kmajor)}, {_bool(self.flash_v[1])}{second}> flash;")
 
     def _flash_flush(self, code: Code) -> None:
@@ -137,7 +147,7 @@ class BlockKernel(BlockLayout):
         if sums:
             code(f"float* const flash_l[] = {{{', '.join(sums)}}};")
         code(f"flash.flush({w.ptr}, {g.wsums[0].shape[-1]}, {'flash_l' if sums else 'nullptr'}, {len(sums)}, "
-             f"{self.storage[g.m].ptr}, warp * 16);")
+             f"{self.storage[g.m].ptr}, {self._flash_rows()});")
         code("__syncthreads();")
 
     # ---- emission helpers --------------------------------------------------------------------

@@ -22,6 +22,21 @@ from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import ACCUMULATORS, REDUCE, DType, Op, Phase
 
 
+FLASH_COLUMNS = 128
+"""Value columns one warp keeps in registers on the register path (16 x 128 fp32: 64 registers)."""
+FLASH_WARPS = 8
+"""Most warps in a register-path block: 8 x 32 threads at up to 255 registers fit one SM's file."""
+
+
+def column_split(cols: int, strips: int) -> int | None:
+    """Warps per 16-row strip so that each holds at most FLASH_COLUMNS value columns (a multiple
+    of 8, the mma tile), or None when no split fits FLASH_WARPS warps."""
+    for split in range(1, FLASH_WARPS // max(strips, 1) + 1):
+        if cols % split == 0 and (cols // split) % 8 == 0 and cols // split <= FLASH_COLUMNS:
+            return split
+    return None
+
+
 @dataclass
 class Group:
     """ACC_EXP_* accumulators sharing one score tensor s, hence one running max."""
@@ -61,8 +76,9 @@ class BlockAnalysis:
             if r is not None and r.op in REDUCE and isinstance(r.arg, int) and self.consumers[r] == [n]:
                 self.fused_reduce[r] = n
         self.flash_form: ScoreForm | None = None
+        self.flash_split = 1
         self.flash = self._flash_group()
-        self.nt = 32 * (self.flash.s.shape[-2] // 16) if self.flash else 256
+        self.nt = 32 * (self.flash.s.shape[-2] // 16) * self.flash_split if self.flash else 256
         self.nw = self.nt // 32
         self.materialised: set[Node] = set(self.iters) | set(self.stab.values())
         self.materialised |= {n for n in self.nodes if (n.op in REDUCE and n not in self.fused_reduce)
@@ -75,7 +91,9 @@ class BlockAnalysis:
     def _flash_group(self) -> Group | None:
         """The group whose loop runs in registers (mlso::FlashRows), if one qualifies: s is a
         score form (scoreform.py: scaled matmuls, a per-key factor, two terms) used only by the group, one weighted sum over rows aligned with s,
-        16-row warp strips (16 <= rows <= 128), at most 128 keys per step and 128 value columns."""
+        16-row warp strips (16 <= rows <= 128), at most 128 keys per step. Value columns beyond one
+        warp's register tile (FLASH_COLUMNS) are split over warps that share a strip
+        (`flash_split`), up to FLASH_WARPS warps in all."""
         found = []
         for g in self.groups.values():
             s = g.s
@@ -88,14 +106,15 @@ class BlockAnalysis:
             rows, keys = s.shape[-2], s.shape[-1]
             if numel(s.shape[:-2]) != 1 or rows % 16 or not 16 <= rows <= 128 or keys % 16 or keys > 128:
                 continue
-            if w.shape[-1] % 8 or w.shape[-1] > 128 or w.shape[:-1] != g.m.shape[:-1] or w.src[1].phase is not Phase.LOOP:
+            split = column_split(w.shape[-1], rows // 16)
+            if split is None or w.shape[:-1] != g.m.shape[:-1] or w.src[1].phase is not Phase.LOOP:
                 continue
             if not all(c in g.sums or c in g.wsums for c in self.consumers[s]):
                 continue
-            found.append((g, form))
+            found.append((g, form, split))
         if len(found) != 1:
             return None
-        self.flash_form = found[0][1]
+        _, self.flash_form, self.flash_split = found[0]
         return found[0][0]
 
     def _deps(self, n: Node) -> list[Node]:

@@ -41,12 +41,12 @@ extern "C" __global__ void __launch_bounds__(32) mlso_k0(const __half* __restric
     mlso::cp_async_wait<1>();
     __syncthreads();
     // online softmax in registers: s = matmul (times 0.25), m, l and exp(s - m) @ v
-    flash.step2(s0 + ([&](int bt) -> int { return 0; })(0), 24, s1 + ([&](int bt) -> int { return 0; })(0), 40, nullptr, 0, nullptr, 0, 2.5e-1f, nullptr, s2 + ([&](int bt) -> int { return 0; })(0), 24, warp * 16);
+    flash.step2(s0 + ([&](int bt) -> int { return 0; })(0), 24, s1 + ([&](int bt) -> int { return 0; })(0), 40, nullptr, 0, nullptr, 0, 2.5e-1f, nullptr, s2 + ([&](int bt) -> int { return 0; })(0), 24, warp * 16, 0);
     __syncthreads();
   }
   // the register state to the shared-memory accumulators
   float* const flash_l[] = {sm2};
-  flash.flush(sm1, 16, flash_l, 1, sm3, warp * 16);
+  flash.flush(sm1, 16, flash_l, 1, sm3, warp * 16, 0);
   __syncthreads();
   __syncthreads();
   // save output 0 (scaled partial + its max)
