@@ -21,7 +21,6 @@ from mlso_cli.ir.graph import BlockGraph
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import ACCUMULATORS, REDUCE, DType, Op, Phase
 
-
 FLASH_COLUMNS = 128
 """Value columns one warp keeps in registers on the register path (16 x 128 fp32: 64 registers)."""
 FLASH_WARPS = 8
