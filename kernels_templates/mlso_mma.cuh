@@ -227,13 +227,18 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
 // present when KQ2 > 0 (MLA's nope and rope scores), sc a constant and ks a per-key factor in
 // shared memory (or nullptr): each multiplies the fp32 C fragments before the row max.
 // n0 is the first column of V (and of O) this warp owns: when V is wider than one warp's register
-// tile, several warps take the same 16 rows and split V's columns, each recomputing the strip's
-// scores (cheap next to keeping 16 x NV fp32 in one warp's registers); only the n0 == 0 warp
-// writes l and m.
-template <typename T, int NS, int KQ, int NV, bool AK, bool BK, bool VK, int KQ2 = 0, bool AK2 = true,
-          bool BK2 = false>
+// tile, several warps take the same 16 rows and split V's columns; only the n0 == 0 warp writes l
+// and m. The strip's scores are then either recomputed by each of those warps (KSPLIT == 1), or
+// (KSPLIT warps per strip, part n0 / NV) each warp multiplies one KQ / KSPLIT slice of the depth
+// and the partial scores meet in `red` (KSPLIT x 16 x NS fp32 per strip, two barriers a step).
+// Every warp sums the partials in the same order, so all of them see bit-identical scores, maxima
+// and exps, and their column slices of O agree with the l and m that part 0 writes.
+template <typename T, int NS, int KQ, int NV, bool AK, bool BK, bool VK, int KSPLIT = 1, int KQ2 = 0,
+          bool AK2 = true, bool BK2 = false>
 struct FlashRows {
   static_assert(NS % 16 == 0 && KQ % 16 == 0 && NV % 8 == 0 && KQ2 % 16 == 0, "FlashRows tile shape");
+  static_assert(KSPLIT >= 1 && KQ % (16 * KSPLIT) == 0 && KQ2 % (16 * KSPLIT) == 0,
+                "FlashRows: each depth slice is a multiple of 16");
   float o[NV / 8][4];
   float m[2], l[2];
   __device__ __forceinline__ FlashRows() {
@@ -245,16 +250,27 @@ struct FlashRows {
   // vs != nullptr: the weighted operand is V scaled per key (row j of V times vs[j]); the factor
   // goes onto P's columns instead (exp(s_j - m) * vs[j]), so V is read as stored. l is unscaled.
   __device__ __forceinline__ void step(const T* A, int lda, const T* B, int ldb, const T* V, int ldv, int m0,
-                                       int n0, const float* vs = nullptr) {
-    step2(A, lda, B, ldb, nullptr, 0, nullptr, 0, 1.0f, nullptr, V, ldv, m0, n0, vs);
+                                       int n0, const float* vs = nullptr, float* red = nullptr) {
+    step2(A, lda, B, ldb, nullptr, 0, nullptr, 0, 1.0f, nullptr, V, ldv, m0, n0, vs, red);
   }
   __device__ __forceinline__ void step2(const T* A, int lda, const T* B, int ldb, const T* A2, int lda2,
                                         const T* B2, int ldb2, float sc, const float* ks, const T* V, int ldv,
-                                        int m0, int n0, const float* vs = nullptr) {
+                                        int m0, int n0, const float* vs = nullptr, float* red = nullptr) {
     float s[NS / 8][4];
     zero_acc<NS / 8>(s);
-    warp_mma_strip<NS / 8, KQ, AK, BK, T>(s, A, lda, B, ldb, m0, 0);
-    if constexpr (KQ2 > 0) warp_mma_strip<NS / 8, KQ2, AK2, BK2, T>(s, A2, lda2, B2, ldb2, m0, 0);
+    if constexpr (KSPLIT == 1) {
+      warp_mma_strip<NS / 8, KQ, AK, BK, T>(s, A, lda, B, ldb, m0, 0);
+      if constexpr (KQ2 > 0) warp_mma_strip<NS / 8, KQ2, AK2, BK2, T>(s, A2, lda2, B2, ldb2, m0, 0);
+    } else {
+      const int part = n0 / NV;
+      constexpr int D = KQ / KSPLIT, D2 = KQ2 / KSPLIT;
+      warp_mma_strip<NS / 8, D, AK, BK, T>(s, A + (AK ? part * D : part * D * lda), lda,
+                                           B + (BK ? part * D : part * D * ldb), ldb, m0, 0);
+      if constexpr (KQ2 > 0)
+        warp_mma_strip<NS / 8, D2, AK2, BK2, T>(s, A2 + (AK2 ? part * D2 : part * D2 * lda2), lda2,
+                                                B2 + (BK2 ? part * D2 : part * D2 * ldb2), ldb2, m0, 0);
+      reduce_parts(s, red, part);
+    }
     if (sc != 1.0f || ks != nullptr) {
       const int c0 = 2 * (threadIdx.x & 3);
 #pragma unroll
@@ -320,6 +336,31 @@ struct FlashRows {
         mma_16816<T>(o[j], a, b);
       }
     }
+  }
+  // The KSPLIT partial score strips summed in part order through red (see above).
+  __device__ __forceinline__ void reduce_parts(float (&s)[NS / 8][4], float* red, int part) const {
+    const int lane = threadIdx.x & 31, r = lane >> 2, c0 = 2 * (lane & 3);
+#pragma unroll
+    for (int j = 0; j < NS / 8; ++j) {
+      float* p = red + part * 16 * NS + r * NS + j * 8 + c0;
+      p[0] = s[j][0];
+      p[1] = s[j][1];
+      p[8 * NS] = s[j][2];
+      p[8 * NS + 1] = s[j][3];
+    }
+    __syncthreads();
+    zero_acc<NS / 8>(s);
+    for (int q = 0; q < KSPLIT; ++q) {
+#pragma unroll
+      for (int j = 0; j < NS / 8; ++j) {
+        const float* p = red + q * 16 * NS + r * NS + j * 8 + c0;
+        s[j][0] += p[0];
+        s[j][1] += p[1];
+        s[j][2] += p[8 * NS];
+        s[j][3] += p[8 * NS + 1];
+      }
+    }
+    __syncthreads();  // the next step overwrites red
   }
   // O's columns n0.. to o_smem (row stride ldo), l to each of the nl sum buffers, m to m_smem;
   // rows m0..m0+15.

@@ -347,11 +347,12 @@ extern "C" __global__ void __launch_bounds__(32) mlso_k0(const float* __restrict
     assert T.rel_error(got, want) < 1e-6
 
 
-@pytest.mark.parametrize("name, warps", [("flash_wide_v_f16", 2), ("flash_wide_v_bf16", 3)])
-def test_wide_values_split_columns_over_warps(name, warps):
+@pytest.mark.parametrize("name, warps, ksplit", [("flash_wide_v_f16", 2, 2), ("flash_wide_v_bf16", 3, 1)])
+def test_wide_values_split_columns_over_warps(name, warps, ksplit):
     """V wider than one warp's register tile (128 columns) still takes the register path: warps
-    sharing a 16-row strip split V's columns (256 = 2 x 128, 264 = 3 x 88); the emulated results
-    are checked with every other test graph."""
+    sharing a 16-row strip split V's columns (256 = 2 x 128, 264 = 3 x 88), and split the score's
+    depth where it divides (64 = 2 x 32; 16 cannot be cut in 3, so those warps recompute the
+    scores). The emulated results are checked with every other test graph."""
     from mlso_cli.codegen.plan import plan
 
     kg = T.GRAPHS[name]()
@@ -359,5 +360,9 @@ def test_wide_values_split_columns_over_warps(name, warps):
     assert kernel.layout.register_path and kernel.layout.threads == 32 * warps
     source = generate(kg).source
     width = kg.outputs[0].shape[-1] // warps
-    assert f"FlashRows<{'__nv_bfloat16' if name.endswith('bf16') else '__half'}, 32, 16, {width}," in source
+    depth = kg.inputs[0].shape[-1]
+    dtype = "__nv_bfloat16" if name.endswith("bf16") else "__half"
+    assert f"FlashRows<{dtype}, 32, {depth}, {width}, true, false, false, {ksplit}>" in source
     assert f"(warp / 1) * {width}" in source
+    step = next(line for line in source.splitlines() if "flash.step(" in line)
+    assert (", nullptr, ps" in step) == (ksplit > 1)  # the partial-score buffer

@@ -226,7 +226,7 @@ GRAPHS: dict[str, Callable[[], KernelGraph]] = {
     "flash_f16": flash_attention,
     "flash_bf16": partial(flash_attention, BF16),
     "flash_v_factor_f16": flash_v_factor,
-    "flash_wide_v_f16": partial(flash_attention, dv=256),
+    "flash_wide_v_f16": partial(flash_attention, d=64, dv=256),
     "flash_wide_v_bf16": partial(flash_attention, BF16, dv=264),
     "partial_outputs_f32": partial_outputs,
     "rmsnorm_matmul_f16": rmsnorm_matmul,
@@ -248,7 +248,7 @@ LOGIT_SCALE: dict[str, tuple[int, float]] = {
     "flash_f16": (0, 25.0),
     "flash_bf16": (0, 25.0),
     "flash_v_factor_f16": (0, 25.0),
-    "flash_wide_v_f16": (0, 25.0),
+    "flash_wide_v_f16": (0, 12.5),  # d = 64: logits of about +-100 as for d = 16 at 25
     "flash_wide_v_bf16": (0, 25.0),
     "partial_outputs_f32": (0, 25.0),
     "block_softmax_f16": (0, 25.0),

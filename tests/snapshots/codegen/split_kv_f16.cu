@@ -29,7 +29,7 @@ extern "C" __global__ void __launch_bounds__(32) mlso_k0(const __half* __restric
   for (int e = threadIdx.x; e < 16; e += 32) sm2[e] = 0.0f;
   for (int e = threadIdx.x; e < 16; e += 32) sm3[e] = mlso::neg_inf();
   __syncthreads();
-  mlso::FlashRows<__half, 32, 16, 16, true, false, false> flash;
+  mlso::FlashRows<__half, 32, 16, 16, true, false, false, 1> flash;
   for (int it = 0; it < 2; ++it) {
     __half* const s1 = ((it) & 1 ? s1_1 : s1_0);
     __half* const s2 = ((it) & 1 ? s2_1 : s2_0);
