@@ -90,3 +90,20 @@ def test_a_signature_explores_the_same_whatever_ran_before_in_the_process(tmp_pa
     again = [run(i) for i in reversed(range(len(sigs)))][::-1]
     assert [(e.states, e.pruned, e.duplicates, e.found) for e in again] == \
         [(e.states, e.pruned, e.duplicates, e.found) for e in first]
+
+
+def test_a_spatial_index_of_two_can_be_a_grid_dim():
+    """Two KV heads (gqa at batch 1) side by side on the grid: a spatial class of size 2 gets a
+    signature (tiles of one at reduced shapes), a summed class of size 2 cannot be a partial."""
+    from mlso_cli.search.dims import dim_classes
+    from mlso_cli.search.run import provisional
+    from mlso_cli.search.space import Axis, Signature
+
+    q = b.input_(0, (2, 16, 2), DType.F32)
+    k = b.input_(1, (2, 2, 16), DType.F32)
+    target = check(b.kernel_graph([q, k], [b.matmul(q, k)]))
+    dc = dim_classes(target)
+    heads = next(c for c in dc.classes if c.size == 2 and c.spatial)
+    depth = next(c for c in dc.classes if c.size == 2 and c.reduced)
+    assert provisional(dc, Signature((Axis(heads.id, False),), None)) is not None
+    assert provisional(dc, Signature((Axis(depth.id, True),), None)) is None

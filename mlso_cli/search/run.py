@@ -68,11 +68,14 @@ states for the loop-over-K signature); a fixed total shared by 16 signatures nev
 
 def provisional(dc: DimClasses, sig: Signature) -> Dims | None:
     """The smallest sizes that show a signature's structure: two blocks per grid dim and two
-    loop steps, where the index is large enough to leave tiles of at least two."""
+    loop steps, where the index is large enough to leave tiles of at least two. A spatial grid
+    dim may leave tiles of one: blocks side by side compute independent outputs, so a tile of
+    one shows the same structure (gqa at batch 1 has two KV heads, and its fast programs put
+    them on the grid); a partial sum or a loop over one element would not."""
     size = {c.id: c.size for c in dc.classes}
     grid = []
     for ax in sig.grid:
-        if size[ax.cls] < 4:
+        if size[ax.cls] < (4 if ax.partial else 2):
             return None
         grid.append(2)
     loop = 1
