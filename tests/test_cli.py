@@ -132,3 +132,45 @@ def test_verify_elementwise_tolerances(tmp_path):
     r = run_cli("verify", str(a), str(b), "--scales", "1", "--atol", "0", "--rtol", "O=1e-9")
     assert r.returncode == 3
     assert run_cli("verify", str(a), str(b), "--rtol", "abc").returncode == 2
+
+
+def test_verify_layernorm_model_against_itself(tmp_path):
+    """GPT-2-style exports spell LayerNormalization with stash_type=1; the fp64 reference used to
+    rewrite it to DOUBLE, which onnx's evaluator refuses, so verify crashed with a traceback."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
+    rng = np.random.default_rng(0)
+    g = numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "g")
+    b = numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")
+    n = helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5, stash_type=1)
+    m = helper.make_model(helper.make_graph([n], "ln", [x], [y], [g, b]), opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8  # what ONNX Runtime loads
+    p = tmp_path / "ln.onnx"
+    onnx.save(m, str(p))
+    r = run_cli("verify", str(p), str(p), "--json")
+    assert r.returncode == 0, r.stderr
+    assert b"Traceback" not in r.stderr
+    rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
+    assert rows[-1]["pass"] is True
+
+
+def test_reference_layernorm_is_float64():
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from mlso_cli.verify.reference64 import reference_outputs
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 16])
+    g = numpy_helper.from_array(np.ones(16, np.float32), "g")
+    n = helper.make_node("LayerNormalization", ["x", "g"], ["y"], axis=-1, epsilon=1e-5, stash_type=1)
+    m = helper.make_model(helper.make_graph([n], "ln", [x], [y], [g]), opset_imports=[helper.make_opsetid("", 17)])
+    xs = np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32)
+    got = reference_outputs(m, {"x": xs})["y"]
+    x64 = xs.astype(np.float64)
+    want = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+    assert got.dtype == np.float64 and np.abs(got - want).max() < 1e-12

@@ -40,7 +40,9 @@ def _promote_graph(g: onnx.GraphProto) -> None:
             if n.op_type == "Cast" and a.name == "to" and a.i in _FLOATS:
                 a.i = TensorProto.DOUBLE
             if a.name == "stash_type":
-                a.i = TensorProto.DOUBLE
+                # onnx's reference LayerNormalization accepts only stash_type 1 and computes in
+                # X's dtype, double here: setting it to DOUBLE crashed every LayerNorm model
+                a.i = TensorProto.FLOAT
             if a.type == onnx.AttributeProto.GRAPH:
                 _promote_graph(a.g)
 
