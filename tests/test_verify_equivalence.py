@@ -344,3 +344,23 @@ def test_oracle_outputs_keep_q_residues():
     assert eps <= 2.1 / field_mod.Q_ELIGIBLE
     v = check_equivalent(ref, cand, seed=0)
     assert v.equivalent and v.trials <= 4
+
+
+@pytest.mark.parametrize("spelling", ["div_sqrt2_fp32", "mul_inv_sqrt2_fp32", "mul_inv_sqrt2_fp16"])
+def test_fused_gelu_meets_its_erf_spelling(spelling):
+    """Exporters write GELU as x * 0.5 * (1 + erf(x / 1.4142135)); the fused Op.GELU must be
+    accepted against it (its oracle used to be a separate Phi that never met erf), while an erf
+    argument scaled by another constant is still told apart."""
+    x = b.input_(0, (4, 16), DType.F32)
+    fused = check(b.kernel_graph([x], [b.unary(Op.GELU, x)]))
+
+    def erf_form(scale_op: Op, k: float) -> object:
+        arg = (b.div if scale_op is Op.DIV else b.mul)(x, b.const(Fraction(k)))
+        one_plus = b.add(b.unary(Op.ERF, arg), b.const(Fraction(1)))
+        return check(b.kernel_graph([x], [b.mul(b.mul(x, b.const(Fraction(1, 2))), one_plus)]))
+
+    k = {"div_sqrt2_fp32": (Op.DIV, float(np.float32(2**0.5))),
+         "mul_inv_sqrt2_fp32": (Op.MUL, float(np.float32(0.5**0.5))),
+         "mul_inv_sqrt2_fp16": (Op.MUL, float(np.float16(0.5**0.5)))}[spelling]
+    assert check_equivalent(fused, erf_form(*k), seed=3).equivalent
+    assert not check_equivalent(fused, erf_form(Op.MUL, 0.75), seed=3).equivalent

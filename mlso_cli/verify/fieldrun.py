@@ -15,7 +15,7 @@ import numpy as np
 from mlso_cli.ir.graph import BlockGraph, KernelGraph
 from mlso_cli.ir.node import Node, const_value
 from mlso_cli.verify.field import Field, FieldArray
-from mlso_cli.verify.semantics import ACC_TERMS, SEMANTICS
+from mlso_cli.verify.semantics import ACC_TERMS, SEMANTICS, canonical_const
 from mlso_cli.verify.walk import LiteralBackend, evaluate
 
 
@@ -31,7 +31,7 @@ class AlgebraBackend(LiteralBackend):
         return value
 
     def const(self, node: Node) -> Any:
-        return self.A.const(const_value(node))
+        return self.A.const(canonical_const(const_value(node)))
 
     def compute(self, node: Node, args: list[Any]) -> Any:
         return SEMANTICS[node.op](self.A, node, *args)

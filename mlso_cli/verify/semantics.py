@@ -9,10 +9,16 @@ reshape, transpose, broadcast.
 The canonical forms of docs/verification.md live here, so equivalent spellings meet in the field:
   sigmoid(x) = 1 / (1 + exp(-x))       silu(x) = x * sigmoid(x)
   tanh(x)    = 2 * sigmoid(2x) - 1     rsqrt(x) = 1 / sqrt(x), sqrt an oracle
-  gelu(x)    = x * Phi(x), Phi an oracle          relu(x) = max(x, 0), max an oracle
+  gelu(x)    = x * (1 + erf(x * K)) / 2, erf an oracle and K = 1/sqrt(2)
+  relu(x)    = max(x, 0), max an oracle
   square(x)  = x * x                   reduce_mean = reduce_sum * (1/n)
   x / y      = x * inverse(y)          cast = identity
-Oracles (sqrt, erf, Phi, max) are keyed functions of the p-residue that return both residues
+Constants within fp16 rounding of 1/sqrt(2) or sqrt(2) are taken as K or 1/K exactly
+(`canonical_const`), so the erf spelling of GELU that exporters write (x / 1.4142135 or
+x * 0.70710677) meets the fused op. This is the one place the field check equates constants that
+differ: two programs that differ only in such a constant are not told apart (the float check
+still is).
+Oracles (sqrt, erf, max) are keyed functions of the p-residue that return both residues
 (field.py), so exp(x - max(x)) is a true exp and a stabilised softmax equals a plain one.
 """
 
@@ -25,7 +31,27 @@ from typing import Any
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import Op
 
-ONE, TWO, ZERO = Fraction(1), Fraction(2), Fraction(0)
+ONE, TWO, ZERO, HALF = Fraction(1), Fraction(2), Fraction(0), Fraction(1, 2)
+INV_SQRT2 = Fraction(0.7071067811865476)
+"""1/sqrt(2) as the double nearest it, exactly: GELU's erf argument scale."""
+_SNAP = Fraction(1, 2048)
+"""Relative distance within which a constant is taken as 1/sqrt(2) or sqrt(2): fp16's rounding."""
+
+
+def canonical_const(v: Fraction) -> Fraction:
+    """v, except that a constant within fp16 rounding of 1/sqrt(2) (or sqrt(2)) becomes
+    INV_SQRT2 (or 1/INV_SQRT2): why in the module docstring."""
+    if v > 0:
+        if abs(v - INV_SQRT2) <= _SNAP * INV_SQRT2:
+            return INV_SQRT2
+        if abs(v - 1 / INV_SQRT2) <= _SNAP / INV_SQRT2:
+            return 1 / INV_SQRT2
+    return v
+
+
+def gelu(A: Any, x: Any) -> Any:
+    phi2 = A.add(A.const(ONE), A.oracle("erf", A.mul(x, A.const(INV_SQRT2))))
+    return A.mul(A.mul(x, phi2), A.const(HALF))
 
 
 def sigmoid(A: Any, x: Any) -> Any:
@@ -52,7 +78,7 @@ SEMANTICS: dict[Op, Callable[..., Any]] = {
     Op.SIGMOID: lambda A, n, x: sigmoid(A, x),
     Op.TANH: lambda A, n, x: _tanh(A, x),
     Op.ERF: lambda A, n, x: A.oracle("erf", x),
-    Op.GELU: lambda A, n, x: A.mul(x, A.oracle("phi", x)),
+    Op.GELU: lambda A, n, x: gelu(A, x),
     Op.RELU: lambda A, n, x: A.oracle("max", x, A.broadcast(A.const(ZERO), tuple(n.shape))),
     Op.CAST: lambda A, n, x: x,
     Op.ADD: lambda A, n, a, b: A.add(a, b),
