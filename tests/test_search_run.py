@@ -10,6 +10,7 @@ verification and again here against the float64 interpreter.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from mlso_cli.ir import DType, Op, check
 from mlso_cli.ir import build as b
@@ -107,3 +108,22 @@ def test_a_spatial_index_of_two_can_be_a_grid_dim():
     depth = next(c for c in dc.classes if c.size == 2 and c.reduced)
     assert provisional(dc, Signature((Axis(heads.id, False),), None)) is not None
     assert provisional(dc, Signature((Axis(depth.id, True),), None)) is None
+
+
+@pytest.mark.slow
+def test_gqa_at_batch_one_finds_a_register_path_split_kv_program(tmp_path):
+    """The gqa benchmark at batch 1 (two KV heads): the search reaches the structure with the
+    heads on the grid, row tiles of at most 128 and KV splits, which takes the register path."""
+    import onnx
+
+    from mlso_cli.codegen.plan import plan
+    from mlso_cli.pipeline.run import lift
+    from models.build_models import SPECS
+
+    path = tmp_path / "gqa1.onnx"
+    onnx.save(SPECS["gqa"].build(1, "float16", small=False), str(path))
+    region = lift(str(path), None).regions[0]
+    res = search(region.graph, SearchOptions(seed=0, jobs=1))
+    best = min(res.candidates, key=lambda c: c.estimate_us)
+    layouts = [k.layout for k in plan(best.graph, "sm_90").kernels if k.layout is not None]
+    assert res.verified >= 1 and layouts and layouts[0].register_path
