@@ -22,9 +22,14 @@ from mlso_cli.search.api import SearchOptions, SearchProgress
 
 
 def _check_paths(model: str, out: str, force: bool) -> None:
+    """Fail before the search, not after it: the writer checks again when it places the file (a
+    run that loses a race for OUT then exits 1), but a wrong -o should not cost a search."""
+    from mlso_cli.package.write import check_output_path
+
     if model != "-" and Path(out).resolve() == Path(model).resolve():
         raise UsageError("-o names the input model; mlso never overwrites its input", "Choose another output path")
-    if Path(out).exists() and not force:
+    check_output_path(Path(out), replace=True)  # a symlink, directory, device or FIFO: exit 1, even with --force
+    if os.path.lexists(out) and not force:
         raise UsageError(f"{out} already exists", "Pass --force to replace it, or choose another path")
     parent = Path(out).resolve().parent
     if not parent.is_dir():
@@ -86,7 +91,7 @@ def optimize_cmd(model, out, input_shapes, as_json, min_speedup, seed, force, gp
     if not dry_run:
         from mlso_cli.package import write_model_atomic
 
-        write_model_atomic(outcome.model, out, input_path=None if model == "-" else model)
+        write_model_atomic(outcome.model, out, input_path=None if model == "-" else model, replace=force)
     _report(outcome, None if dry_run else out, as_json)
 
 
