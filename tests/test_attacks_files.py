@@ -185,3 +185,40 @@ def test_output_mode_follows_the_umask(tmp_path, umask, mode):
     for name in ("a.onnx", "b.onnx", "b.onnx.data"):
         assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == mode, name
 
+
+
+# 5. determinism: names lifting gives constants depend on their content, not on hash()'s salt
+
+
+def _masked_softmax(path) -> None:
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    mask = np.tril(np.ones((4, 8), dtype=bool))
+    graph = helper.make_graph(
+        [helper.make_node("Where", ["mask", "x", "ninf"], ["m"]),
+         helper.make_node("Softmax", ["m"], ["y"], axis=-1)], "masked",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])],
+        [numpy_helper.from_array(mask, "mask"), numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+
+
+def test_lifted_mask_names_do_not_depend_on_the_hash_seed(tmp_path):
+    path = tmp_path / "masked.onnx"
+    _masked_softmax(path)
+    script = f"""
+        from mlso_cli.frontend.lift import lift_whole_graph
+        from mlso_cli.frontend.load import load_model
+        lifted = lift_whole_graph(load_model({str(path)!r}))
+        print(sorted(lifted.extra_inputs), lifted.graph.input_names)
+    """
+    outs = []
+    for seed in ("1", "2"):
+        r = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=ROOT, capture_output=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": seed}, timeout=60)
+        assert r.returncode == 0, r.stderr
+        outs.append(r.stdout)
+    assert outs[0] == outs[1] and b"mlso_mask_" in outs[0]
