@@ -222,3 +222,84 @@ def test_lifted_mask_names_do_not_depend_on_the_hash_seed(tmp_path):
         assert r.returncode == 0, r.stderr
         outs.append(r.stdout)
     assert outs[0] == outs[1] and b"mlso_mask_" in outs[0]
+
+
+# 6. one-line errors with the documented exit code, never a traceback or a hang
+
+
+def _external_model(tmp_path):
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "ext",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+        [numpy_helper.from_array(np.ones((64, 64), np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    path = tmp_path / "ext.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, location="ext.data", size_threshold=0)
+    data = tmp_path / "ext.data"
+    data.write_bytes(data.read_bytes()[:100])
+    return path
+
+
+def _attack_files(tmp_path):
+    os.mkfifo(tmp_path / "fifo.onnx")
+    (tmp_path / "trunc.onnx").write_bytes(GQA.read_bytes()[:300])
+    _external_model(tmp_path)
+    onnx.save(attention_model(extra_unknown=True), str(tmp_path / "unknown.onnx"))
+
+
+_G = str(GQA)
+ATTACKS = [  # (args, exit code, a word the one line must hold)
+    (["optimize", _G, "--dry-run", "--seed", "-1"], 2, "--seed"),
+    (["verify", _G, _G, "--seed", "-1"], 2, "--seed"),
+    (["verify", _G, _G, "--samples", "0"], 2, "--samples"),
+    (["verify", _G, _G, "--rtol", "-1"], 2, "--rtol"),
+    (["verify", _G, _G, "--atol", "nan"], 2, "--atol"),
+    (["inspect", "/dev/zero"], 1, "not a regular file"),
+    (["inspect", "{tmp}/fifo.onnx"], 1, "not a regular file"),
+    (["verify", "{tmp}/fifo.onnx", _G], 1, "not a regular file"),
+    (["verify", "{tmp}/trunc.onnx", _G], 1, "truncated"),
+    (["verify", "{tmp}/ext.onnx", "{tmp}/ext.onnx"], 1, "truncated"),
+    (["inspect", _G, "--input-shape", "Q=4000000000,16,8"], 2, "--input-shape"),
+    (["inspect", _G, "--input-shape", "Q=4e9,16,8"], 2, "--input-shape"),
+    (["verify", "{tmp}/unknown.onnx", "{tmp}/unknown.onnx"], 1, "FancyOp"),
+]
+
+
+@pytest.mark.parametrize(("args", "code", "word"), ATTACKS, ids=[" ".join(a[0][:1] + a[0][2:]) for a in ATTACKS])
+def test_bad_flags_and_files_give_one_line_errors(tmp_path, args, code, word):
+    _attack_files(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    r = subprocess.run([sys.executable, "-m", "mlso_cli", *(a.format(tmp=tmp_path) for a in args)], cwd=ROOT,
+                       capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == code, r.stderr
+    assert word in _one_line_error(r)
+    assert r.stdout == b"" and sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_closed_stdin_is_an_error_not_a_traceback():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for stdin in ("closed", subprocess.DEVNULL):
+        kw = {"stdin": subprocess.DEVNULL} if stdin != "closed" else {"preexec_fn": lambda: os.close(0)}
+        r = subprocess.run([sys.executable, "-m", "mlso_cli", "inspect", "-"], cwd=ROOT, capture_output=True,
+                           timeout=60, env=env, **kw)
+        assert r.returncode == 1
+        assert "stdin" in _one_line_error(r)
+
+
+def test_gpu_flag_without_a_gpu_is_exit_4_for_every_command(tmp_path):
+    from mlso_cli.runtime import gpu_info
+
+    if gpu_info(0) is not None:
+        pytest.skip("this machine has a GPU")
+    out = tmp_path / "o.onnx"
+    for args in (["optimize", _G, "-o", str(out), "--gpu", "0"], ["bench", _G, _G, "--gpu", "0"],
+                 ["verify", _G, _G, "--gpu", "0"]):
+        r = run_cli(*args)
+        assert r.returncode == 4, (args, r.stderr)
+        assert "GPU" in _one_line_error(r)
+    assert list(tmp_path.iterdir()) == []

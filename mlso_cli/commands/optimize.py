@@ -43,8 +43,11 @@ def _default_jobs() -> int:
         return os.cpu_count() or 1
 
 
-def _check_numbers(min_speedup: float, budget: float | None, max_states: int | None, jobs: int, top_k: int) -> None:
+def _check_numbers(min_speedup: float, budget: float | None, max_states: int | None, jobs: int, top_k: int,
+                   seed: int = 0, gpu: int | None = None) -> None:
     rules = [(min_speedup < 0, "--min-speedup must be >= 0"),
+             (seed < 0, "--seed must be >= 0 (numpy's generators take no negative seed)"),
+             (gpu is not None and gpu < 0, "--gpu must be a GPU index >= 0"),
              (budget is not None and budget <= 0, "--budget must be a positive number of seconds"),
              (max_states is not None and max_states < 1, "--max-states must be at least 1"),
              (jobs < 1, "--jobs must be at least 1"),
@@ -78,7 +81,7 @@ def optimize_cmd(model, out, input_shapes, as_json, min_speedup, seed, force, gp
                  dry_run, no_cache) -> None:
     """Rewrite MODEL so each fusable region runs as the fastest verified mlso program found."""
     jobs = _default_jobs() if jobs is None else jobs
-    _check_numbers(min_speedup, budget, max_states, jobs, top_k)
+    _check_numbers(min_speedup, budget, max_states, jobs, top_k, seed, gpu)
     if out is None and not dry_run:
         raise UsageError("optimize needs -o OUT", "Name the output model with -o, or pass --dry-run to only report")
     if out is not None and not dry_run:
