@@ -36,6 +36,10 @@ class InputError(MlsoError):
     """The model or another input file is missing, empty, corrupt or unsupported (exit 1)."""
 
 
+class Interrupted(MlsoError):
+    """SIGTERM or SIGHUP stopped a write; its temp files were removed and nothing was placed (exit 1)."""
+
+
 class UsageError(MlsoError):
     """The command line is incomplete or contradictory, e.g. an open dimension (exit 2)."""
 

@@ -22,9 +22,14 @@ from mlso_cli.search.api import SearchOptions, SearchProgress
 
 
 def _check_paths(model: str, out: str, force: bool) -> None:
+    """Fail before the search, not after it: the writer checks again when it places the file (a
+    run that loses a race for OUT then exits 1), but a wrong -o should not cost a search."""
+    from mlso_cli.package.write import check_output_path
+
     if model != "-" and Path(out).resolve() == Path(model).resolve():
         raise UsageError("-o names the input model; mlso never overwrites its input", "Choose another output path")
-    if Path(out).exists() and not force:
+    check_output_path(Path(out), replace=True)  # a symlink, directory, device or FIFO: exit 1, even with --force
+    if os.path.lexists(out) and not force:
         raise UsageError(f"{out} already exists", "Pass --force to replace it, or choose another path")
     parent = Path(out).resolve().parent
     if not parent.is_dir():
@@ -38,8 +43,11 @@ def _default_jobs() -> int:
         return os.cpu_count() or 1
 
 
-def _check_numbers(min_speedup: float, budget: float | None, max_states: int | None, jobs: int, top_k: int) -> None:
+def _check_numbers(min_speedup: float, budget: float | None, max_states: int | None, jobs: int, top_k: int,
+                   seed: int = 0, gpu: int | None = None) -> None:
     rules = [(min_speedup < 0, "--min-speedup must be >= 0"),
+             (seed < 0, "--seed must be >= 0 (numpy's generators take no negative seed)"),
+             (gpu is not None and gpu < 0, "--gpu must be a GPU index >= 0"),
              (budget is not None and budget <= 0, "--budget must be a positive number of seconds"),
              (max_states is not None and max_states < 1, "--max-states must be at least 1"),
              (jobs < 1, "--jobs must be at least 1"),
@@ -73,7 +81,7 @@ def optimize_cmd(model, out, input_shapes, as_json, min_speedup, seed, force, gp
                  dry_run, no_cache) -> None:
     """Rewrite MODEL so each fusable region runs as the fastest verified mlso program found."""
     jobs = _default_jobs() if jobs is None else jobs
-    _check_numbers(min_speedup, budget, max_states, jobs, top_k)
+    _check_numbers(min_speedup, budget, max_states, jobs, top_k, seed, gpu)
     if out is None and not dry_run:
         raise UsageError("optimize needs -o OUT", "Name the output model with -o, or pass --dry-run to only report")
     if out is not None and not dry_run:
@@ -86,7 +94,7 @@ def optimize_cmd(model, out, input_shapes, as_json, min_speedup, seed, force, gp
     if not dry_run:
         from mlso_cli.package import write_model_atomic
 
-        write_model_atomic(outcome.model, out, input_path=None if model == "-" else model)
+        write_model_atomic(outcome.model, out, input_path=None if model == "-" else model, replace=force)
     _report(outcome, None if dry_run else out, as_json)
 
 

@@ -8,6 +8,12 @@ B passes an output when its norm-wise relative error ||B - ref|| / ||ref|| is wi
 for its dtype (fp32 1e-5, fp16 2e-3, bf16 1e-2) or no worse than twice A's own error at the same
 inputs (A is the user's model as ONNX Runtime runs it; B is not blamed for A's rounding). With
 --rtol/--atol, every element must also satisfy |B - ref| <= atol + rtol * |ref|.
+
+Exit codes: 3 only when both models ran and differ. A model ONNX Runtime cannot load on the CPU
+(an op of a domain it does not know, such as com.example::FancyOp) is exit 1: the model, not the
+machine, is the problem, and verify cannot compare what it cannot run, so it says so instead of
+passing or failing. Exit 4 is kept for the machine: --gpu without a GPU, or ONNX Runtime without
+a usable CUDA EP.
 """
 
 from __future__ import annotations
@@ -20,8 +26,14 @@ import onnx
 
 from mlso_cli.commands.options import input_shape_option, json_option
 from mlso_cli.console import chatty, stderr
-from mlso_cli.errors import EnvironmentProblem, MlsoError, UsageError, VerificationFailed
-from mlso_cli.frontend.load import load_model, parse_input_shapes, with_weights
+from mlso_cli.errors import (
+    EnvironmentProblem,
+    InputError,
+    MlsoError,
+    UsageError,
+    VerificationFailed,
+)
+from mlso_cli.frontend.load import load_model, parse_input_shapes, require_memory, with_weights
 from mlso_cli.ir import DType
 from mlso_cli.verify.floatcheck import LIMITS
 from mlso_cli.verify.reference64 import input_specs, reference_outputs
@@ -38,6 +50,8 @@ def _parse_tol(values: tuple[str, ...], flag: str) -> tuple[float | None, dict[s
             x = float(num)
         except ValueError:
             raise UsageError(f"{flag} '{v}' is not a number or NAME=number", f"Write e.g. {flag} 1e-3 or {flag} O=1e-3") from None
+        if not x >= 0 or x == float("inf"):  # also NaN
+            raise UsageError(f"{flag} '{v}' must be a finite number >= 0", f"Write e.g. {flag} 1e-3")
         if sep:
             per[name] = x
         else:
@@ -45,7 +59,29 @@ def _parse_tol(values: tuple[str, ...], flag: str) -> tuple[float | None, dict[s
     return default, per
 
 
-def _session(model: onnx.ModelProto, gpu: int | None):
+def _check_numbers(samples: int, seed: int, gpu: int | None, scales: list[float]) -> None:
+    """Flags that would otherwise make verify pass vacuously (--samples 0 checks nothing) or fail
+    with a numpy traceback (--seed -1) are usage errors, before any model is loaded."""
+    rules = [(samples < 1, "--samples must be at least 1"),
+             (seed < 0, "--seed must be >= 0 (numpy's generators take no negative seed)"),
+             (gpu is not None and gpu < 0, "--gpu must be a GPU index >= 0"),
+             (not scales or not all(0 < s < float("inf") for s in scales),
+              "--scales must be a comma-separated list of finite numbers > 0")]
+    for bad, what in rules:
+        if bad:
+            raise UsageError(what)
+
+
+def _parse_scales(scales: str) -> list[float]:
+    try:
+        return [float(s) for s in scales.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"--scales '{scales}' is not a comma-separated list of numbers") from None
+
+
+def _session(model: onnx.ModelProto, gpu: int | None, which: str):
+    """An ORT session for model `which` (A or B). A load failure is the model's problem (exit 1,
+    see the module docstring); a CUDA EP that ORT silently dropped is the machine's (exit 4)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -56,13 +92,26 @@ def _session(model: onnx.ModelProto, gpu: int | None):
             return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
         from mlso_cli import runtime
 
-        return runtime.session(data, providers=[("CUDAExecutionProvider", {"device_id": gpu})])
+        sess = runtime.session(data, providers=[("CUDAExecutionProvider", {"device_id": gpu})])
     except MlsoError:
         raise
     except Exception as exc:  # ORT's own load errors: report them in one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise EnvironmentProblem(f"ONNX Runtime could not load {model.graph.name or 'the model'}: {first[:300]}",
-                                 "Check the model loads with onnxruntime, or report it with the model") from None
+        raise InputError(f"ONNX Runtime cannot load model {which} ({model.graph.name or 'unnamed'}), so verify "
+                         f"cannot compare it: {first[:300]}",
+                         "verify runs both models in ONNX Runtime; ops of other domains need their library "
+                         "registered in ORT") from None
+    if "CUDAExecutionProvider" not in sess.get_providers():
+        raise EnvironmentProblem(f"ONNX Runtime could not use the CUDA EP on GPU {gpu}",
+                                 "Install the CUDA and cuDNN libraries onnxruntime-gpu needs, or run verify without --gpu")
+    return sess
+
+
+def _require_input_memory(specs: list, source: str) -> None:
+    """Random inputs, ORT's outputs and the fp64 reference for huge --input-shape values could
+    exhaust memory half-way (a MemoryError traceback, or the OOM killer); fail first instead."""
+    nbytes = sum(int(np.prod(s, dtype=np.float64)) * np.dtype(dt).itemsize for _, s, dt in specs)
+    require_memory(8 * nbytes, f"verifying {source} at these input shapes")
 
 
 def _rel(out: np.ndarray, ref: np.ndarray) -> float:
@@ -89,13 +138,17 @@ def _rel(out: np.ndarray, ref: np.ndarray) -> float:
               help="Check each mlso kernel's μGraph against its region in the finite field.")
 def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, rtol, atol, gpu, field) -> None:
     """Check that model B computes what model A computes (exit 3 when it does not)."""
+    scale_list = _parse_scales(scales)
+    _check_numbers(samples, seed, gpu, scale_list)
+    rt_default, rt_per = _parse_tol(rtol, "--rtol")
+    at_default, at_per = _parse_tol(atol, "--atol")
     shapes = parse_input_shapes(input_shapes)
+    if gpu is not None:
+        from mlso_cli.pipeline.gpu import require_gpu
+
+        require_gpu(gpu)
     a = with_weights(load_model(model_a, shapes, fold=False))
     b = with_weights(load_model(model_b, shapes, fold=False))
-    try:
-        scale_list = [float(s) for s in scales.split(",") if s.strip()]
-    except ValueError:
-        raise UsageError(f"--scales '{scales}' is not a comma-separated list of numbers") from None
     specs_a, specs_b = input_specs(a), input_specs(b)
     if [(n, s) for n, s, _ in specs_a] != [(n, s) for n, s, _ in specs_b]:
         raise VerificationFailed("A and B have different graph inputs",
@@ -103,10 +156,9 @@ def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, r
     outs_a = [o.name for o in a.graph.output]
     if outs_a != [o.name for o in b.graph.output]:
         raise VerificationFailed("A and B have different graph outputs")
-    rt_default, rt_per = _parse_tol(rtol, "--rtol")
-    at_default, at_per = _parse_tol(atol, "--atol")
+    _require_input_memory(specs_a, model_a)
     kernel_rows = field_check_kernels(b, seed) if field else []
-    sess_a, sess_b = _session(a, gpu), _session(b, gpu)
+    sess_a, sess_b = _session(a, gpu, "A"), _session(b, gpu, "B")
     rng = np.random.default_rng(seed)
     rows, failed = [], False
     for scale in scale_list:

@@ -6,6 +6,8 @@ keep models over 2 GB working), so partitioning a large model costs only its gra
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +37,13 @@ class LoadedModel:
         return self.model.graph
 
 
+MAX_DIM = 2**31 - 1
+"""The largest dimension --input-shape accepts. Why a limit: a typo such as 4000000000 would
+otherwise be taken at face value and fail much later (an allocation of tens of GB, or a crash)."""
+
+
 def parse_input_shapes(specs: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:
-    """`name=d0,d1,...` strings to a dict; every dim must be a positive integer."""
+    """`name=d0,d1,...` strings to a dict; every dim must be a positive integer up to MAX_DIM."""
     out: dict[str, tuple[int, ...]] = {}
     for spec in specs:
         name, sep, dims = spec.partition("=")
@@ -54,23 +61,59 @@ def parse_input_shapes(specs: tuple[str, ...] | list[str]) -> dict[str, tuple[in
             ) from None
         if any(d <= 0 for d in shape):
             raise UsageError(f"--input-shape '{spec}' has a dimension <= 0", "Dimensions must be positive")
+        if any(d > MAX_DIM for d in shape):
+            raise UsageError(f"--input-shape '{spec}' has a dimension over {MAX_DIM}",
+                             "Check the number; mlso supports dimensions up to 2**31-1")
         out[name] = shape
     return out
 
 
+def _read_stdin() -> bytes:
+    """stdin's bytes; a closed stdin (`<&-`, or none at all under some launchers) is an error,
+    not an AttributeError on None."""
+    if sys.stdin is None:
+        raise InputError("stdin is closed, so no model can be read from -", "Pipe a model in, or pass its path")
+    try:
+        return sys.stdin.buffer.read()
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read the model from stdin ({exc})", "Pipe a model in, or pass its path") from None
+
+
+def _read_file(source: str) -> bytes | None:
+    """The file's bytes, or None when it is over 2 GB (only the path-based loader reads those).
+
+    Why open with O_NONBLOCK and fstat the descriptor before reading: a FIFO or a device such as
+    /dev/zero must be refused, not read (a FIFO blocks forever, /dev/zero never ends), and checking
+    the open descriptor rather than the path leaves no window to swap the file in between."""
+    try:
+        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise InputError(f"{source}: no such file", "Check the path") from None
+    except OSError as exc:
+        raise InputError(f"cannot read {source}: {exc.strerror or exc}", "Check the path and its permissions") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise InputError(f"{source} is a directory, not an ONNX model", "Pass the .onnx file")
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{source} is not a regular file (a device, FIFO or socket); cannot read a model from it",
+                             "Pass an .onnx file, or - to read the model from stdin")
+        if st.st_size >= (1 << 31):
+            return None
+        try:
+            return f.read()
+        except OSError as exc:
+            raise InputError(f"cannot read {source}: {exc.strerror or exc}", "Check the file") from None
+
+
 def _read_proto(source: str) -> tuple[onnx.ModelProto, Path | None]:
     if source == "-":
-        data = sys.stdin.buffer.read()
+        data = _read_stdin()
         base = None
         where = "stdin"
     else:
-        path = Path(source)
-        if not path.exists():
-            raise InputError(f"{source}: no such file", "Check the path")
-        if path.is_dir():
-            raise InputError(f"{source} is a directory, not an ONNX model", "Pass the .onnx file")
-        data = path.read_bytes() if path.stat().st_size < (1 << 31) else None
-        base = path.resolve().parent
+        data = _read_file(source)
+        base = Path(source).resolve().parent
         where = source
     if data is not None and len(data) == 0:
         raise InputError(f"{where} is empty", "Pass a complete .onnx file")
@@ -107,12 +150,32 @@ def _check_external_files(model: onnx.ModelProto, base: Path | None, where: str)
                 "a model read from stdin refers to external data",
                 "Pass the model by path so its external data files can be found",
             )
-        loc = next((e.value for e in t.external_data if e.key == "location"), None)
+        info = {e.key: e.value for e in t.external_data}
+        loc = info.get("location")
         if loc is None or not (base / loc).exists():
             raise InputError(
                 f"{where}: external data file '{loc}' for initializer '{t.name}' is missing",
                 f"Put it next to the model in {base}",
             )
+        _check_external_file(base / loc, info, t.name, where)
+
+
+def _check_external_file(path: Path, info: dict[str, str], tensor: str, where: str) -> None:
+    """Refuse an external-data file that is not a regular file (a FIFO would hang the read) or
+    too short for its tensor (a truncated download), before any command reads weights."""
+    try:
+        st = path.stat()
+        end = int(info.get("offset") or 0) + int(info.get("length") or 0)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{where}: cannot use external data '{path.name}' for '{tensor}' ({exc})",
+                         "Check the file and the model's external-data entries") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{where}: external data '{path.name}' is not a regular file", "Replace it with the weights file")
+    if end > st.st_size:
+        raise InputError(
+            f"{where}: external data file '{path.name}' is truncated ({st.st_size} bytes, tensor '{tensor}' needs {end})",
+            "Export or download the model and its weights again",
+        )
 
 
 def _apply_input_shapes(model: onnx.ModelProto, fixed: dict[str, tuple[int, ...]]) -> None:
@@ -238,7 +301,11 @@ def with_weights(loaded: LoadedModel) -> onnx.ModelProto:
     require_memory(2 * external_data_bytes(model), f"loading {loaded.source} with its weights")
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    onnx.load_external_data_for_model(m, str(loaded.base_dir))
+    try:
+        onnx.load_external_data_for_model(m, str(loaded.base_dir))
+    except (OSError, ValueError) as exc:  # changed on disk since the load checked it
+        raise InputError(f"cannot read the weights of {loaded.source}: {str(exc).splitlines()[0]}",
+                         "Export or download the model and its weights again") from None
     return m
 
 

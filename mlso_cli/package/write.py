@@ -7,21 +7,34 @@ serialized as one protobuf, and a model whose weights live in external files mus
 the input's files (a later edit of one would corrupt the other), so those are written with their
 own external-data file next to the output, also temp-then-rename. Kernel binaries (mlso_bin_*)
 stay inline so that checking a model never needs its weights.
+
+File safety (docs/cli-errors.md): the output must be a new path or a regular file; a symlink,
+directory, device or FIFO is refused even when replacing, so `-o /dev/null --force` cannot
+replace /dev/null. Without `replace` the output is created with a no-replace rename (a hard link
+of the temp file, which fails atomically when another run placed the name first). Temp files are
+named `.OUT.mlso-tmp.<pid>.<random>`: SIGTERM and SIGHUP during a write remove them, and a later
+write next to the same output removes those whose process is gone (a killed -9 run). Outputs get
+the mode 0o666 & ~umask, like any file a user creates.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
+import signal
+import stat
 import tempfile
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, external_data_helper
 
-from mlso_cli.errors import InputError
+from mlso_cli.errors import InputError, Interrupted
 from mlso_cli.package.rewrite import BINARY_PREFIX
 
 PROTOBUF_LIMIT = 2**31 - 1
@@ -97,18 +110,176 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+_TEMP_MARK = ".mlso-tmp."
+_TEMP_RE = re.compile(r"\.mlso-tmp\.(\d+)\.[A-Za-z0-9_]+$")
+_STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK, errno.EXDEV}
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux allows (/proc/self/status), because
+    setting and restoring it races with other threads creating files."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
 def _fsync_write(path: str, chunks: Iterator[bytes] | list[bytes]) -> None:
     with open(path, "wb") as f:
         for chunk in chunks:
             f.write(chunk)
         f.flush()
+        os.fchmod(f.fileno(), 0o666 & ~current_umask())  # mkstemp made it 0600
         os.fsync(f.fileno())
 
 
 def _temp_in(folder: Path, name: str) -> str:
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}{_TEMP_MARK}{os.getpid()}.", dir=folder)
     os.close(fd)
     return tmp
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: alive, another user's
+        return True
+    return True
+
+
+def remove_stale_temps(folder: Path, name: str) -> list[Path]:
+    """Remove our temp files for output `name` in `folder` left by runs that were killed (their PID
+    is gone); return them. Only regular files of this user are touched; a live PID (or a reused
+    one) keeps its file, so the worst case is a stale file kept, never an in-flight one removed."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _TEMP_RE.search(entry.name)
+        if not (m and entry.name.startswith(f".{name}")):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not _pid_alive(int(m.group(1))):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except OSError:
+            continue
+    return removed
+
+
+def check_output_path(out: Path, *, replace: bool) -> None:
+    """Refuse an output that is not a regular file or a new path, and an existing one unless
+    `replace`. Why lstat: a symlink (even to a regular file) would redirect the write elsewhere,
+    and renaming over a device or FIFO would replace it (as root, /dev/null)."""
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise InputError(f"cannot check the output {out}: {exc.strerror or exc}", "Choose another path with -o") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise InputError(f"{out} is a symbolic link; mlso writes only a regular file or a new path",
+                         "Give the real path, or another path, with -o")
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{out} is a directory", "Give a file name for the output model, e.g. -o fast.onnx")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{out} is not a regular file (a device, FIFO or socket); mlso will not replace it",
+                         "Choose a regular file or a new path with -o")
+    if not replace:
+        raise _exists(out)
+
+
+def _exists(out: Path) -> InputError:
+    return InputError(f"{out} already exists (another run may have just written it)",
+                      "Pass --force to replace it, or choose another path with -o")
+
+
+def _place(tmp: str, final: Path, replace: bool) -> None:
+    """Rename tmp to final. Without replace, a hard link then unlink: link fails atomically with
+    FileExistsError if final appeared meanwhile, which os.replace would silently overwrite."""
+    if replace:
+        check_output_path(final, replace=True)
+        os.replace(tmp, final)
+        return
+    try:
+        os.link(tmp, final, follow_symlinks=False)
+    except FileExistsError:
+        raise _exists(final) from None
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+        _place_exclusive(tmp, final)
+        return
+    os.unlink(tmp)
+
+
+def _place_exclusive(tmp: str, final: Path) -> None:
+    """Where hard links are unsupported (FAT, some network file systems): claim the name with
+    O_EXCL, then rename over the claim. A crash between the two leaves an empty file at final."""
+    try:
+        fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except FileExistsError:
+        raise _exists(final) from None
+    os.close(fd)
+    os.replace(tmp, final)
+
+
+class _Flight:
+    """One write in progress: its temp files, and whether a stop signal may still abort it (not
+    while placing files or cleaning up: then the signal waits until the write is over)."""
+
+    def __init__(self) -> None:
+        self.temps: list[str] = []
+        self.abortable = True
+        self.pending: int | None = None
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        if self.abortable:
+            self.abortable = False
+            raise Interrupted(f"stopped by {signal.Signals(signum).name} while writing the output; "
+                              "its temp files were removed and nothing was written")
+        self.pending = signum
+
+    def remove_temps(self) -> None:
+        for tmp in self.temps:
+            with suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+@contextmanager
+def _stop_signals_abort(flight: _Flight) -> Iterator[None]:
+    """SIGTERM/SIGHUP abort the write (the except path removes the temps) instead of killing the
+    process with temp files left; the previous handlers come back afterwards, and a signal that
+    arrived while files were being placed is re-raised then. A signal ignored before (nohup) stays
+    ignored; outside the main thread Python cannot set handlers, so nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in _STOP_SIGNALS}
+    for s, old in previous.items():
+        if old is not signal.SIG_IGN:
+            signal.signal(s, flight.on_signal)
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old if old is not None else signal.SIG_DFL)
+        if flight.pending is not None:
+            signal.raise_signal(flight.pending)
 
 
 def _data_name(out: Path, avoid: set[Path]) -> str:
@@ -154,24 +325,24 @@ def write_model_atomic(
     *,
     input_path: str | os.PathLike[str] | None = None,
     external_data: bool | None = None,
+    replace: bool = True,
 ) -> Path:
     """Write `model` to out_path atomically and return the path.
 
     input_path: the model it came from; never overwritten, and the folder its external data is
     read from. external_data: force (True) or forbid (False) an external-data file; by default
     one is written when the model is over 2 GB or its input kept weights in external files.
+    replace: whether an existing regular file at out_path (or its data file) may be replaced;
+    the CLI passes --force. Without it, a run that loses a race for the name fails cleanly.
     """
     out = Path(out_path)
-    if out.is_dir():
-        raise InputError(
-            f"{out} is a directory", "Give a file name for the output model, e.g. -o fast.onnx"
-        )
     inp = Path(input_path) if input_path is not None else None
     if inp is not None and _same_file(out, inp):
         raise InputError(
             f"writing {out} would overwrite the input model {inp}",
             "Choose another output path with -o",
         )
+    check_output_path(out, replace=replace)
 
     has_external = any(_is_external(t) for t in all_tensors(model))
     if has_external and inp is None:
@@ -192,8 +363,7 @@ def write_model_atomic(
             )
     if external_data is None:
         external_data = has_external or bool(input_files) or _too_big(model)
-    use_external = external_data
-    if has_external and not use_external:
+    if has_external and not external_data:
         raise InputError(
             "the model keeps weights in external files; it cannot be written inline without loading them",
             "Leave external_data unset",
@@ -205,9 +375,27 @@ def write_model_atomic(
             f"cannot write {out}: folder {folder} does not exist",
             "Create the folder or choose another -o",
         )
-    temps: list[str] = []
+    remove_stale_temps(folder, out.name)
+    flight = _Flight()
+    with _stop_signals_abort(flight):
+        _write_and_place(model, out, folder, inp, input_files, external_data, has_external, replace, flight)
+    return out
+
+
+def _write_and_place(
+    model: onnx.ModelProto,
+    out: Path,
+    folder: Path,
+    inp: Path | None,
+    input_files: set[Path],
+    use_external: bool,
+    has_external: bool,
+    replace: bool,
+    flight: _Flight,
+) -> None:
+    """The temp files, then the renames; on any failure (or a stop signal) nothing is left."""
     data_final: Path | None = None
-    data_placed = False
+    data_placed = placed = False
     try:
         if use_external:
             work = onnx.ModelProto()
@@ -221,41 +409,45 @@ def write_model_atomic(
                         t.data_location = TensorProto.DEFAULT
                         del t.external_data[:]
             data_name = _data_name(out, input_files | {out.resolve()})
+            data_final = folder / data_name
+            check_output_path(data_final, replace=replace)
             chunks = _externalize(work, data_name)
             data_tmp = _temp_in(folder, data_name)
-            temps.append(data_tmp)
+            flight.temps.append(data_tmp)
             _fsync_write(data_tmp, chunks)
             del chunks
             payload = work.SerializeToString()
-            model_tmp = _temp_in(folder, out.name)
-            temps.append(model_tmp)
-            _fsync_write(model_tmp, [payload])
-            data_final = folder / data_name
-            os.replace(data_tmp, data_final)
-            data_placed = True
-            os.replace(model_tmp, out)
         else:
             payload = model.SerializeToString()
-            model_tmp = _temp_in(folder, out.name)
-            temps.append(model_tmp)
-            _fsync_write(model_tmp, [payload])
-            os.replace(model_tmp, out)
+        model_tmp = _temp_in(folder, out.name)
+        flight.temps.append(model_tmp)
+        _fsync_write(model_tmp, [payload])
+        flight.abortable = False  # from here a stop signal waits: a half-placed pair is worse
+        if use_external:
+            _place(data_tmp, data_final, replace)
+            data_placed = True
+        _place(model_tmp, out, replace)
+        placed = True
     except BaseException as exc:
-        for tmp in temps:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        if data_placed and data_final is not None and data_final.exists():
+        flight.abortable = False
+        flight.remove_temps()
+        if data_placed and not placed and data_final is not None and data_final.exists():
             data_final.unlink()  # its model never landed; do not leave a half-written pair
-        if isinstance(exc, OSError) and exc.errno != errno.ENOSPC:
-            raise InputError(
-                f"cannot write {out}: {exc.strerror or exc}",
-                "Check that the folder is writable and has space",
-            ) from exc
-        if isinstance(exc, OSError):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out)) from exc
-        if isinstance(exc, ValueError) and not use_external:
-            raise InputError(
-                f"cannot serialize the model for {out} ({exc})", "Write it with external_data=True"
-            ) from exc
-        raise
-    return out
+        _reraise(exc, out, use_external)
+
+
+def _reraise(exc: BaseException, out: Path, use_external: bool) -> None:
+    """Turn a failed write into the error the user sees: ENOSPC stays an OSError (the CLI names
+    it), other OS errors and serialization errors become one-line InputErrors."""
+    if isinstance(exc, OSError) and exc.errno != errno.ENOSPC:
+        raise InputError(
+            f"cannot write {out}: {exc.strerror or exc}",
+            "Check that the folder is writable and has space",
+        ) from exc
+    if isinstance(exc, OSError):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out)) from exc
+    if isinstance(exc, ValueError) and not use_external:
+        raise InputError(
+            f"cannot serialize the model for {out} ({exc})", "Write it with external_data=True"
+        ) from exc
+    raise exc
