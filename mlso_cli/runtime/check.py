@@ -131,10 +131,10 @@ def check_node(
         initializers = {t.name: t for t in model.graph.initializer}
     if types is None:
         types = graph_types(model.graph)
-    return _check(model.graph.node[index], index, "", initializers, types, base_dir)
+    return check_one(model.graph.node[index], index, "", initializers, types, base_dir)
 
 
-def _check(
+def check_one(
     node: onnx.NodeProto,
     index: int,
     graph_path: str,
@@ -142,6 +142,8 @@ def _check(
     types: dict[str, DeclaredType],
     base_dir: Path | None,
 ) -> CheckedNode:
+    """Validate one MlsoKernel node of any graph, given what that graph can see (the values of
+    iter_mlso_nodes); raise InputError naming the node and the field."""
     label = _label(node, index, graph_path)
     if not is_mlso_node(node):
         raise InputError(
@@ -247,7 +249,7 @@ def check_model(
     """Validate every MlsoKernel node of the main graph (and of every subgraph with
     subgraphs=True), in order; raise InputError on the first bad one."""
     return [
-        _check(node, i, path, inits, types, base_dir)
+        check_one(node, i, path, inits, types, base_dir)
         for path, i, node, inits, types in iter_mlso_nodes(model)
         if subgraphs or not path
     ]
