@@ -104,3 +104,62 @@ def test_binary_not_an_initializer(model):
 def test_ugraph_that_is_not_json(model):
     set_attr(model.graph.node[0], "ugraph", "<graph>")
     refused(model, "attribute 'ugraph' is not valid JSON")
+
+
+def test_plan_output_dtype_must_equal_the_declared_type(model):
+    plan = get_plan(model.graph.node[0])
+    plan["outputs"][0]["dtype"] = "float64"
+    set_attr(model.graph.node[0], "plan", plan_json(plan))
+    refused(model, "outputs[0] is float64", "but the node declares float32")
+
+
+def test_plan_output_shape_must_equal_the_declared_shape(model):
+    plan = get_plan(model.graph.node[0])
+    plan["outputs"][0]["shape"] = [1]
+    set_attr(model.graph.node[0], "plan", plan_json(plan))
+    refused(model, "outputs[0] is float32 [1] in the plan, but the node declares float32 [")
+
+
+def test_an_output_without_a_declared_type_is_refused(model):
+    out = model.graph.node[0].output[0]
+    kept = [v for v in model.graph.value_info if v.name != out]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept)
+    assert out not in {o.name for o in model.graph.output}
+    refused(model, f"output '{out}' has no declared type")
+
+
+def test_kernels_inside_subgraphs_are_found_and_checked(model):
+    from onnx import TensorProto, helper
+
+    inner = onnx.GraphProto()
+    inner.CopyFrom(model.graph)
+    inner.name = "then_body"
+    del inner.input[:]
+    cond = helper.make_tensor_value_info("cond", TensorProto.BOOL, [])
+    wrapper = onnx.ModelProto()
+    wrapper.CopyFrom(model)
+    g = wrapper.graph
+    del g.node[:], g.initializer[:], g.value_info[:]
+    g.input.append(cond)
+    else_body = onnx.GraphProto()
+    else_body.CopyFrom(inner)
+    g.node.append(
+        helper.make_node(
+            "If", ["cond"], [o.name for o in g.output], then_branch=inner, else_branch=else_body
+        )
+    )
+    then = next(a.g for a in g.node[0].attribute if a.name == "then_branch")
+    g.initializer.extend(then.initializer)  # the binaries come from the outer scope
+    del then.initializer[:]
+    assert check_model(wrapper) == []  # the main graph holds none
+    nodes = check_model(wrapper, subgraphs=True)
+    assert len(nodes) == 4 and {n.graph_path.split(" ")[-1] for n in nodes} == {
+        "then_branch",
+        "else_branch",
+    }
+    plan = get_plan(nodes[0].node)
+    plan["launches"][0]["grid"] = [2**31, 1, 1]
+    set_attr(then.node[0], "plan", plan_json(plan))
+    with pytest.raises(InputError, match=r"of If '0' then_branch\).*grid\[0\]"):
+        check_model(wrapper, subgraphs=True)

@@ -64,7 +64,7 @@ CUresult cuInit(unsigned) {
 }
 CUresult cuDeviceGet(int* d, int ordinal) { *d = ordinal; return ordinal == 0 ? 0 : 101; }
 CUresult cuDeviceGetAttribute(int* v, int attr, int) {
-  *v = attr == 75 ? 9 : attr == 76 ? 0 : attr == 97 ? 232448 : 0; return 0; }
+  *v = attr == 75 ? 9 : attr == 76 ? 0 : attr == 97 ? 166912 : 0; return 0; }  // sm_80's opt-in limit
 static int ctx_token;
 CUresult cuDevicePrimaryCtxRetain(void** ctx, int) { *ctx = &ctx_token; return 0; }
 CUresult cuDevicePrimaryCtxRelease_v2(int) { return 0; }
@@ -136,7 +136,8 @@ results["smem_limit"] = {k: fake.fake_smem_limit(k.encode()) for k in ("mlso_sum
 a = np.linspace(-2, 2, 256).astype(np.float16)
 b = np.linspace(0, 1, 256).astype(np.float32)
 attempt("mixed", lambda: open_session("mixed").run(None, {"a": a, "b": b})[0].tolist())
-for name in ("tampered", "missing_kernel", "too_much_smem", "not_a_binary"):
+for name in ("tampered", "missing_kernel", "too_much_smem", "not_a_binary", "plan_output_float64",
+             "plan_output_shape_1", "plan_input_dtype", "plan_smem_over_cuda", "plan_grid_over_cuda"):
     attempt(name, lambda name=name: open_session(name) and None)
 print(json.dumps(results))
 """
@@ -267,6 +268,18 @@ def mixed_model() -> onnx.ModelProto:
     )
 
 
+def with_plan_change(model: onnx.ModelProto, path: tuple, value) -> onnx.ModelProto:
+    """A hostile edit: the plan attribute changed, the graph's declared types left alone."""
+    attr = next(a for a in model.graph.node[0].attribute if a.name == "plan")
+    plan = json.loads(attr.s)
+    target = plan
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    attr.s = json.dumps(plan).encode()
+    return model
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
     mp = pytest.MonkeyPatch()
@@ -313,7 +326,7 @@ def results(tmp_path_factory) -> dict:
         "sum": sum_model(),
         "mixed": mixed_model(),
         "missing_kernel": scale_model(kernel="mlso_nope"),
-        "too_much_smem": scale_model(smem=300_000),
+        "too_much_smem": scale_model(smem=200_000),
         "not_a_binary": scale_model(binary=b"ELF-not-a-fatbin"),
     }
     tampered = scale_model()
@@ -326,6 +339,14 @@ def results(tmp_path_factory) -> dict:
         0
     ].type.tensor_type.elem_type = TensorProto.DOUBLE  # feeds float64 to the op
     models["scale_bad_dtype"] = bad_dtype
+    for name, path, value in (
+        ("plan_output_float64", ("outputs", 0, "dtype"), "float64"),
+        ("plan_output_shape_1", ("outputs", 0, "shape"), [1]),
+        ("plan_input_dtype", ("inputs", 0, "dtype"), "float16"),
+        ("plan_smem_over_cuda", ("launches", 0, "smem"), 300_000),
+        ("plan_grid_over_cuda", ("launches", 0, "grid"), [2**31, 1, 1]),
+    ):
+        models[name] = with_plan_change(scale_model(), path, value)
     for name, model in models.items():
         onnx.save(model, str(tmp / f"{name}.onnx"))
     runner = tmp / "runner.py"
@@ -363,7 +384,11 @@ def test_a_wrong_shape_fails_clearly_without_a_launch(results):
 def test_a_wrong_dtype_fails_without_a_launch(results):
     r = results["scale_bad_dtype_model"]
     assert not r["ok"] and r["launches"] == 0
-    assert "dtype float64, but the plan expects shape [4,64] dtype float32" in r["error"]
+    # The graph declares x as float64, so kernel creation already refuses the node (the
+    # compute-time check, shown by the wrong shape above, is the last line).
+    assert "inputs[0] is float32 [4,64] in the plan, but the node declares float64 [?,64]" in r[
+        "error"
+    ]
 
 
 def test_scratch_is_zeroed_launches_run_in_order_and_smem_is_raised(results):
@@ -390,10 +415,27 @@ def test_kernel_creation_refuses_bad_nodes(results):
     assert "does not match attribute binary_sha256" in results["tampered"]["error"]
     assert "tampered" in results["tampered"]["error"]
     assert "has no kernel 'mlso_nope'" in results["missing_kernel"]["error"]
-    assert "needs 300000 bytes of shared memory per block" in results["too_much_smem"]["error"]
+    assert "needs 200000 bytes of shared memory per block" in results["too_much_smem"]["error"]
+    assert "allows 166912" in results["too_much_smem"]["error"]
     assert "CUDA_ERROR_NO_BINARY_FOR_GPU" in results["not_a_binary"]["error"]
     assert "this GPU is sm_90" in results["not_a_binary"]["error"]
 
 
 def test_fake_driver_source_is_not_shipped():
     assert not list(Path(build.CSRC).glob("*fake*"))
+
+
+def test_kernel_creation_refuses_plans_that_disagree_with_the_graph(results):
+    for name, expected in (
+        ("plan_output_float64", "outputs[0] is float64 [4,64] in the plan, but the node declares "
+                                "float32 [4,64]"),
+        ("plan_output_shape_1", "outputs[0] is float32 [1] in the plan, but the node declares "
+                                "float32 [4,64]"),
+        ("plan_input_dtype", "inputs[0] is float16 [4,64] in the plan, but the node declares "
+                             "float32 [4,64]"),
+        ("plan_smem_over_cuda", "launches[0].smem must be an integer in [0, 232448]"),
+        ("plan_grid_over_cuda", "launches[0].grid[0] must be an integer in [1, 2147483647]"),
+    ):
+        r = results[name]
+        assert not r["ok"] and r["launches"] == 0, r
+        assert expected in r["error"] and "tampered" in r["error"], r["error"]

@@ -3,7 +3,9 @@
 Why a content-hash cache (as Triton does): compiling takes seconds, and the same region is
 compiled again by every optimize/verify/bench run. The key is sha256 over the source, the flags,
 nvcc's version and the templates' contents; entries are written to a temporary file and renamed
-into place, so concurrent compilers never see half a file.
+into place, so concurrent compilers never see half a file. Each entry's content hash is stored
+beside it (<key>.fatbin.sha256) and checked on every read: a truncated or changed entry is
+removed, reported on stderr and rebuilt, never packaged.
 
 Flags: -O3, C++17, no --use_fast_math. Fast math would turn expf/erff/division into approximate
 forms whose error grows with |x| (exp at logits of 100 loses ~1e-5 relative, the fp32 limit),
@@ -137,7 +139,9 @@ def compile_source(source: str, targets: tuple[str, ...]) -> bytes:
     root = knobs().cache_dir / "kernels"
     fatbin = root / f"{key}.fatbin"
     if fatbin.is_file():
-        return fatbin.read_bytes()
+        cached = read_cache_entry(fatbin)
+        if cached is not None:
+            return cached
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root, prefix="build-") as tmp:
         cu = Path(tmp) / f"{key}.cu"
@@ -159,10 +163,48 @@ def compile_source(source: str, targets: tuple[str, ...]) -> bytes:
                 f"  first errors:\n{errors}",
                 "This is a code generation bug: report it with the kept source.")
         data = out.read_bytes()
+        if not data:
+            raise CompileError(f"nvcc exited 0 but wrote an empty fatbin for {key}",
+                               "Check the CUDA Toolkit installation (disk full?) and run again.")
         if knobs().keep_temps:
             _write_atomic(root / f"{key}.cu", source.encode())
-    _write_atomic(fatbin, data)
+    write_cache_entry(fatbin, data)
     return data
+
+
+def _digest_path(fatbin: Path) -> Path:
+    return fatbin.with_name(fatbin.name + ".sha256")
+
+
+def write_cache_entry(fatbin: Path, data: bytes) -> None:
+    """Store a fatbin and, after it, the SHA-256 of its content (each renamed into place)."""
+    _write_atomic(fatbin, data)
+    _write_atomic(_digest_path(fatbin), (hashlib.sha256(data).hexdigest() + "\n").encode())
+
+
+def read_cache_entry(fatbin: Path) -> bytes | None:
+    """A cached fatbin whose content hashes to its recorded SHA-256, else None.
+
+    Why: the cache key is a hash of what went *in* (source, flags, nvcc), so a file truncated
+    by a full disk or a killed copy, or changed by hand, would otherwise be packaged into a
+    model as is. A bad or unrecorded entry is removed and reported, and the caller rebuilds it.
+    """
+    digest = _digest_path(fatbin)
+    try:
+        data = fatbin.read_bytes()
+        recorded = digest.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        recorded, data = "", b""
+    actual = hashlib.sha256(data).hexdigest()
+    if data and actual == recorded:
+        return data
+    why = "has no recorded hash" if not recorded else (
+        f"hashes to {actual[:16]}…, not the recorded {recorded[:16]}… (truncated or changed: "
+        f"{len(data)} bytes)")
+    print(f"mlso: warning: kernel cache entry {fatbin} {why}; rebuilding it", file=sys.stderr)
+    for path in (fatbin, digest):
+        path.unlink(missing_ok=True)
+    return None
 
 
 def compile_generated(gp: GeneratedProgram, targets: tuple[str, ...]) -> CompiledProgram:

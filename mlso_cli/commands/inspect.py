@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
+import onnx
 from rich.table import Table
 
 from mlso_cli.commands.options import input_shape_option, json_option
 from mlso_cli.console import chatty, stderr
+from mlso_cli.errors import InputError, MlsoError
 from mlso_cli.frontend.analyse import analyse
-from mlso_cli.frontend.load import load_model, parse_input_shapes
+from mlso_cli.frontend.load import _read_proto, load_model, parse_input_shapes
 from mlso_cli.frontend.partition import PartitionBounds
 from mlso_cli.frontend.report import partition_reports
+from mlso_cli.runtime.check import check_one, iter_mlso_nodes
 
 
 def _fmt_bytes(n: int) -> str:
@@ -38,22 +42,58 @@ def _fmt_flops(n: int) -> str:
 @click.option("--max-contractions", default=PartitionBounds.max_contractions, show_default=True,
               help="Split regions with more MatMul-like ops than this.")
 def inspect_cmd(model: str, input_shapes: tuple[str, ...], as_json: bool, max_ops: int, max_contractions: int) -> None:
-    """Show the fusable regions of MODEL (a path, or - for stdin) and why other nodes are left out."""
+    """Show the fusable regions of MODEL (a path, or - for stdin) and why other nodes are left out.
+
+    A model with MlsoKernel nodes (anywhere, If/Loop bodies included) carries executable GPU
+    code: that is always said on stderr, and every such node's plan and binary hash are checked
+    as the runtime would. Each failure is printed; any failure makes the command exit 1, after
+    the usual report, so a tampered model never looks clean.
+    """
+    kernels = None
+    if model != "-":
+        raw, base_dir = _read_proto(model)  # before loading: a hostile model may not load
+        kernels = _check_kernels(raw, base_dir, model)
     loaded = load_model(model, parse_input_shapes(input_shapes))
+    if kernels is None:
+        kernels = _check_kernels(loaded.model, loaded.base_dir, loaded.source)
     part = analyse(loaded, PartitionBounds(max_ops=max_ops, max_contractions=max_contractions)).partition
     reports = partition_reports(loaded, part)
-    kernels = [n for n in loaded.graph.node if n.domain == "ai.mlso"]
     if as_json:
         for r in reports:
             click.echo(json.dumps({"type": "region", **r.to_json()}))
-        for n in kernels:
-            click.echo(json.dumps({"type": "mlso_kernel", "node": n.name, "inputs": list(n.input),
-                                   "outputs": list(n.output), "executable_code": True}))
+        for k in kernels:
+            click.echo(json.dumps({"type": "mlso_kernel", **k, "executable_code": True}))
     if chatty():
         _print_tables(loaded.source, reports, part)
-        if kernels:
-            stderr().print(f"[bold yellow]note:[/] this model carries executable GPU code: {len(kernels)} "
-                           "mlso kernel node(s) (ai.mlso::MlsoKernel); the runtime checks each binary's hash")
+    bad = [k for k in kernels if not k["valid"]]
+    if bad:
+        raise InputError(
+            f"{len(bad)} of {len(kernels)} MlsoKernel node(s) in {loaded.source} failed their plan or hash check",
+            "Do not run this model with the mlso library; re-run `mlso optimize` on the original model")
+
+
+def _check_kernels(model: onnx.ModelProto, base_dir: Path | None, source: str) -> list[dict]:
+    """Check every MlsoKernel node (subgraphs included); say on stderr that the model carries
+    executable code and print each failure. Returns one JSON-ready row per node."""
+    rows = []
+    for path, index, node, inits, types in iter_mlso_nodes(model):
+        row = {"node": node.name, "graph": path or "main", "index": index, "inputs": list(node.input),
+               "outputs": list(node.output), "valid": True, "problem": None}
+        try:
+            row["binary_sha256"] = check_one(node, index, path, inits, types, base_dir).binary_sha256
+        except MlsoError as exc:
+            row.update(valid=False, problem=exc.one_line())
+        rows.append(row)
+    if rows:
+        nested = sum(r["graph"] != "main" for r in rows)
+        where = f", {nested} of them inside subgraphs" if nested else ""
+        stderr().print(f"[bold yellow]note:[/] {source} carries executable GPU code: {len(rows)} mlso kernel "
+                       f"node(s) (ai.mlso::MlsoKernel){where}; each plan and binary hash was checked",
+                       markup=True, highlight=False)
+        for r in rows:
+            if not r["valid"]:
+                click.echo(f"mlso: error: {r['problem']}", err=True)
+    return rows
 
 
 def _print_tables(source: str, reports, part) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from mlso_cli.errors import InputError
-from mlso_cli.runtime.plan import PlanProblem, parse_plan
+from mlso_cli.runtime.plan import DTYPE_OF_ONNX, DeclaredType, PlanProblem, parse_plan
 
 MLSO_DOMAIN = "ai.mlso"
 MLSO_OP = "MlsoKernel"
@@ -47,16 +48,42 @@ class CheckedNode:
     plan_text: str
     ugraph_json: str
     source_sha256: str
+    graph_path: str = ""
+    """Where the node is: "" for the main graph, else e.g. "If 'cond' then_branch" (subgraphs)."""
 
 
 def is_mlso_node(node: onnx.NodeProto) -> bool:
     return node.domain == MLSO_DOMAIN and node.op_type == MLSO_OP
 
 
-def _label(node: onnx.NodeProto, index: int) -> str:
-    return (
-        f"MlsoKernel node '{node.name}' (node {index})" if node.name else f"MlsoKernel node {index}"
-    )
+def _label(node: onnx.NodeProto, index: int, graph_path: str = "") -> str:
+    where = f"node {index}" + (f" of {graph_path}" if graph_path else "")
+    return f"MlsoKernel node '{node.name}' ({where})" if node.name else f"MlsoKernel {where}"
+
+
+def _declared(value_type: onnx.TypeProto) -> DeclaredType:
+    """An ONNX type as the plan validator compares it. A non-tensor or a dtype plans never use
+    gets a name no plan dtype equals, so the comparison fails."""
+    if value_type.WhichOneof("value") != "tensor_type":
+        return ("not-a-tensor", None)
+    tt = value_type.tensor_type
+    dtype = DTYPE_OF_ONNX.get(tt.elem_type, f"onnx-dtype-{tt.elem_type}") if tt.elem_type else None
+    if not tt.HasField("shape"):
+        return (dtype, None)
+    return (dtype, [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim])
+
+
+def graph_types(graph: onnx.GraphProto, outer: dict[str, DeclaredType] | None = None) -> dict[str, DeclaredType]:
+    """Declared types of every value a graph names (inputs, outputs, value_info, initializers),
+    over those of the enclosing graphs."""
+    types = dict(outer or {})
+    for t in graph.initializer:
+        dtype = DTYPE_OF_ONNX.get(t.data_type, f"onnx-dtype-{t.data_type}")
+        types[t.name] = (dtype, list(t.dims))
+    for vi in [*graph.input, *graph.value_info, *graph.output]:
+        if vi.type.WhichOneof("value") is not None:
+            types[vi.name] = _declared(vi.type)
+    return types
 
 
 def _tampered(label: str, what: str) -> InputError:
@@ -97,10 +124,27 @@ def check_node(
     *,
     base_dir: Path | None = None,
     initializers: dict[str, onnx.TensorProto] | None = None,
+    types: dict[str, DeclaredType] | None = None,
 ) -> CheckedNode:
     """Validate model.graph.node[index]; raise InputError naming the node and the field."""
-    node = model.graph.node[index]
-    label = _label(node, index)
+    if initializers is None:
+        initializers = {t.name: t for t in model.graph.initializer}
+    if types is None:
+        types = graph_types(model.graph)
+    return check_one(model.graph.node[index], index, "", initializers, types, base_dir)
+
+
+def check_one(
+    node: onnx.NodeProto,
+    index: int,
+    graph_path: str,
+    initializers: dict[str, onnx.TensorProto],
+    types: dict[str, DeclaredType],
+    base_dir: Path | None,
+) -> CheckedNode:
+    """Validate one MlsoKernel node of any graph, given what that graph can see (the values of
+    iter_mlso_nodes); raise InputError naming the node and the field."""
+    label = _label(node, index, graph_path)
     if not is_mlso_node(node):
         raise InputError(
             f"{label} is {node.domain or 'ai.onnx'}::{node.op_type}, not {MLSO_DOMAIN}::{MLSO_OP}"
@@ -112,8 +156,17 @@ def check_node(
         )
     if len(node.output) < 1 or any(not name for name in node.output):
         raise _tampered(label, "it needs at least one named output")
+    missing = [name for name in node.output if name not in types]
+    if missing:
+        raise _tampered(label, f"output '{missing[0]}' has no declared type (value_info)")
     try:
-        plan = parse_plan(attrs["plan"], len(node.input) - 1, len(node.output))
+        plan = parse_plan(
+            attrs["plan"],
+            len(node.input) - 1,
+            len(node.output),
+            declared_inputs=[types.get(name) for name in node.input[1:]],
+            declared_outputs=[types[name] for name in node.output],
+        )
     except PlanProblem as e:
         raise _tampered(label, f"attribute 'plan' {e}") from None
     try:
@@ -126,8 +179,6 @@ def check_node(
     if not _HEX64.match(attrs["source_sha256"].lower()):
         raise _tampered(label, "attribute 'source_sha256' is not 64 hex digits")
 
-    if initializers is None:
-        initializers = {t.name: t for t in model.graph.initializer}
     binary_name = node.input[0]
     tensor = initializers.get(binary_name)
     if tensor is None:
@@ -158,14 +209,47 @@ def check_node(
         plan_text=attrs["plan"],
         ugraph_json=attrs["ugraph"],
         source_sha256=attrs["source_sha256"].lower(),
+        graph_path=graph_path,
     )
 
 
-def check_model(model: onnx.ModelProto, *, base_dir: Path | None = None) -> list[CheckedNode]:
-    """Validate every MlsoKernel node of the main graph, in node order."""
-    initializers = {t.name: t for t in model.graph.initializer}
+def _subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            yield a.name, a.g
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            for k, g in enumerate(a.graphs):
+                yield f"{a.name}[{k}]", g
+
+
+def iter_mlso_nodes(
+    model: onnx.ModelProto,
+) -> Iterator[tuple[str, int, onnx.NodeProto, dict[str, onnx.TensorProto], dict[str, DeclaredType]]]:
+    """Every MlsoKernel node, in the main graph and in subgraphs (If/Loop/Scan bodies), as
+    (graph path, index in its graph, node, visible initializers, visible declared types).
+
+    Why subgraphs: the packager never writes kernels there, but ONNX Runtime runs a hostile
+    model's If branch as readily as its main graph, so checks must see them too."""
+    stack: list[tuple[str, onnx.GraphProto, dict, dict]] = [("", model.graph, {}, {})]
+    while stack:
+        path, graph, outer_init, outer_types = stack.pop(0)
+        inits = {**outer_init, **{t.name: t for t in graph.initializer}}
+        types = graph_types(graph, outer_types)
+        for i, node in enumerate(graph.node):
+            if is_mlso_node(node):
+                yield path, i, node, inits, types
+            for attr, sub in _subgraphs(node):
+                where = f"{node.op_type} '{node.name or i}' {attr}"
+                stack.append((f"{path} > {where}" if path else where, sub, inits, types))
+
+
+def check_model(
+    model: onnx.ModelProto, *, base_dir: Path | None = None, subgraphs: bool = False
+) -> list[CheckedNode]:
+    """Validate every MlsoKernel node of the main graph (and of every subgraph with
+    subgraphs=True), in order; raise InputError on the first bad one."""
     return [
-        check_node(model, i, base_dir=base_dir, initializers=initializers)
-        for i, node in enumerate(model.graph.node)
-        if is_mlso_node(node)
+        check_one(node, i, path, inits, types, base_dir)
+        for path, i, node, inits, types in iter_mlso_nodes(model)
+        if subgraphs or not path
     ]

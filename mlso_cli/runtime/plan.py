@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from typing import Any
 
 PLAN_VERSION = 1
@@ -64,12 +65,43 @@ _KEY_ORDER = [
 ]
 _RANK = {k: i for i, k in enumerate(_KEY_ORDER)}
 _TARGET = re.compile(r"^(sm|compute)_[0-9]+[a-z]?$")
-_GRID_MAX = (2**31 - 1, 65535, 65535)
-_BLOCK_MAX = (1024, 1024, 64)
+_KERNEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,1023}$")
+
+GRID_MAX = (2**31 - 1, 65535, 65535)
+"""CUDA's grid limits (x, y, z) on every architecture mlso targets."""
+BLOCK_MAX = (1024, 1024, 64)
+"""CUDA's block dimension limits; a block also has at most BLOCK_THREADS_MAX threads."""
+BLOCK_THREADS_MAX = 1024
+SMEM_MAX = 232448
+"""Dynamic shared memory per block, bytes: the largest opt-in limit of any GPU (227 KB, sm_90)."""
+DIM_MAX = 2**40
+TENSOR_BYTES_MAX = 2**40
+"""One input, output or scratch tensor's byte size (1 TiB): far above any GPU's memory, low
+enough that every size fits in 64 bits with room to spare."""
+SCRATCH_TOTAL_MAX = 16 * 2**30
+"""All scratch buffers of one node together (16 GiB). Generated scratch is split-K/split-KV
+partials, a few MB; a plan that asks for more is refused rather than allowed to exhaust the GPU."""
+RANK_MAX = 16
+
+_TOP_KEYS = frozenset(("version", "targets", "smem_max", "inputs", "outputs", "scratch", "zero", "launches"))
+_TENSOR_KEYS = frozenset(("dtype", "shape"))
+_SCRATCH_KEYS = frozenset(("bytes", "dtype", "shape"))
+_REF_KEYS = frozenset(("kind", "index"))
+_LAUNCH_KEYS = frozenset(("kernel", "grid", "block", "smem", "args"))
 
 
 class PlanProblem(ValueError):
-    """A plan that breaks a rule; the message names the field."""
+    """A plan that breaks a rule; the message names the field, `code` is the rule's short key
+    (the same key the C++ validator reports, see tests/data/plan_cases.json)."""
+
+    def __init__(self, message: str, code: str = "plan") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+DeclaredType = tuple[str | None, list[int | None] | None]
+"""A node's declared tensor type: (plan dtype name or None if unknown, dims or None if the rank is
+unknown; a None dim is unknown)."""
 
 
 def _ordered(value: Any) -> Any:
@@ -90,105 +122,204 @@ def _is_int(v: Any, lo: int, hi: int) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
 
 
+def _known_keys(obj: dict[str, Any], allowed: frozenset[str], where: str) -> None:
+    for key in obj:
+        if key not in allowed:
+            raise PlanProblem(f"{where} has an unknown field '{key}'", "unknown_field")
+
+
+def _shape_bytes(t: dict[str, Any], where: str) -> int:
+    """Validate dtype and shape of a tensor object; return its byte size."""
+    if not isinstance(t.get("dtype"), str) or t["dtype"] not in DTYPE_ITEMSIZE:
+        raise PlanProblem(f"{where}.dtype must be one of {', '.join(DTYPE_ITEMSIZE)}", "dtype")
+    shape = t.get("shape")
+    if not isinstance(shape, list) or len(shape) > RANK_MAX:
+        raise PlanProblem(f"{where}.shape must be a list of at most {RANK_MAX} integers", "shape")
+    elems = 1
+    for k, d in enumerate(shape):
+        if not _is_int(d, 0, DIM_MAX):
+            raise PlanProblem(f"{where}.shape[{k}] must be an integer in [0, 2^40]", "shape")
+        elems *= d
+    size = elems * DTYPE_ITEMSIZE[t["dtype"]]
+    if size > TENSOR_BYTES_MAX:
+        raise PlanProblem(f"{where} is larger than 2^40 bytes", "too_large")
+    return size
+
+
 def _tensors(plan: dict[str, Any], key: str) -> list[dict[str, Any]]:
     items = plan.get(key)
     if not isinstance(items, list):
-        raise PlanProblem(f"'{key}' must be a list")
+        raise PlanProblem(f"'{key}' must be a list", "tensors")
     for i, t in enumerate(items):
         where = f"{key}[{i}]"
         if not isinstance(t, dict):
-            raise PlanProblem(f"{where} must be an object")
-        if t.get("dtype") not in DTYPE_ITEMSIZE:
-            raise PlanProblem(f"{where}.dtype must be one of {', '.join(DTYPE_ITEMSIZE)}")
-        shape = t.get("shape")
-        if not isinstance(shape, list) or len(shape) > 16:
-            raise PlanProblem(f"{where}.shape must be a list of at most 16 integers")
-        for k, d in enumerate(shape):
-            if not _is_int(d, 0, 2**40):
-                raise PlanProblem(f"{where}.shape[{k}] must be an integer >= 0")
+            raise PlanProblem(f"{where} must be an object", "tensors")
+        _known_keys(t, _TENSOR_KEYS, where)
+        _shape_bytes(t, where)
     return items
 
 
 def _buf_ref(ref: Any, where: str, limits: dict[str, int]) -> None:
     kinds = " or ".join(limits)
-    if not isinstance(ref, dict) or ref.get("kind") not in limits:
-        raise PlanProblem(f"{where}.kind must be {kinds}")
+    if not isinstance(ref, dict):
+        raise PlanProblem(f"{where} must be an object", "ref")
+    _known_keys(ref, _REF_KEYS, where)
+    if not isinstance(ref.get("kind"), str) or ref["kind"] not in limits:
+        raise PlanProblem(f"{where}.kind must be {kinds}", "ref")
     limit = limits[ref["kind"]]
     if not _is_int(ref.get("index"), 0, max(limit - 1, -1)):
         raise PlanProblem(
-            f"{where}.index must be an integer in [0, {limit}) for kind {ref['kind']}"
+            f"{where}.index must be an integer in [0, {limit}) for kind {ref['kind']}", "ref"
         )
 
 
-def _dim3(value: Any, where: str, hi: tuple[int, int, int]) -> None:
+def _dim3(value: Any, where: str, hi: tuple[int, int, int], code: str) -> None:
     if not isinstance(value, list) or len(value) != 3:
-        raise PlanProblem(f"{where} must be a list of 3 integers")
+        raise PlanProblem(f"{where} must be a list of 3 integers", code)
     for k, d in enumerate(value):
         if not _is_int(d, 1, hi[k]):
-            raise PlanProblem(f"{where}[{k}] must be an integer in [1, {hi[k]}]")
+            raise PlanProblem(f"{where}[{k}] must be an integer in [1, {hi[k]}]", code)
 
 
-def validate_plan(plan: Any, n_inputs: int | None = None, n_outputs: int | None = None) -> None:
+def _shape_text(shape: list[Any] | None) -> str:
+    if shape is None:
+        return "[?]"
+    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _check_declared(
+    specs: list[dict[str, Any]], declared: list[DeclaredType | None], key: str
+) -> None:
+    if len(declared) != len(specs):
+        raise PlanProblem(
+            f"lists {len(specs)} {key} but the node declares {len(declared)}", "count"
+        )
+    for i, (spec, decl) in enumerate(zip(specs, declared, strict=True)):
+        if decl is None:
+            continue
+        dtype, dims = decl
+        same = dtype is None or dtype == spec["dtype"]
+        if dims is not None:
+            same = same and len(dims) == len(spec["shape"])
+            same = same and all(d is None or d == p for d, p in zip(dims, spec["shape"], strict=False))
+        if not same:
+            raise PlanProblem(
+                f"{key}[{i}] is {spec['dtype']} {_shape_text(spec['shape'])} in the plan, but the "
+                f"node declares {dtype or '?'} {_shape_text(dims)}",
+                "declared",
+            )
+
+
+def validate_plan(
+    plan: Any,
+    n_inputs: int | None = None,
+    n_outputs: int | None = None,
+    *,
+    declared_inputs: list[DeclaredType | None] | None = None,
+    declared_outputs: list[DeclaredType | None] | None = None,
+    kernels: Collection[str] | None = None,
+) -> None:
     """Raise PlanProblem unless `plan` follows the version-1 rules (the same as the C++ op's).
 
     n_inputs / n_outputs: the node's variadic tensor-input and output counts, when known.
+    declared_inputs / declared_outputs: the node's declared tensor types, when known; the plan's
+    must equal them, or the op would hand ONNX Runtime buffers of another size than it expects.
+    kernels: the kernel names the binary holds, when known (the C++ op asks the driver).
+    The checks run in the same order as csrc/mlso_plan.h, so both report the same rule first.
     """
     if not isinstance(plan, dict):
-        raise PlanProblem("must be a JSON object")
+        raise PlanProblem("must be a JSON object", "not_object")
+    _known_keys(plan, _TOP_KEYS, "the plan")
     if not _is_int(plan.get("version"), PLAN_VERSION, PLAN_VERSION):
-        raise PlanProblem(f"'version' must be {PLAN_VERSION}")
+        raise PlanProblem(f"'version' must be {PLAN_VERSION}", "version")
     targets = plan.get("targets")
     if (
         not isinstance(targets, list)
         or not targets
         or not all(isinstance(t, str) and _TARGET.match(t) for t in targets)
     ):
-        raise PlanProblem("'targets' must be a non-empty list of strings such as \"sm_90a\"")
-    if not _is_int(plan.get("smem_max"), 0, 2**31 - 1):
-        raise PlanProblem("'smem_max' must be an integer >= 0")
+        raise PlanProblem(
+            "'targets' must be a non-empty list of strings such as \"sm_90a\"", "targets"
+        )
+    if not _is_int(plan.get("smem_max"), 0, SMEM_MAX):
+        raise PlanProblem(f"'smem_max' must be an integer in [0, {SMEM_MAX}]", "smem")
     inputs = _tensors(plan, "inputs")
     outputs = _tensors(plan, "outputs")
     if not inputs or not outputs:
-        raise PlanProblem("'inputs' and 'outputs' must each list at least one tensor")
+        raise PlanProblem("'inputs' and 'outputs' must each list at least one tensor", "empty")
     if n_inputs is not None and len(inputs) != n_inputs:
-        raise PlanProblem(f"lists {len(inputs)} inputs but the node has {n_inputs} tensor inputs")
+        raise PlanProblem(
+            f"lists {len(inputs)} inputs but the node has {n_inputs} tensor inputs", "count"
+        )
     if n_outputs is not None and len(outputs) != n_outputs:
-        raise PlanProblem(f"lists {len(outputs)} outputs but the node has {n_outputs} outputs")
+        raise PlanProblem(
+            f"lists {len(outputs)} outputs but the node has {n_outputs} outputs", "count"
+        )
     scratch = plan.get("scratch")
     if not isinstance(scratch, list):
-        raise PlanProblem("'scratch' must be a list")
+        raise PlanProblem("'scratch' must be a list", "scratch")
+    total = 0
     for i, s in enumerate(scratch):
-        if not isinstance(s, dict) or not _is_int(s.get("bytes"), 0, 2**40):
-            raise PlanProblem(f"scratch[{i}].bytes must be an integer >= 0")
+        where = f"scratch[{i}]"
+        if not isinstance(s, dict):
+            raise PlanProblem(f"{where} must be an object", "scratch")
+        _known_keys(s, _SCRATCH_KEYS, where)
+        if not _is_int(s.get("bytes"), 0, TENSOR_BYTES_MAX):
+            raise PlanProblem(f"{where}.bytes must be an integer in [0, 2^40]", "scratch")
+        if "dtype" in s or "shape" in s:
+            need = _shape_bytes(s, where)
+            if s["bytes"] != max(need, 4):
+                raise PlanProblem(
+                    f"{where}.bytes is {s['bytes']}, but its dtype and shape need {max(need, 4)}",
+                    "scratch",
+                )
+        total += s["bytes"]
+        if total > SCRATCH_TOTAL_MAX:
+            raise PlanProblem("scratch buffers total more than 16 GiB", "scratch_total")
     zero = plan.get("zero")
     if not isinstance(zero, list):
-        raise PlanProblem("'zero' must be a list")
+        raise PlanProblem("'zero' must be a list", "ref")
     zero_limits = {"output": len(outputs), "scratch": len(scratch)}
     for i, z in enumerate(zero):
         _buf_ref(z, f"zero[{i}]", zero_limits)
     launches = plan.get("launches")
     if not isinstance(launches, list) or not launches:
-        raise PlanProblem("'launches' must be a non-empty list")
+        raise PlanProblem("'launches' must be a non-empty list", "launches")
     arg_limits = {"input": len(inputs), "output": len(outputs), "scratch": len(scratch)}
     for i, launch in enumerate(launches):
         where = f"launches[{i}]"
         if not isinstance(launch, dict):
-            raise PlanProblem(f"{where} must be an object")
+            raise PlanProblem(f"{where} must be an object", "launches")
+        _known_keys(launch, _LAUNCH_KEYS, where)
         kernel = launch.get("kernel")
-        if not isinstance(kernel, str) or not kernel or len(kernel) > 1024:
-            raise PlanProblem(f"{where}.kernel must be a non-empty kernel name")
-        _dim3(launch.get("grid"), f"{where}.grid", _GRID_MAX)
-        _dim3(launch.get("block"), f"{where}.block", _BLOCK_MAX)
+        if not isinstance(kernel, str) or not _KERNEL.match(kernel):
+            raise PlanProblem(
+                f"{where}.kernel must be a kernel name (a C identifier of 1 to 1024 characters)",
+                "kernel",
+            )
+        _dim3(launch.get("grid"), f"{where}.grid", GRID_MAX, "grid")
+        _dim3(launch.get("block"), f"{where}.block", BLOCK_MAX, "block")
         bx, by, bz = launch["block"]
-        if bx * by * bz > 1024:
-            raise PlanProblem(f"{where}.block has more than 1024 threads")
-        if not _is_int(launch.get("smem"), 0, 2**31 - 1):
-            raise PlanProblem(f"{where}.smem must be an integer >= 0")
+        if bx * by * bz > BLOCK_THREADS_MAX:
+            raise PlanProblem(f"{where}.block has more than {BLOCK_THREADS_MAX} threads", "block")
+        if not _is_int(launch.get("smem"), 0, SMEM_MAX):
+            raise PlanProblem(f"{where}.smem must be an integer in [0, {SMEM_MAX}]", "smem")
         args = launch.get("args")
         if not isinstance(args, list):
-            raise PlanProblem(f"{where}.args must be a list")
+            raise PlanProblem(f"{where}.args must be a list", "ref")
         for k, a in enumerate(args):
             _buf_ref(a, f"{where}.args[{k}]", arg_limits)
+    if declared_inputs is not None:
+        _check_declared(inputs, declared_inputs, "inputs")
+    if declared_outputs is not None:
+        _check_declared(outputs, declared_outputs, "outputs")
+    if kernels is not None:
+        for i, launch in enumerate(launches):
+            if launch["kernel"] not in kernels:
+                raise PlanProblem(
+                    f"launches[{i}].kernel '{launch['kernel']}' is not in the kernel binary",
+                    "kernel_missing",
+                )
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -204,13 +335,44 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def parse_plan(text: str, n_inputs: int | None = None, n_outputs: int | None = None) -> dict:
-    """JSON text -> validated plan dict; raises PlanProblem."""
+JSON_DEPTH_MAX = 64
+"""Nesting limit of the plan text, the same as csrc/mlso_json.h's."""
+
+
+def _json_problem(value: Any) -> str:
+    """What csrc/mlso_json.h refuses that Python's json module accepts: nesting deeper than
+    JSON_DEPTH_MAX, and lone UTF-16 surrogates (they have no UTF-8 form)."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > JSON_DEPTH_MAX:
+            return f"nested deeper than {JSON_DEPTH_MAX}"
+        if isinstance(v, dict):
+            stack.extend((k, depth + 1) for k in v)
+            stack.extend((c, depth + 1) for c in v.values())
+        elif isinstance(v, list):
+            stack.extend((c, depth + 1) for c in v)
+        elif isinstance(v, str) and any(0xD800 <= ord(c) <= 0xDFFF for c in v):
+            return "a lone surrogate in a string"
+    return ""
+
+
+def parse_plan(
+    text: str,
+    n_inputs: int | None = None,
+    n_outputs: int | None = None,
+    **declared: Any,
+) -> dict:
+    """JSON text -> validated plan dict; raises PlanProblem. Keyword arguments go to
+    validate_plan (declared_inputs, declared_outputs, kernels)."""
     try:
         plan = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except (json.JSONDecodeError, RecursionError, ValueError) as e:
-        raise PlanProblem(f"is not valid JSON ({e})") from None
-    validate_plan(plan, n_inputs, n_outputs)
+        raise PlanProblem(f"is not valid JSON ({e})", "json") from None
+    problem = _json_problem(plan)
+    if problem:
+        raise PlanProblem(f"is not valid JSON ({problem})", "json")
+    validate_plan(plan, n_inputs, n_outputs, **declared)
     return plan
 
 

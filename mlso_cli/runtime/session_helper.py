@@ -138,7 +138,7 @@ def session(
     import onnxruntime as ort  # noqa: PLC0415
 
     model, base_dir = read_model(path_or_bytes)
-    nodes = check_model(model, base_dir=base_dir)
+    nodes = check_model(model, base_dir=base_dir, subgraphs=True)
     chosen = default_providers() if providers is None else list(providers)
     decision = library_decision(nodes, chosen, kw.get("provider_options"))
     options = kw.pop("sess_options", None) or ort.SessionOptions()

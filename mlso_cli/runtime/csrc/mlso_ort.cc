@@ -143,6 +143,38 @@ std::string arch_list(const std::vector<std::string>& targets) {
   return s;
 }
 
+// The node's declared type of input or output `index`, as ORT knows it at kernel creation.
+// Unknown parts stay unknown (dtype 0, dim -1). ORT reports a value without shape information
+// as rank 0, so a declared rank of 0 only counts when the plan's rank is 0 too.
+mlso::Declared declared_type(const OrtKernelInfo* info, bool is_input, size_t index,
+                             size_t plan_rank) {
+  mlso::Declared d;
+  OrtTypeInfo* type_info = nullptr;
+  OrtStatus* s = is_input ? g_api->KernelInfo_GetInputTypeInfo(info, index, &type_info)
+                          : g_api->KernelInfo_GetOutputTypeInfo(info, index, &type_info);
+  if (s || !type_info) {
+    if (s) g_api->ReleaseStatus(s);
+    return d;
+  }
+  const OrtTensorTypeAndShapeInfo* tensor = nullptr;
+  s = g_api->CastTypeInfoToTensorInfo(type_info, &tensor);
+  if (!s && tensor) {
+    ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    size_t ndims = 0;
+    if (!(s = g_api->GetTensorElementType(tensor, &type))) d.dtype = static_cast<int>(type);
+    if (!s) s = g_api->GetDimensionsCount(tensor, &ndims);
+    if (!s && (ndims > 0 || plan_rank == 0)) {
+      d.dims.assign(ndims, -1);
+      if (ndims) s = g_api->GetDimensions(tensor, d.dims.data(), ndims);
+      d.has_shape = !s;
+      for (auto& dim : d.dims) dim = dim < 0 ? -1 : dim;
+    }
+  }
+  if (s) g_api->ReleaseStatus(s);
+  g_api->ReleaseTypeInfo(type_info);
+  return d;
+}
+
 OrtStatus* create_kernel(const OrtKernelInfo* info, Kernel* k) {
   // --- node and attributes -------------------------------------------------------------
   {
@@ -183,6 +215,19 @@ OrtStatus* create_kernel(const OrtKernelInfo* info, Kernel* k) {
                         &problem)) {
     return error(ORT_INVALID_ARGUMENT,
                  k->where() + "attribute 'plan' " + problem + " (tampered?)." + kRerunFix);
+  }
+  {
+    std::vector<mlso::Declared> ins, outs;
+    for (size_t i = 0; i < k->plan.inputs.size(); ++i) {
+      ins.push_back(declared_type(info, true, i + 1, k->plan.inputs[i].shape.size()));
+    }
+    for (size_t j = 0; j < k->plan.outputs.size(); ++j) {
+      outs.push_back(declared_type(info, false, j, k->plan.outputs[j].shape.size()));
+    }
+    if (!mlso::check_declared(k->plan, ins, outs, &problem)) {
+      return error(ORT_INVALID_ARGUMENT,
+                   k->where() + "attribute 'plan' " + problem + " (tampered?)." + kRerunFix);
+    }
   }
 
   // --- the binary, read once, here ------------------------------------------------------
@@ -402,7 +447,21 @@ OrtStatus* compute(Kernel* k, OrtKernelContext* context) {
       return error(ORT_FAIL, k->where() + "ONNX Runtime returned no buffer for output " +
                                  std::to_string(j) + ".");
     }
-    if (OrtStatus* s = g_api->GetTensorMutableData(value, &outputs[j])) return s;
+    // ORT allocated the output with the node's output type; a plan dtype of another size
+    // would make the kernels write past it.
+    OrtTensorTypeAndShapeInfo* ti = nullptr;
+    if (OrtStatus* s = g_api->GetTensorTypeAndShape(value, &ti)) return s;
+    ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    OrtStatus* s = g_api->GetTensorElementType(ti, &type);
+    g_api->ReleaseTensorTypeAndShapeInfo(ti);
+    if (s) return s;
+    if (static_cast<int>(type) != spec.dtype) {
+      return error(ORT_INVALID_ARGUMENT,
+                   k->where() + "output " + std::to_string(j) + " is " +
+                       mlso::dtype_name(static_cast<int>(type)) + " in the graph, but the plan "
+                       "writes " + spec.dtype_str + "; nothing was launched." + kRerunFix);
+    }
+    if ((s = g_api->GetTensorMutableData(value, &outputs[j]))) return s;
   }
 
   void* stream_handle = nullptr;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -111,7 +112,37 @@ struct Plan {
   }
 };
 
+// A node's declared tensor type: dtype 0 is unknown; has_shape false is an unknown rank; a
+// dim of -1 is unknown. Compared with the plan by check_declared.
+struct Declared {
+  int dtype = 0;
+  bool has_shape = false;
+  std::vector<int64_t> dims;
+};
+
+// The limits of docs/runtime.md, "Plan validation" (the same constants as runtime/plan.py).
+constexpr int64_t kGridMax[3] = {INT32_MAX, 65535, 65535};
+constexpr int64_t kBlockMax[3] = {1024, 1024, 64};
+constexpr uint64_t kBlockThreadsMax = 1024;
+constexpr int64_t kSmemMax = 232448;
+constexpr int64_t kDimMax = int64_t(1) << 40;
+constexpr uint64_t kTensorBytesMax = uint64_t(1) << 40;
+constexpr uint64_t kScratchTotalMax = uint64_t(16) << 30;
+constexpr size_t kRankMax = 16;
+
 namespace plan_detail {
+
+// Records the first problem: its rule key (the "reason" of tests/data/plan_cases.json) and a
+// message naming the field. Always returns false, so callers write `return fail(...)`.
+struct Problem {
+  std::string* msg;
+  std::string* code;
+  bool fail(const char* key, const std::string& what) const {
+    *msg = what;
+    if (code) *code = key;
+    return false;
+  }
+};
 
 inline bool get_int(const json::Value* v, int64_t lo, int64_t hi, int64_t* out) {
   if (!v || v->kind != json::Value::Number || !v->is_int) return false;
@@ -120,65 +151,105 @@ inline bool get_int(const json::Value* v, int64_t lo, int64_t hi, int64_t* out) 
   return true;
 }
 
+inline bool known_keys(const json::Value& obj, std::initializer_list<const char*> allowed,
+                       const std::string& where, const Problem& p) {
+  for (const auto& f : obj.fields) {
+    bool ok = false;
+    for (const char* a : allowed) ok = ok || f.first == a;
+    if (!ok) return p.fail("unknown_field", where + " has an unknown field '" + f.first + "'");
+  }
+  return true;
+}
+
+inline bool valid_target(const std::string& t) {  // ^(sm|compute)_[0-9]+[a-z]?$
+  size_t i = 0;
+  if (t.rfind("sm_", 0) == 0) {
+    i = 3;
+  } else if (t.rfind("compute_", 0) == 0) {
+    i = 8;
+  } else {
+    return false;
+  }
+  size_t digits = 0;
+  while (i < t.size() && t[i] >= '0' && t[i] <= '9') ++i, ++digits;
+  if (digits == 0) return false;
+  if (i < t.size() && t[i] >= 'a' && t[i] <= 'z') ++i;
+  return i == t.size();
+}
+
+inline bool valid_kernel_name(const std::string& k) {  // ^[A-Za-z_][A-Za-z0-9_]{0,1023}$
+  if (k.empty() || k.size() > 1024) return false;
+  for (size_t i = 0; i < k.size(); ++i) {
+    char c = k[i];
+    bool alpha = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_';
+    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
+  }
+  return true;
+}
+
+// Validates dtype and shape of a tensor object; fills spec, including its byte size.
+inline bool shape_bytes(const json::Value& t, const std::string& where, TensorSpec* spec,
+                        const Problem& p) {
+  const json::Value* dt = t.get("dtype");
+  size_t itemsize = 0;
+  if (!dt || dt->kind != json::Value::String || !dtype_from_name(dt->s, &spec->dtype, &itemsize)) {
+    return p.fail("dtype", where + ".dtype must be one of float16, bfloat16, float32, float64, "
+                                   "int8, uint8, int32, int64, bool");
+  }
+  spec->dtype_str = dt->s;
+  const json::Value* shape = t.get("shape");
+  if (!shape || shape->kind != json::Value::Array || shape->items.size() > kRankMax) {
+    return p.fail("shape", where + ".shape must be a list of at most 16 integers");
+  }
+  bool has_zero = false;
+  for (size_t k = 0; k < shape->items.size(); ++k) {
+    int64_t d = 0;
+    if (!get_int(&shape->items[k], 0, kDimMax, &d)) {
+      return p.fail("shape", where + ".shape[" + std::to_string(k) +
+                                 "] must be an integer in [0, 2^40]");
+    }
+    spec->shape.push_back(d);
+    has_zero = has_zero || d == 0;
+  }
+  // Checked multiplication; an empty tensor is 0 bytes whatever its other dims (as in Python).
+  uint64_t bytes = has_zero ? 0 : itemsize;
+  bool overflow = false;
+  for (size_t k = 0; !has_zero && k < spec->shape.size() && !overflow; ++k) {
+    overflow = __builtin_mul_overflow(bytes, static_cast<uint64_t>(spec->shape[k]), &bytes);
+  }
+  if (overflow || bytes > kTensorBytesMax) {
+    return p.fail("too_large", where + " is larger than 2^40 bytes");
+  }
+  spec->bytes = static_cast<size_t>(bytes);
+  return true;
+}
+
 inline bool tensor_list(const json::Value& root, const char* key, std::vector<TensorSpec>* out,
-                        std::string* err) {
+                        const Problem& p) {
   const json::Value* list = root.get(key);
   if (!list || list->kind != json::Value::Array) {
-    *err = std::string("'") + key + "' must be a list";
-    return false;
+    return p.fail("tensors", std::string("'") + key + "' must be a list");
   }
   for (size_t i = 0; i < list->items.size(); ++i) {
     const json::Value& t = list->items[i];
     std::string where = std::string(key) + "[" + std::to_string(i) + "]";
-    if (t.kind != json::Value::Object) {
-      *err = where + " must be an object";
-      return false;
-    }
+    if (t.kind != json::Value::Object) return p.fail("tensors", where + " must be an object");
+    if (!known_keys(t, {"dtype", "shape"}, where, p)) return false;
     TensorSpec spec;
-    const json::Value* dt = t.get("dtype");
-    size_t itemsize = 0;
-    if (!dt || dt->kind != json::Value::String || !dtype_from_name(dt->s, &spec.dtype, &itemsize)) {
-      *err = where + ".dtype must be one of float16, bfloat16, float32, float64, int8, uint8, "
-                     "int32, int64, bool";
-      return false;
-    }
-    spec.dtype_str = dt->s;
-    const json::Value* shape = t.get("shape");
-    if (!shape || shape->kind != json::Value::Array || shape->items.size() > 16) {
-      *err = where + ".shape must be a list of at most 16 integers";
-      return false;
-    }
-    uint64_t elems = 1;
-    for (size_t k = 0; k < shape->items.size(); ++k) {
-      int64_t d = 0;
-      if (!get_int(&shape->items[k], 0, (int64_t(1) << 40), &d)) {
-        *err = where + ".shape[" + std::to_string(k) + "] must be an integer >= 0";
-        return false;
-      }
-      spec.shape.push_back(d);
-      if (d != 0 && elems > (uint64_t(1) << 50) / static_cast<uint64_t>(d)) {
-        *err = where + ".shape is too large";
-        return false;
-      }
-      elems *= static_cast<uint64_t>(d);
-    }
-    spec.bytes = static_cast<size_t>(elems * itemsize);
+    if (!shape_bytes(t, where, &spec, p)) return false;
     out->push_back(std::move(spec));
   }
   return true;
 }
 
 inline bool buf_ref(const json::Value& v, const std::string& where, bool allow_input,
-                    const Plan& plan, BufRef* out, std::string* err) {
-  if (v.kind != json::Value::Object) {
-    *err = where + " must be an object";
-    return false;
-  }
+                    const Plan& plan, BufRef* out, const Problem& p) {
+  if (v.kind != json::Value::Object) return p.fail("ref", where + " must be an object");
+  if (!known_keys(v, {"kind", "index"}, where, p)) return false;
   const json::Value* kind = v.get("kind");
-  std::string kinds = allow_input ? "input, output or scratch" : "output or scratch";
+  std::string kinds = allow_input ? "input or output or scratch" : "output or scratch";
   if (!kind || kind->kind != json::Value::String) {
-    *err = where + ".kind must be " + kinds;
-    return false;
+    return p.fail("ref", where + ".kind must be " + kinds);
   }
   size_t limit = 0;
   if (kind->s == "input" && allow_input) {
@@ -191,33 +262,65 @@ inline bool buf_ref(const json::Value& v, const std::string& where, bool allow_i
     out->kind = BufKind::Scratch;
     limit = plan.scratch.size();
   } else {
-    *err = where + ".kind must be " + kinds + ", not \"" + kind->s + "\"";
-    return false;
+    return p.fail("ref", where + ".kind must be " + kinds);
   }
   int64_t index = 0;
-  if (!get_int(v.get("index"), 0, INT64_MAX, &index) || static_cast<size_t>(index) >= limit) {
-    *err = where + ".index must be an integer in [0, " + std::to_string(limit) + ") for kind " +
-           kind->s;
-    return false;
+  if (!get_int(v.get("index"), 0, INT64_MAX, &index) || static_cast<uint64_t>(index) >= limit) {
+    return p.fail("ref", where + ".index must be an integer in [0, " + std::to_string(limit) +
+                             ") for kind " + kind->s);
   }
   out->index = static_cast<size_t>(index);
   return true;
 }
 
 inline bool dim3(const json::Value* v, const std::string& where, const int64_t* hi, unsigned* out,
-                 std::string* err) {
+                 const char* code, const Problem& p) {
   if (!v || v->kind != json::Value::Array || v->items.size() != 3) {
-    *err = where + " must be a list of 3 integers";
-    return false;
+    return p.fail(code, where + " must be a list of 3 integers");
   }
   for (int k = 0; k < 3; ++k) {
     int64_t d = 0;
     if (!get_int(&v->items[k], 1, hi[k], &d)) {
-      *err = where + "[" + std::to_string(k) + "] must be an integer in [1, " +
-             std::to_string(static_cast<long long>(hi[k])) + "]";
-      return false;
+      return p.fail(code, where + "[" + std::to_string(k) + "] must be an integer in [1, " +
+                              std::to_string(static_cast<long long>(hi[k])) + "]");
     }
     out[k] = static_cast<unsigned>(d);
+  }
+  return true;
+}
+
+inline std::string declared_str(const Declared& d) {
+  std::string s = d.dtype ? dtype_name(d.dtype) : std::string("?");
+  if (!d.has_shape) return s + " [?]";
+  s += " [";
+  for (size_t i = 0; i < d.dims.size(); ++i) {
+    if (i) s += ",";
+    s += d.dims[i] < 0 ? std::string("?") : std::to_string(static_cast<long long>(d.dims[i]));
+  }
+  return s + "]";
+}
+
+inline bool declared_list(const std::vector<TensorSpec>& specs, const std::vector<Declared>& decl,
+                          const char* key, const Problem& p) {
+  if (decl.size() != specs.size()) {
+    return p.fail("count", "lists " + std::to_string(specs.size()) + " " + key +
+                               " but the node declares " + std::to_string(decl.size()));
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const TensorSpec& s = specs[i];
+    const Declared& d = decl[i];
+    bool same = d.dtype == 0 || d.dtype == s.dtype;
+    if (d.has_shape) {
+      same = same && d.dims.size() == s.shape.size();
+      for (size_t k = 0; same && k < d.dims.size(); ++k) {
+        same = d.dims[k] < 0 || d.dims[k] == s.shape[k];
+      }
+    }
+    if (!same) {
+      return p.fail("declared", std::string(key) + "[" + std::to_string(i) + "] is " +
+                                    s.dtype_str + " " + shape_str(s.shape.data(), s.shape.size()) +
+                                    " in the plan, but the node declares " + declared_str(d));
+    }
   }
   return true;
 }
@@ -225,137 +328,166 @@ inline bool dim3(const json::Value* v, const std::string& where, const int64_t* 
 }  // namespace plan_detail
 
 // Parses and validates a plan. n_inputs / n_outputs are the node's variadic tensor counts
-// (negative: not checked). On failure returns false with a message naming the field.
+// (negative: not checked). On failure returns false with a message naming the field in `err`
+// and the rule's key in `code` (when given). The checks run in the order of
+// runtime/plan.py::validate_plan, so both sides report the same rule first.
 inline bool parse_plan(const std::string& text, long n_inputs, long n_outputs, Plan* plan,
-                       std::string* err) {
+                       std::string* err, std::string* code = nullptr) {
   using plan_detail::get_int;
+  const plan_detail::Problem p{err, code};
   json::Value root;
   std::string jerr;
-  if (!json::parse(text, &root, &jerr)) {
-    *err = "is not valid JSON (" + jerr + ")";
-    return false;
-  }
-  if (root.kind != json::Value::Object) {
-    *err = "must be a JSON object";
+  if (!json::parse(text, &root, &jerr)) return p.fail("json", "is not valid JSON (" + jerr + ")");
+  if (root.kind != json::Value::Object) return p.fail("not_object", "must be a JSON object");
+  if (!plan_detail::known_keys(root, {"version", "targets", "smem_max", "inputs", "outputs",
+                                      "scratch", "zero", "launches"},
+                               "the plan", p)) {
     return false;
   }
   int64_t version = 0;
-  if (!get_int(root.get("version"), 1, 1, &version)) {
-    *err = "'version' must be 1";
-    return false;
-  }
+  if (!get_int(root.get("version"), 1, 1, &version)) return p.fail("version", "'version' must be 1");
   plan->version = static_cast<int>(version);
   const json::Value* targets = root.get("targets");
+  const char* targets_msg = "'targets' must be a non-empty list of strings such as \"sm_90a\"";
   if (!targets || targets->kind != json::Value::Array || targets->items.empty()) {
-    *err = "'targets' must be a non-empty list of strings such as \"sm_90a\"";
-    return false;
+    return p.fail("targets", targets_msg);
   }
   for (const auto& t : targets->items) {
-    bool ok = t.kind == json::Value::String &&
-              (t.s.rfind("sm_", 0) == 0 || t.s.rfind("compute_", 0) == 0);
-    if (!ok) {
-      *err = "'targets' must be a non-empty list of strings such as \"sm_90a\"";
-      return false;
+    if (t.kind != json::Value::String || !plan_detail::valid_target(t.s)) {
+      return p.fail("targets", targets_msg);
     }
     plan->targets.push_back(t.s);
   }
-  if (!get_int(root.get("smem_max"), 0, INT32_MAX, &plan->smem_max)) {
-    *err = "'smem_max' must be an integer >= 0";
-    return false;
+  if (!get_int(root.get("smem_max"), 0, kSmemMax, &plan->smem_max)) {
+    return p.fail("smem", "'smem_max' must be an integer in [0, " + std::to_string(kSmemMax) + "]");
   }
-  if (!plan_detail::tensor_list(root, "inputs", &plan->inputs, err)) return false;
-  if (!plan_detail::tensor_list(root, "outputs", &plan->outputs, err)) return false;
+  if (!plan_detail::tensor_list(root, "inputs", &plan->inputs, p)) return false;
+  if (!plan_detail::tensor_list(root, "outputs", &plan->outputs, p)) return false;
   if (plan->inputs.empty() || plan->outputs.empty()) {
-    *err = "'inputs' and 'outputs' must each list at least one tensor";
-    return false;
+    return p.fail("empty", "'inputs' and 'outputs' must each list at least one tensor");
   }
   if (n_inputs >= 0 && plan->inputs.size() != static_cast<size_t>(n_inputs)) {
-    *err = "lists " + std::to_string(plan->inputs.size()) + " inputs but the node has " +
-           std::to_string(n_inputs) + " tensor inputs";
-    return false;
+    return p.fail("count", "lists " + std::to_string(plan->inputs.size()) +
+                               " inputs but the node has " + std::to_string(n_inputs) +
+                               " tensor inputs");
   }
   if (n_outputs >= 0 && plan->outputs.size() != static_cast<size_t>(n_outputs)) {
-    *err = "lists " + std::to_string(plan->outputs.size()) + " outputs but the node has " +
-           std::to_string(n_outputs) + " outputs";
-    return false;
+    return p.fail("count", "lists " + std::to_string(plan->outputs.size()) +
+                               " outputs but the node has " + std::to_string(n_outputs) +
+                               " outputs");
   }
   const json::Value* scratch = root.get("scratch");
   if (!scratch || scratch->kind != json::Value::Array) {
-    *err = "'scratch' must be a list";
-    return false;
+    return p.fail("scratch", "'scratch' must be a list");
   }
+  uint64_t total = 0;
   for (size_t i = 0; i < scratch->items.size(); ++i) {
-    int64_t bytes = 0;
     const json::Value& s = scratch->items[i];
-    if (s.kind != json::Value::Object || !get_int(s.get("bytes"), 0, int64_t(1) << 40, &bytes)) {
-      *err = "scratch[" + std::to_string(i) + "].bytes must be an integer >= 0";
-      return false;
+    std::string where = "scratch[" + std::to_string(i) + "]";
+    if (s.kind != json::Value::Object) return p.fail("scratch", where + " must be an object");
+    if (!plan_detail::known_keys(s, {"bytes", "dtype", "shape"}, where, p)) return false;
+    int64_t bytes = 0;
+    if (!get_int(s.get("bytes"), 0, static_cast<int64_t>(kTensorBytesMax), &bytes)) {
+      return p.fail("scratch", where + ".bytes must be an integer in [0, 2^40]");
+    }
+    if (s.get("dtype") || s.get("shape")) {
+      TensorSpec spec;
+      if (!plan_detail::shape_bytes(s, where, &spec, p)) return false;
+      uint64_t need = spec.bytes < 4 ? 4 : spec.bytes;
+      if (static_cast<uint64_t>(bytes) != need) {
+        return p.fail("scratch", where + ".bytes is " + std::to_string(bytes) +
+                                     ", but its dtype and shape need " + std::to_string(need));
+      }
+    }
+    total += static_cast<uint64_t>(bytes);  // each <= 2^40, at most 2^24 of them before the check
+    if (total > kScratchTotalMax) {
+      return p.fail("scratch_total", "scratch buffers total more than 16 GiB");
     }
     plan->scratch.push_back(static_cast<size_t>(bytes));
   }
   const json::Value* zero = root.get("zero");
-  if (!zero || zero->kind != json::Value::Array) {
-    *err = "'zero' must be a list";
-    return false;
-  }
+  if (!zero || zero->kind != json::Value::Array) return p.fail("ref", "'zero' must be a list");
   for (size_t i = 0; i < zero->items.size(); ++i) {
     BufRef ref;
     if (!plan_detail::buf_ref(zero->items[i], "zero[" + std::to_string(i) + "]", false, *plan,
-                              &ref, err)) {
+                              &ref, p)) {
       return false;
     }
     plan->zero.push_back(ref);
   }
   const json::Value* launches = root.get("launches");
   if (!launches || launches->kind != json::Value::Array || launches->items.empty()) {
-    *err = "'launches' must be a non-empty list";
-    return false;
+    return p.fail("launches", "'launches' must be a non-empty list");
   }
-  static const int64_t grid_hi[3] = {INT32_MAX, 65535, 65535};
-  static const int64_t block_hi[3] = {1024, 1024, 64};
   for (size_t i = 0; i < launches->items.size(); ++i) {
     const json::Value& l = launches->items[i];
     std::string where = "launches[" + std::to_string(i) + "]";
-    if (l.kind != json::Value::Object) {
-      *err = where + " must be an object";
+    if (l.kind != json::Value::Object) return p.fail("launches", where + " must be an object");
+    if (!plan_detail::known_keys(l, {"kernel", "grid", "block", "smem", "args"}, where, p)) {
       return false;
     }
     Launch launch;
     const json::Value* kernel = l.get("kernel");
-    if (!kernel || kernel->kind != json::Value::String || kernel->s.empty() ||
-        kernel->s.size() > 1024) {
-      *err = where + ".kernel must be a non-empty kernel name";
-      return false;
+    if (!kernel || kernel->kind != json::Value::String ||
+        !plan_detail::valid_kernel_name(kernel->s)) {
+      return p.fail("kernel", where + ".kernel must be a kernel name (a C identifier of 1 to "
+                                      "1024 characters)");
     }
     launch.kernel = kernel->s;
-    if (!plan_detail::dim3(l.get("grid"), where + ".grid", grid_hi, launch.grid, err)) return false;
-    if (!plan_detail::dim3(l.get("block"), where + ".block", block_hi, launch.block, err)) {
+    if (!plan_detail::dim3(l.get("grid"), where + ".grid", kGridMax, launch.grid, "grid", p)) {
       return false;
     }
-    if (uint64_t(launch.block[0]) * launch.block[1] * launch.block[2] > 1024) {
-      *err = where + ".block has more than 1024 threads";
+    if (!plan_detail::dim3(l.get("block"), where + ".block", kBlockMax, launch.block, "block",
+                           p)) {
       return false;
+    }
+    if (uint64_t(launch.block[0]) * launch.block[1] * launch.block[2] > kBlockThreadsMax) {
+      return p.fail("block", where + ".block has more than 1024 threads");
     }
     int64_t smem = 0;
-    if (!get_int(l.get("smem"), 0, INT32_MAX, &smem)) {
-      *err = where + ".smem must be an integer >= 0";
-      return false;
+    if (!get_int(l.get("smem"), 0, kSmemMax, &smem)) {
+      return p.fail("smem", where + ".smem must be an integer in [0, " + std::to_string(kSmemMax) +
+                                "]");
     }
     launch.smem = static_cast<unsigned>(smem);
     const json::Value* args = l.get("args");
-    if (!args || args->kind != json::Value::Array) {
-      *err = where + ".args must be a list";
-      return false;
-    }
+    if (!args || args->kind != json::Value::Array) return p.fail("ref", where + ".args must be a list");
     for (size_t k = 0; k < args->items.size(); ++k) {
       BufRef ref;
       if (!plan_detail::buf_ref(args->items[k], where + ".args[" + std::to_string(k) + "]", true,
-                                *plan, &ref, err)) {
+                                *plan, &ref, p)) {
         return false;
       }
       launch.args.push_back(ref);
     }
     plan->launches.push_back(std::move(launch));
+  }
+  return true;
+}
+
+// Compares a parsed plan's inputs and outputs with the node's declared types (what the ONNX
+// graph says the node consumes and produces). A mismatch would make ORT hand the op buffers
+// of another size or type than the kernels write.
+inline bool check_declared(const Plan& plan, const std::vector<Declared>& inputs,
+                           const std::vector<Declared>& outputs, std::string* err,
+                           std::string* code = nullptr) {
+  const plan_detail::Problem p{err, code};
+  return plan_detail::declared_list(plan.inputs, inputs, "inputs", p) &&
+         plan_detail::declared_list(plan.outputs, outputs, "outputs", p);
+}
+
+// Checks every launch's kernel against `has_kernel(name)` (the driver's lookup in the op, a
+// list in the tests). Runs after check_declared, as in Python.
+template <class HasKernel>
+inline bool check_kernels(const Plan& plan, HasKernel has_kernel, std::string* err,
+                          std::string* code = nullptr) {
+  const plan_detail::Problem p{err, code};
+  for (size_t i = 0; i < plan.launches.size(); ++i) {
+    if (!has_kernel(plan.launches[i].kernel)) {
+      return p.fail("kernel_missing", "launches[" + std::to_string(i) + "].kernel '" +
+                                          plan.launches[i].kernel +
+                                          "' is not in the kernel binary");
+    }
   }
   return true;
 }
