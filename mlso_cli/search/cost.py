@@ -52,10 +52,10 @@ class Hardware:
     smem_per_sm: int = 228 * 1024
     threads_per_sm: int = 2048
     block_threads: int = 256
-    step_latency_s: float = 1.0e-6
+    step_latency_s: float = 0.8e-6
     """A for-loop step of a graph-defined kernel cannot take less: the tile's DRAM round trip
     with double buffering (fitted, benchmarks/RESULTS.md "cost model calibration")."""
-    smem_step_s: float = 1.0e-6
+    smem_step_s: float = 1.5e-6
     """What a loop step adds, on top of its transfer or compute time, when its values go through
     shared memory rather than staying in registers (every graph-defined kernel but the register-path online softmax): the staging,
     barriers and fp32 round trips of codegen's shared-memory passes (fitted, as above)."""
@@ -64,6 +64,10 @@ class Hardware:
     mma_efficiency: float = 0.2
     """Fraction of tensor-core peak codegen's mma.sync chains reach in one SM (fitted, as above):
     a loop step's matmul work is shared by the blocks resident on an SM at this rate."""
+    warp_flops: float = 0.2e12
+    """What one warp's dependent mma.sync chain sustains (fitted, as above): a block of few warps
+    cannot use its SM's share. gqa at batch 8 with 2-warp blocks and 32 loop steps measured
+    73 µs, twice the 4-warp fixture, where the SM share alone predicted the same time."""
 
 
 H200 = Hardware()
@@ -171,6 +175,8 @@ def block_graph_time(gd: Node, nbytes: int, flops: int, tensor: bool, hw: Hardwa
     share_bw = hw.dram_bytes_per_s * sms_used / hw.sms / concurrent
     unit = hw.tensor_flops * hw.mma_efficiency if tensor else hw.simt_flops
     share_flops = unit * sms_used / hw.sms / concurrent
+    if tensor:
+        share_flops = min(share_flops, threads // 32 * hw.warp_flops)
     per_block_bytes, per_block_flops = nbytes / blocks, flops / blocks
     steps = max(bg.loop, 1)
     step = max(hw.step_latency_s, per_block_bytes / steps / share_bw, per_block_flops / steps / share_flops)
