@@ -123,8 +123,9 @@ def test_stop_signal_during_a_write_leaves_no_temp_file(tmp_path, signum):
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 1
-    assert b"Traceback" not in err and len(err.decode().strip().splitlines()) == 1
-    assert signal.Signals(signum).name.encode() in err
+    errors = [line for line in err.decode().splitlines() if line.startswith("mlso: error:")]
+    assert b"Traceback" not in err and len(errors) == 1  # (warnings, e.g. a cache rebuild, may precede it)
+    assert signal.Signals(signum).name in errors[0]
     assert list(tmp_path.iterdir()) == []
 
 
