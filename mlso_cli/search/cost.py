@@ -177,7 +177,7 @@ def block_graph_time(gd: Node, nbytes: int, flops: int, tensor: bool, hw: Hardwa
     share_flops = unit * sms_used / hw.sms / concurrent
     if tensor:
         share_flops = min(share_flops, threads // 32 * hw.warp_flops)
-    per_block_bytes, per_block_flops = nbytes / blocks, flops / blocks
+    per_block_bytes, per_block_flops = (nbytes + _element_path_penalty(gd)) / blocks, flops / blocks
     steps = max(bg.loop, 1)
     step = max(hw.step_latency_s, per_block_bytes / steps / share_bw, per_block_flops / steps / share_flops)
     step += 0.0 if layout.register_path else hw.smem_step_s
@@ -204,6 +204,28 @@ def _block_graph_traffic(gd: Node) -> tuple[int, int]:
         elif n.op not in VIEW and n.op not in (Op.ITER, Op.SAVE, Op.CONST):
             flops += n.numel * blocks
     return read + written, flops
+
+
+def _element_path_penalty(gd: Node) -> int:
+    """Extra bytes to charge for input tiles codegen cannot copy in 16-byte chunks (a tile row or
+    a source row that is not a multiple of 16 bytes): it loads those one element at a time,
+    synchronously, so each element costs about a 16-byte transaction. Measured on the H200: an
+    rmsnorm_linear program with 12-column weight tiles ran 136 µs where the model said 27 µs
+    (benchmarks/RESULTS.md, "cost model calibration")."""
+    bg = gd.arg
+    blocks = bg.block_count()
+    extra = 0
+    for im, src in zip(bg.inputs, gd.src):
+        vec = max(1, 16 // src.dtype.itemsize)
+        tile = tile_shape(src.shape, im, bg.grid, bg.loop)
+        if tile and tile[-1] % vec == 0 and src.shape[-1] % vec == 0:
+            continue
+        n = 1
+        for d in tile:
+            n *= d
+        steps = bg.loop if im.fmap is not None else 1
+        extra += n * src.dtype.itemsize * steps * blocks * (vec - 1)
+    return extra
 
 
 def _saves(gd: Node) -> list[Node]:
