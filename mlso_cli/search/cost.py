@@ -9,14 +9,15 @@ Calibration (measured, or fitted to measurements) (benchmarks/RESULTS.md, "optim
 - Every kernel pays at least one DRAM round trip (`pre_latency_s`) on top of its launch, and
   a kernel-level matmul one more per K-step, as a graph-defined kernel's loop does; so the
   model compares a chain of small kernels with one fused kernel by the same rules.
-- Graph-defined kernels (fitted to 36 programs timed on the H200 on 2026-12-01, the 25 fixtures
-  and 11 searched programs; benchmarks/RESULTS.md, "cost model calibration"): DRAM bandwidth
-  scales with the SMs a grid occupies; a loop step costs at least `step_latency_s`, or the
-  block's share of bandwidth and of its SM's tensor cores at `mma_efficiency`, plus
-  `smem_step_s` where its values pass through shared memory (all but the register-path online
-  softmax). The fit orders 9 of the 11 searched-vs-fixture pairs as measured (the other two are
-  within 1% in the model); the model before it ordered 8, and called a 64-block program that
-  measured 1.4x slower 1.5x faster.
+- Graph-defined kernels (fitted to 47 programs timed on the H200 on 2026-12-01: the 25 fixtures
+  and the searched programs of each calibration; benchmarks/RESULTS.md, "cost model
+  calibration"): DRAM bandwidth scales with the SMs a grid occupies; a loop step costs at least
+  `step_latency_s`, or the block's share of bandwidth and of its SM's tensor cores at
+  `mma_efficiency` (and at most `warp_flops` per warp), plus `smem_step_s` where its values pass
+  through shared memory (all but the register-path online softmax); tiles codegen copies element
+  by element pay a 16-byte transaction per element. Geometric RMS error 1.37x over the 47; the
+  worst is a multi-kernel split combine (mla_bs1's 4-launch program: 12.7 µs modelled, 32 µs
+  measured).
 - Code generation's stand-alone kernel-level matmul (the lifted, unfused programs use it) reaches
   about 5% of DRAM bandwidth and 3.2 TFLOP/s on the benchmark shapes (rmsnorm_linear's lifted
   program: 246 / 349 / 499 µs at bs 1 / 8 / 16). Without these the model called those programs
