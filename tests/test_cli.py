@@ -174,3 +174,53 @@ def test_reference_layernorm_is_float64():
     x64 = xs.astype(np.float64)
     want = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
     assert got.dtype == np.float64 and np.abs(got - want).max() < 1e-12
+
+
+def _int_model(path, const: int) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.INT64, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, [4])
+    c = helper.make_tensor("c", TensorProto.INT64, [], [const])
+    m = helper.make_model(helper.make_graph([helper.make_node("Add", ["x", "c"], ["y"])], "ints", [x], [y], [c]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+
+
+def test_verify_compares_integer_outputs_exactly(tmp_path):
+    """100000 against 100001 is a relative error of 1e-5: within a float limit, but wrong."""
+    a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    _int_model(a, 100000)
+    _int_model(b, 100001)
+    assert run_cli("verify", str(a), str(a)).returncode == 0
+    r = run_cli("verify", str(a), str(b))
+    assert r.returncode == 3 and b"Traceback" not in r.stderr
+
+
+def _embedding_model(path, table) -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, table.shape[1]])
+    node = helper.make_node("Gather", ["table", "ids"], ["y"], axis=0)
+    m = helper.make_model(helper.make_graph([node], "emb", [ids], [y], [numpy_helper.from_array(table, "table")]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+
+
+def test_verify_draws_indices_over_the_whole_table(tmp_path):
+    """Rows 2..999 of an embedding shifted: integer inputs drawn from {0, 1} never saw them."""
+    import numpy as np
+
+    table = np.random.default_rng(0).standard_normal((1000, 8)).astype(np.float32)
+    shifted = table.copy()
+    shifted[2:] += 1.0
+    a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    _embedding_model(a, table)
+    _embedding_model(b, shifted)
+    assert run_cli("verify", str(a), str(a)).returncode == 0
+    assert run_cli("verify", str(a), str(b)).returncode == 3

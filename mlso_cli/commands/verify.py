@@ -114,6 +114,43 @@ def _require_input_memory(specs: list, source: str) -> None:
     require_memory(8 * nbytes, f"verifying {source} at these input shapes")
 
 
+def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """For integer graph inputs that index a tensor of known shape (Gather, GatherElements,
+    GatherND's first axis), the number of valid indices: verify draws them over that whole range.
+    Why: drawn from {0, 1} only, a model whose embedding rows 2..999 differ passed."""
+    shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    for vi in list(model.graph.input) + list(model.graph.value_info):
+        dims = vi.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims):
+            shapes.setdefault(vi.name, tuple(d.dim_value for d in dims))
+    bounds: dict[str, int] = {}
+    for n in model.graph.node:
+        if n.op_type not in ("Gather", "GatherElements", "GatherND") or len(n.input) < 2:
+            continue
+        data = shapes.get(n.input[0])
+        if not data:
+            continue
+        axis = next((a.i for a in n.attribute if a.name == "axis"), 0) if n.op_type != "GatherND" else 0
+        size = data[axis % len(data)]
+        if size > 0:
+            bounds[n.input[1]] = min(bounds.get(n.input[1], size), size)
+    return bounds
+
+
+def _feeds(specs: list, rng: np.random.Generator, scale: float, bounds: dict[str, int]) -> dict[str, np.ndarray]:
+    """Random inputs: floats normal at `scale`; integer indices over their whole valid range;
+    other integers from {0, 1} (shapes and flags cannot take arbitrary values)."""
+    feeds = {}
+    for n, shape, dt in specs:
+        if np.dtype(dt).kind == "f":
+            feeds[n] = (rng.standard_normal(shape) * scale).astype(dt)
+        elif np.dtype(dt).kind == "b":
+            feeds[n] = rng.integers(0, 2, shape).astype(dt)
+        else:
+            feeds[n] = rng.integers(0, bounds.get(n, 2), shape).astype(dt)
+    return feeds
+
+
 def _rel(out: np.ndarray, ref: np.ndarray) -> float:
     out = out.astype(np.float64)
     if not np.all(np.isfinite(out)):
@@ -160,11 +197,11 @@ def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, r
     kernel_rows = field_check_kernels(b, seed) if field else []
     sess_a, sess_b = _session(a, gpu, "A"), _session(b, gpu, "B")
     rng = np.random.default_rng(seed)
+    bounds = _index_bounds(a)
     rows, failed = [], False
     for scale in scale_list:
         for sample in range(samples):
-            feeds = {n: (rng.standard_normal(s) * scale).astype(dt) if np.dtype(dt).kind == "f"
-                     else rng.integers(0, 2, s).astype(dt) for n, s, dt in specs_a}
+            feeds = _feeds(specs_a, rng, scale, bounds)
             ref = reference_outputs(a, feeds)
             if not all(np.all(np.isfinite(v)) for v in ref.values()):
                 continue  # adversarial scales only where the reference stays finite
@@ -172,10 +209,14 @@ def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, r
             got_b = dict(zip(outs_a, sess_b.run(outs_a, feeds)))
             for name in outs_a:
                 dt = got_b[name].dtype
-                limit = LIMITS[_DTYPE_OF.get(dt, DType.BF16)]
+                exact = dt.kind in "iub"  # integers and booleans must match exactly
+                limit = 0.0 if exact else LIMITS[_DTYPE_OF.get(dt, DType.BF16)]
                 ea, eb = _rel(got_a[name], ref[name]), _rel(got_b[name], ref[name])
                 diff = np.abs(got_b[name].astype(np.float64) - ref[name])
-                ok = eb <= max(limit, 2 * ea)
+                if exact:
+                    ok = bool(np.array_equal(got_b[name], np.asarray(ref[name]).astype(dt)))
+                else:
+                    ok = eb <= max(limit, 2 * ea)
                 rt, at = rt_per.get(name, rt_default), at_per.get(name, at_default)
                 if rt is not None or at is not None:
                     ok = ok and bool(np.all(diff <= (at or 0.0) + (rt or 0.0) * np.abs(ref[name])))
