@@ -224,3 +224,16 @@ def test_verify_draws_indices_over_the_whole_table(tmp_path):
     _embedding_model(b, shifted)
     assert run_cli("verify", str(a), str(a)).returncode == 0
     assert run_cli("verify", str(a), str(b)).returncode == 3
+
+
+def test_verify_seed_is_fresh_unless_given(tmp_path):
+    """The default seed is drawn from the OS each run and reported, so a μGraph cannot be tuned to
+    a public seed; --seed makes a run repeatable."""
+    a = tmp_path / "a.onnx"
+    _int_model(a, 3)
+    seeds = []
+    for extra in ([], [], ["--seed", "7"]):
+        r = run_cli("verify", str(a), str(a), "--json", *extra)
+        assert r.returncode == 0, r.stderr
+        seeds.append(json.loads(r.stdout.decode().splitlines()[-1])["seed"])
+    assert seeds[0] != seeds[1] and seeds[2] == 7

@@ -165,7 +165,9 @@ def _rel(out: np.ndarray, ref: np.ndarray) -> float:
 @input_shape_option
 @json_option
 @click.option("--samples", default=2, show_default=True, help="Random input sets per scale.")
-@click.option("--seed", default=0, show_default=True, help="Seed for the random inputs.")
+@click.option("--seed", type=int, default=None,
+              help="Seed for the random inputs and the field's primes (default: fresh from the OS each run, "
+                   "printed in the report, so a μGraph cannot be tuned to a known seed).")
 @click.option("--scales", default="1,4,1000", show_default=True,
               help="Input scales to test; large ones are adversarial (softmax logits, norm inputs).")
 @click.option("--rtol", multiple=True, metavar="[OUT=]X", help="Elementwise relative tolerance, for all or one output.")
@@ -176,6 +178,10 @@ def _rel(out: np.ndarray, ref: np.ndarray) -> float:
 def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, rtol, atol, gpu, field) -> None:
     """Check that model B computes what model A computes (exit 3 when it does not)."""
     scale_list = _parse_scales(scales)
+    if seed is None:
+        import secrets
+
+        seed = secrets.randbits(63)
     _check_numbers(samples, seed, gpu, scale_list)
     rt_default, rt_per = _parse_tol(rtol, "--rtol")
     at_default, at_per = _parse_tol(atol, "--atol")
@@ -230,7 +236,8 @@ def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, r
     summary = {"type": "summary", "pass": not failed and kernels_ok, "checks": len(rows),
                "failed": sum(not r["pass"] for r in rows), "kernels": len(kernel_rows),
                "kernels_equivalent": sum(k["equivalent"] for k in kernel_rows),
-               "false_accept_bound": sum(k["bound"] for k in kernel_rows) if kernel_rows else None}
+               "false_accept_bound": sum(k["bound"] for k in kernel_rows) if kernel_rows else None,
+               "seed": seed}
     if as_json:
         for r in kernel_rows + rows:
             click.echo(json.dumps(r))
@@ -289,7 +296,8 @@ def _print(rows, summary, kernel_rows=()) -> None:
                        f"{k['bound']:.2e}", str(k["trials"]))
         stderr().print(kt)
 
-    t = Table(title=f"verify: {'PASS' if summary['pass'] else 'FAIL'} ({summary['checks']} checks)", title_justify="left")
+    t = Table(title=f"verify: {'PASS' if summary['pass'] else 'FAIL'} ({summary['checks']} checks, "
+                    f"--seed {summary['seed']})", title_justify="left")
     for col in ("output", "scale", "sample", "dtype", "err A", "err B", "max |B-ref|", "limit", "result"):
         t.add_column(col)
     for r in rows:
