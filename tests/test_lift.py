@@ -226,3 +226,24 @@ def test_random_regions_lifted_agree_with_ort(tmp_path_factory, case, seed):
     # of fp32 rounding at the inputs' scale keeps the check about the lift, not about ORT
     err = float(np.linalg.norm(got - want.astype(np.float64)))
     assert err < 1e-4 * max(float(np.linalg.norm(want)), 1e-2 * float(np.linalg.norm(x)))
+
+
+@pytest.mark.parametrize("opset, axis", [(11, None), (11, 1), (11, 2), (13, 1), (13, None)])
+def test_softmax_axis_semantics_follow_the_opset(tmp_path, opset, axis):
+    """Before opset 13, Softmax flattens its input at `axis` (default 1) and normalises over all
+    the trailing dims; from 13 on it normalises one axis (default -1). Lifting used the new rule
+    for every opset, and a 3-D opset-11 Softmax came out with error 0.87."""
+    from mlso_cli.verify.reference64 import reference_outputs
+
+    attrs = {} if axis is None else {"axis": axis}
+    m = _model([helper.make_node("Softmax", ["x"], ["y"], **attrs)], [_vi("x", [2, 3, 5])], [_vi("y", [2, 3, 5])],
+               opset=opset)
+    m.ir_version = 8
+    (kg,) = lift_model(str(save(m, tmp_path / "s.onnx")))
+    check(kg)
+    x = np.random.default_rng(0).standard_normal((2, 3, 5)).astype(np.float32)
+    (want,) = _ort(m, {"x": x})  # ONNX Runtime keeps the old semantics; onnx's evaluator does not
+    (got,) = interpreter.run(kg, [x], mode="float64")
+    assert _rel(np.asarray(got), want) < 1e-6
+    # verify's fp64 reference (onnx's evaluator underneath) must agree with ONNX Runtime too
+    assert _rel(reference_outputs(m, {"x": x})["y"], want) < 1e-6

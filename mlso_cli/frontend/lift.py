@@ -242,11 +242,27 @@ def _gemm(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
     return [out]
 
 
+def _onnx_opset(ctx: _Ctx) -> int:
+    return max((o.version for o in ctx.loaded.model.opset_import if o.domain in ("", "ai.onnx")), default=21)
+
+
 def _softmax(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    """Softmax over one axis (opset 13 on). Before opset 13 the axis (default 1) flattens the
+    input to 2-D, [prod(shape[:axis]), prod(shape[axis:])], and normalises over the second dim:
+    the same op only when axis is the last dim, so other axes are lifted through that reshape."""
     x = _x(ctx, node, 0)
-    axis = _attr(node, "axis", -1) % len(x.shape)
     mask = ctx.masks.get(x)
-    return [_back(_softmax_core(_to32(x), axis, mask), x.dtype)]
+    if _onnx_opset(ctx) >= 13:
+        axis = _attr(node, "axis", -1) % len(x.shape)
+        return [_back(_softmax_core(_to32(x), axis, mask), x.dtype)]
+    axis = _attr(node, "axis", 1) % len(x.shape)
+    if axis == len(x.shape) - 1:
+        return [_back(_softmax_core(_to32(x), axis, mask), x.dtype)]
+    rows = int(np.prod(x.shape[:axis], dtype=np.int64))
+    flat = (rows, int(np.prod(x.shape[axis:], dtype=np.int64)))
+    m2 = b.reshape(mask, flat) if mask is not None else None
+    y = _softmax_core(_to32(b.reshape(x, flat)), 1, m2)
+    return [_back(b.reshape(y, x.shape), x.dtype)]
 
 
 def _exp(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:

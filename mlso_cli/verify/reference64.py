@@ -47,6 +47,33 @@ def _promote_graph(g: onnx.GraphProto) -> None:
                 _promote_graph(a.g)
 
 
+_FLATTENING = ("Softmax", "LogSoftmax", "Hardmax")
+
+
+def _old_softmax_as_flatten(g: onnx.GraphProto, opset: int) -> None:
+    """Before opset 13, Softmax/LogSoftmax/Hardmax flatten their input at `axis` (default 1) and
+    normalise over all trailing dims. onnx's reference evaluator applies the opset-13 rule to
+    every opset (ONNX Runtime does not), so the reference is rewritten as Flatten -> op over the
+    last axis -> Reshape back, which means the same in every opset."""
+    for a in (a for n in g.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH):
+        _old_softmax_as_flatten(a.g, opset)
+    if opset >= 13:
+        return
+    nodes = []
+    for k, n in enumerate(g.node):
+        if n.op_type not in _FLATTENING or n.domain not in ("", "ai.onnx"):
+            nodes.append(n)
+            continue
+        axis = next((a.i for a in n.attribute if a.name == "axis"), 1)
+        x, y, tag = n.input[0], n.output[0], f"mlso_ref_{k}_{n.op_type.lower()}"
+        nodes += [helper.make_node("Shape", [x], [tag + "_shape"]),
+                  helper.make_node("Flatten", [x], [tag + "_flat"], axis=axis),
+                  helper.make_node(n.op_type, [tag + "_flat"], [tag + "_out"], axis=1),
+                  helper.make_node("Reshape", [tag + "_out", tag + "_shape"], [y])]
+    del g.node[:]
+    g.node.extend(nodes)
+
+
 def promote_to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of the model computing in float64 (functions inlined, value_info dropped)."""
     from onnx import inliner
@@ -57,6 +84,8 @@ def promote_to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
         m = inliner.inline_local_functions(m)
     del m.graph.value_info[:]
     _promote_graph(m.graph)
+    opset = max((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), default=21)
+    _old_softmax_as_flatten(m.graph, opset)
     return m
 
 
