@@ -247,3 +247,34 @@ def test_softmax_axis_semantics_follow_the_opset(tmp_path, opset, axis):
     assert _rel(np.asarray(got), want) < 1e-6
     # verify's fp64 reference (onnx's evaluator underneath) must agree with ONNX Runtime too
     assert _rel(reference_outputs(m, {"x": x})["y"], want) < 1e-6
+
+
+@pytest.mark.parametrize("layout", ["two_softmaxes", "nested"])
+def test_two_masks_on_one_tensor_are_both_kept(tmp_path, layout):
+    """Two Where(mask, x, -inf) on one tensor (two softmaxes, or one mask inside another): their
+    placeholders were equal nodes (x * 1), so one mask was lost and the kernel's error was ~1."""
+    rng = np.random.default_rng(1)
+    m1 = numpy_helper.from_array(np.tril(np.ones((8, 8), bool)), "m1")
+    m2 = numpy_helper.from_array(rng.random((8, 8)) < 0.7, "m2")
+    ninf = _scalar("ninf", -np.inf)
+    if layout == "two_softmaxes":
+        nodes = [helper.make_node("Where", ["m1", "x", "ninf"], ["w1"]),
+                 helper.make_node("Where", ["m2", "x", "ninf"], ["w2"]),
+                 helper.make_node("Softmax", ["w1"], ["s1"], axis=-1),
+                 helper.make_node("Softmax", ["w2"], ["s2"], axis=-1),
+                 helper.make_node("Add", ["s1", "s2"], ["y"])]
+    else:
+        nodes = [helper.make_node("Where", ["m1", "x", "ninf"], ["w1"]),
+                 helper.make_node("Where", ["m2", "w1", "ninf"], ["w2"]),
+                 helper.make_node("Softmax", ["w2"], ["y"], axis=-1)]
+    m = _model(nodes, [_vi("x", [2, 8, 8])], [_vi("y", [2, 8, 8])], [m1, m2, ninf])
+    m.ir_version = 8
+    loaded = load_model(str(save(m, tmp_path / "masks.onnx")))
+    (lr,) = analyse(loaded).lifted
+    x = rng.standard_normal((2, 8, 8)).astype(np.float32)
+    (want,) = _ort(m, {"x": x})
+    ins = [x if n == "x" else lr.extra_inputs[n] for n in lr.graph.input_names]
+    (got,) = interpreter.run(lr.graph, ins, mode="float64")
+    w = want.astype(np.float64)
+    ok = np.isfinite(w)  # rows that both masks empty are NaN in ONNX Runtime too
+    assert np.isfinite(np.asarray(got)[ok]).all() and _rel(np.asarray(got)[ok], w[ok]) < 1e-6

@@ -61,6 +61,10 @@ class _Ctx:
     inputs: list[Node] = field(default_factory=list)
     input_names: list[str] = field(default_factory=list)
     masks: dict[Node, Node] = field(default_factory=dict)
+    """Placeholder for "x masked" -> its 0/1 mask input. A placeholder never reaches the lifted
+    graph: Softmax and Exp read `mask_base` (x) and multiply exp(x) by the mask."""
+    mask_base: dict[Node, Node] = field(default_factory=dict)
+    mask_arrays: dict[Node, np.ndarray] = field(default_factory=dict)
     extra: dict[str, np.ndarray] = field(default_factory=dict)
 
     def dtype_of(self, name: str) -> DType:
@@ -252,6 +256,7 @@ def _softmax(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
     the same op only when axis is the last dim, so other axes are lifted through that reshape."""
     x = _x(ctx, node, 0)
     mask = ctx.masks.get(x)
+    x = ctx.mask_base.get(x, x)
     if _onnx_opset(ctx) >= 13:
         axis = _attr(node, "axis", -1) % len(x.shape)
         return [_back(_softmax_core(_to32(x), axis, mask), x.dtype)]
@@ -268,7 +273,7 @@ def _softmax(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
 def _exp(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
     x = _x(ctx, node, 0)
     mask = ctx.masks.get(x)
-    e = b.unary(Op.EXP, x)
+    e = b.unary(Op.EXP, ctx.mask_base.get(x, x))
     return [b.mul(e, mask) if mask is not None else e]
 
 
@@ -285,12 +290,22 @@ def _where(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
             keep = np.broadcast_to(cond.astype(bool) == keep_when, ctx.loaded.shapes[node.output[0]])
             np_dtype = _NP_OF.get(x.dtype, np.float32)
             arr = np.ascontiguousarray(keep.astype(np_dtype))
+            base = x
+            if x in ctx.masks:  # a mask on a masked value: one mask, the product of both
+                base = ctx.mask_base[x]
+                arr = np.ascontiguousarray(arr * np.broadcast_to(ctx.mask_arrays[x], arr.shape).astype(np_dtype))
             # sha256, not hash(): hash() is salted per process, and output models must not depend on it
             name = f"mlso_mask_{hashlib.sha256(arr.tobytes()).hexdigest()[:12]}"
             ctx.extra[name] = arr
             mask = ctx.add_input(name, arr.shape, x.dtype if x.dtype is not DType.BF16 else DType.F32)
-            out = b.mul(x, b.const(1, x.dtype))  # a distinct node standing for "x, masked"
+            # a node standing for "base, masked by this mask": it names the mask, so two different
+            # masks on one tensor get two placeholders (x * 1 for both made them one node and lost
+            # a mask); it never reaches the graph (Softmax and Exp read mask_base)
+            m = mask if mask.dtype is base.dtype else b.cast(mask, base.dtype)
+            out = b.mul(base, b.mul(m, b.const(0, base.dtype)))
             ctx.masks[out] = mask
+            ctx.mask_base[out] = base
+            ctx.mask_arrays[out] = arr
             return [out]
     raise LiftError("Where: only masks whose other branch is -inf are lifted")
 
@@ -483,13 +498,13 @@ def lift_region(loaded: LoadedModel, region: Region, consts: dict[str, np.ndarra
 
 
 def _check_masks_consumed(ctx: _Ctx, outputs: list[Node]) -> None:
-    """A masked placeholder (x*1) may only feed the masked exp; anything else would read x unmasked."""
+    """A masked placeholder is consumed by Softmax/Exp (which read its base): one left in the
+    graph means something else read the masked value, which the lifted graph cannot express."""
     from mlso_cli.ir import toposort
 
     for n in toposort(outputs):
-        for s in n.src:
-            if s in ctx.masks and n.op is not Op.EXP:
-                raise LiftError("Where: a masked value is used by something other than Softmax/Exp")
+        if n in ctx.masks:
+            raise LiftError("Where: a masked value is used by something other than Softmax/Exp")
 
 
 def _substitute(roots: tuple[Node, ...], mapping: dict[Node, Node]) -> list[Node]:
