@@ -278,3 +278,24 @@ def test_two_masks_on_one_tensor_are_both_kept(tmp_path, layout):
     w = want.astype(np.float64)
     ok = np.isfinite(w)  # rows that both masks empty are NaN in ONNX Runtime too
     assert np.isfinite(np.asarray(got)[ok]).all() and _rel(np.asarray(got)[ok], w[ok]) < 1e-6
+
+
+def test_causal_attention_mask_is_top_left_when_lengths_differ(tmp_path):
+    """ONNX Attention's is_causal aligns the mask top-left (query i sees keys 0..i), also when
+    the query is shorter than the keys; lifting used a bottom-right mask (error ~1)."""
+    from onnx.reference import ReferenceEvaluator
+
+    sq, skv, d = 4, 8, 16
+    q, k, v = _vi("q", [1, 2, sq, d]), _vi("k", [1, 2, skv, d]), _vi("v", [1, 2, skv, d])
+    node = helper.make_node("Attention", ["q", "k", "v"], ["y"], is_causal=1)
+    m = _model([node], [q, k, v], [_vi("y", [1, 2, sq, d])], opset=23)
+    m.ir_version = 10
+    loaded = load_model(str(save(m, tmp_path / "attn.onnx")))
+    (lr,) = analyse(loaded).lifted
+    rng = np.random.default_rng(2)
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in
+             (("q", (1, 2, sq, d)), ("k", (1, 2, skv, d)), ("v", (1, 2, skv, d)))}
+    (want,) = ReferenceEvaluator(m).run(None, feeds)
+    ins = [feeds[n] if n in feeds else lr.extra_inputs[n] for n in lr.graph.input_names]
+    (got,) = interpreter.run(lr.graph, ins, mode="float64")
+    assert _rel(np.asarray(got), want.astype(np.float64)) < 1e-5

@@ -436,8 +436,10 @@ def _attention(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
     s = b.mul(b.matmul(_to32(q), b.transpose(_to32(k), (0, 1, 3, 2))), b.const(scale))
     mask = None
     if _attr(node, "is_causal", 0):
-        keep = np.tril(np.ones((sq, skv), dtype=np.float32), k=skv - sq)
-        name = f"mlso_causal_{sq}x{skv}"
+        # top-left aligned, as ONNX (opset 23) and ONNX Runtime define it: query i sees keys
+        # 0..i whatever skv is (a bottom-right mask, k = skv - sq, differs when sq != skv)
+        keep = np.tril(np.ones((sq, skv), dtype=np.float32))
+        name = f"mlso_causal_tl_{sq}x{skv}"
         ctx.extra[name] = keep
         mask = ctx.add_input(name, keep.shape, DType.F32)
     if _has(node, 3):
