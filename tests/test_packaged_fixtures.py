@@ -62,3 +62,71 @@ def test_verify_rejects_a_wrong_kernel_whose_fallback_is_right(tmp_path):
     r = run_cli("verify", str(_small(name)), str(packed), "--samples", "1")
     assert r.returncode == 3
     assert b"does not compute its region" in r.stderr
+
+
+# ---- the chain from μGraph to binary: spliced parts are refused -----------------------------------
+
+def _mlso_node(model):
+    return next(n for n in model.graph.node if n.domain == "ai.mlso")
+
+
+def _set_attr(node, name, value) -> None:
+    for a in node.attribute:
+        if a.name == name:
+            a.s = value.encode() if isinstance(value, str) else value
+            return
+    raise AssertionError(f"no attribute {name}")
+
+
+def _splice_binary(model, fatbin: bytes) -> None:
+    import hashlib
+
+    import numpy as np
+    from onnx import numpy_helper
+
+    node = _mlso_node(model)
+    init = next(t for t in model.graph.initializer if t.name == node.input[0])
+    init.CopyFrom(numpy_helper.from_array(np.frombuffer(fatbin, np.uint8).copy(), init.name))
+    _set_attr(node, "binary_sha256", hashlib.sha256(fatbin).hexdigest())
+
+
+@pytest.mark.parametrize("attack", ["binary_of_another_program", "random_binary", "source_hash", "plan_grid"])
+def test_verify_refuses_parts_not_made_from_the_ugraph(tmp_path, attack):
+    """A binary, hash or plan spliced in (with binary_sha256 updated to match) passed verify before:
+    the field check proves only the μGraph. verify now regenerates and recompiles it."""
+    import hashlib
+    import os
+
+    from mlso_cli.codegen import compile_program
+
+    name = "gated_mlp"
+    packed = package_fixture(_small(name), SMALL_FIXTURES[name]())
+    node = _mlso_node(packed)
+    if attack == "binary_of_another_program":
+        _splice_binary(packed, compile_program(SMALL_FIXTURES["lora"]()).fatbin)
+    elif attack == "random_binary":
+        _splice_binary(packed, os.urandom(4096))
+    elif attack == "source_hash":
+        _set_attr(node, "source_sha256", hashlib.sha256(b"other source").hexdigest())
+    else:
+        plan = json.loads(next(a.s for a in node.attribute if a.name == "plan"))
+        plan["launches"][0]["grid"][0] += 1
+        _set_attr(node, "plan", json.dumps(plan))
+    path = tmp_path / "spliced.onnx"
+    onnx.save(packed, str(path))
+    r = run_cli("verify", str(_small(name)), str(path), "--samples", "1")
+    assert r.returncode == 3, r.stderr
+    assert b"is not what its" in r.stderr and b"Traceback" not in r.stderr
+
+
+def test_verify_without_nvcc_says_binary_not_checked(tmp_path):
+    name = "lora"
+    path = tmp_path / "packed.onnx"
+    onnx.save(package_fixture(_small(name), SMALL_FIXTURES[name]()), str(path))
+    env = {"MLSO_NVCC": str(tmp_path / "no-nvcc"), "MLSO_CACHE_DIR": str(tmp_path / "cache")}
+    r = run_cli("verify", str(_small(name)), str(path), "--samples", "1", env=env)
+    assert r.returncode == 4 and b"binary not checked" in r.stderr and b"--trust-binary" in r.stderr
+    r = run_cli("verify", str(_small(name)), str(path), "--samples", "1", "--trust-binary", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.decode().splitlines()[-1])
+    assert summary["binaries_trusted"] == 1 and summary["binaries_checked"] == 0

@@ -175,7 +175,10 @@ def _rel(out: np.ndarray, ref: np.ndarray) -> float:
 @click.option("--gpu", type=int, default=None, help="Run both models on this GPU with the CUDA EP.")
 @click.option("--field/--no-field", default=True, show_default=True,
               help="Check each mlso kernel's μGraph against its region in the finite field.")
-def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, rtol, atol, gpu, field) -> None:
+@click.option("--trust-binary", is_flag=True,
+              help="Check each kernel's source hash and plan against its μGraph, but not its binary (no nvcc here).")
+def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, rtol, atol, gpu, field,
+               trust_binary) -> None:
     """Check that model B computes what model A computes (exit 3 when it does not)."""
     scale_list = _parse_scales(scales)
     if seed is None:
@@ -200,6 +203,16 @@ def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, r
     if outs_a != [o.name for o in b.graph.output]:
         raise VerificationFailed("A and B have different graph outputs")
     _require_input_memory(specs_a, model_a)
+    try:
+        chain_rows = chain_check_kernels(b, trust_binary)
+    except EnvironmentProblem as exc:
+        raise EnvironmentProblem(f"binary not checked: {exc.what.rstrip('.')}",
+                                 "Install the CUDA toolkit (nvcc), or pass --trust-binary to check only the "
+                                 "source hash and plan") from None
+    bad_chain = next((c for c in chain_rows if c["detail"]), None)
+    if bad_chain is not None:
+        raise VerificationFailed(f"mlso kernel '{bad_chain['node']}' is not what its μGraph compiles to: "
+                                 f"{bad_chain['detail']}")
     kernel_rows = field_check_kernels(b, seed) if field else []
     sess_a, sess_b = _session(a, gpu, "A"), _session(b, gpu, "B")
     rng = np.random.default_rng(seed)
@@ -237,7 +250,8 @@ def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, r
                "failed": sum(not r["pass"] for r in rows), "kernels": len(kernel_rows),
                "kernels_equivalent": sum(k["equivalent"] for k in kernel_rows),
                "false_accept_bound": sum(k["bound"] for k in kernel_rows) if kernel_rows else None,
-               "seed": seed}
+               "seed": seed, "binaries_checked": sum(c["binary"] is True for c in chain_rows),
+               "binaries_trusted": sum(c["binary"] == "not checked" for c in chain_rows)}
     if as_json:
         for r in kernel_rows + rows:
             click.echo(json.dumps(r))
@@ -252,6 +266,50 @@ def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, r
         raise VerificationFailed(
             f"B differs from A: output '{worst['output']}' at scale {worst['scale']:g} has relative error "
             f"{worst['rel_err_b']:.3g} (limit {worst['limit']:g}, A's own error {worst['rel_err_a']:.3g})")
+
+
+def chain_check_kernels(model: onnx.ModelProto, trust_binary: bool) -> list[dict]:
+    """Tie each MlsoKernel's binary to its μGraph: regenerate the CUDA source and launch plan from
+    the embedded μGraph and compare them with the node's source_sha256 and plan, then recompile
+    (nvcc, cached) and compare the fatbin with the node's binary. Why: the field check proves the
+    μGraph; without this, a binary, plan or hash spliced in from another model would run
+    unchecked. nvcc output is deterministic for one nvcc version (checked across cache folders),
+    so a model optimized with another nvcc version fails here: re-run optimize, or pass
+    --trust-binary to check only source and plan."""
+    import hashlib
+
+    from mlso_cli.codegen import compile_program, generate
+    from mlso_cli.ir import loads
+    from mlso_cli.runtime import check_model
+
+    rows = []
+    for checked in check_model(model):
+        row = {"type": "chain", "node": checked.node.name, "source": False, "plan": False,
+               "binary": "not checked" if trust_binary else False, "detail": ""}
+        rows.append(row)
+        try:
+            program = loads(checked.ugraph_json)
+            targets = tuple(checked.plan.get("targets") or ())
+            gp = generate(program, targets) if targets else generate(program)
+        except Exception as exc:  # a μGraph codegen refuses cannot have made this binary
+            row["detail"] = f"its μGraph does not generate code: {type(exc).__name__}: {str(exc)[:200]}"
+            continue
+        row["source"] = hashlib.sha256(gp.source.encode()).hexdigest() == checked.source_sha256
+        row["plan"] = gp.plan == checked.plan
+        if not row["source"]:
+            row["detail"] = "source_sha256 is not the hash of the code its μGraph generates"
+            continue
+        if not row["plan"]:
+            row["detail"] = "the launch plan is not the one its μGraph generates"
+            continue
+        if trust_binary:
+            continue
+        cp = compile_program(program, targets) if targets else compile_program(program)  # EnvironmentProblem without nvcc
+        row["binary"] = hashlib.sha256(cp.fatbin).hexdigest() == checked.binary_sha256
+        if not row["binary"]:
+            row["detail"] = ("the binary is not what nvcc makes of its μGraph's code (another nvcc version? "
+                             "re-run optimize here, or pass --trust-binary)")
+    return rows
 
 
 def field_check_kernels(model: onnx.ModelProto, seed: int) -> list[dict]:
