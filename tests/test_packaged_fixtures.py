@@ -130,3 +130,28 @@ def test_verify_without_nvcc_says_binary_not_checked(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout.decode().splitlines()[-1])
     assert summary["binaries_trusted"] == 1 and summary["binaries_checked"] == 0
+
+
+def test_verify_float_checks_a_ugraph_that_rounds_its_row_sums(tmp_path):
+    """The field treats CAST as the identity, so a μGraph rounding gqa's softmax row sums to bf16
+    in its block is "equivalent" there; in the interpreter's float32 mode the error is ~1.5e-3
+    against fp32's 1e-5 limit, and verify must say so (exit 3)."""
+    from mlso_cli.ir import build as b
+    from mlso_cli.ir.ops import DType, Op
+    from tests.fixtures.mutations import rewrite
+
+    def round_denominator(n):
+        if n.op is Op.SAVE and n.src[0].op is Op.ACC_EXP_SUM:
+            return n.replace(src=(b.cast(b.cast(n.src[0], DType.BF16), DType.F32),))
+        return None
+
+    name = "gqa"
+    rounded = rewrite(SMALL_FIXTURES[name](), round_denominator)
+    assert any(n.op is Op.CAST for k in rounded.kernels() if k.op is Op.GRAPH_DEF for n in k.arg.nodes())
+    path = tmp_path / "rounded.onnx"
+    onnx.save(package_fixture(_small(name), rounded), str(path))
+    r = run_cli("verify", str(_small(name)), str(path), "--samples", "1", "--json")
+    assert r.returncode == 3, r.stderr
+    assert b"as code generation computes it" in r.stderr
+    rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
+    assert any(x["type"] == "kernel" and not x["equivalent"] for x in rows)
