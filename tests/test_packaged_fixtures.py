@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 from tests.fixtures.mutations import MUTATIONS
-from tests.fixtures.packaging import package_fixture
+from tests.fixtures.packaging import package_fixture, placeholder
 from tests.fixtures.ugraphs import SMALL_FIXTURES
 from tests.helpers import MODELS, run_cli
 
@@ -27,7 +27,7 @@ def test_packaged_fixture_runs_in_stock_ort(name):
     from models.build_models import random_inputs
 
     orig = onnx.load(str(_small(name)))
-    packed = package_fixture(_small(name), SMALL_FIXTURES[name]())
+    packed = package_fixture(_small(name), SMALL_FIXTURES[name](), placeholder(SMALL_FIXTURES[name]()))
     onnx.checker.check_model(packed)
     assert 10 <= packed.ir_version <= 13
     kinds = [n for n in packed.graph.node if n.domain == "ai.mlso"]
