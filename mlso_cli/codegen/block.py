@@ -108,8 +108,8 @@ class BlockKernel(BlockLayout):
             self._factor_pass(code, self.flash_f, self.flash_fbuf, "weighted operand")
             vs = f", {self.flash_fbuf}"
         if self.flash_red is not None:
-            strips = g.s.shape[-2] // 16
-            vs = f"{vs or ', nullptr'}, {self.flash_red} + (warp % {strips}) * {self.flash_ksplit * 16 * g.s.shape[-1]}"
+            vs = (f"{vs or ', nullptr'}, {self.flash_red} + (warp % {self.flash_strips}) * "
+                  f"{self.flash_ksplit * 16 * g.s.shape[-1]}")
         if self.flash_kbuf is not None:
             self._factor_pass(code, form.key_factor, self.flash_kbuf, "scores")
         ab = [f"{self._flash_args(sp, sp.a, sp.a_kmajor)}, {self._flash_args(sp, sp.b, not sp.b_kmajor)}" for sp in sps]
@@ -129,17 +129,14 @@ class BlockKernel(BlockLayout):
         then (flash_split > 1) the value columns of a strip."""
         if self.flash_split == 1:
             return "warp * 16, 0"
-        strips = self.flash.s.shape[-2] // 16
-        width = self.flash.wsums[0].shape[-1] // self.flash_split
-        return f"(warp % {strips}) * 16, (warp / {strips}) * {width}"
+        return f"(warp % {self.flash_strips}) * 16, (warp / {self.flash_strips}) * {self.flash_width}"
 
     def _flash_decl(self) -> str:
         g = self.flash
         sps = [self.plans[t] for t in self.flash_form.terms]
         sp = sps[0]
         second = "".join(f", {p.a.shape[-1]}, {_bool(p.a_kmajor)}, {_bool(p.b_kmajor)}" for p in sps[1:])
-        width = g.wsums[0].shape[-1] // self.flash_split
-        return (f"mlso::FlashRows<{CTYPE[sp.dtype]}, {g.s.shape[-1]}, {sp.a.shape[-1]}, {width}, "
+        return (f"mlso::FlashRows<{CTYPE[sp.dtype]}, {g.s.shape[-1]}, {sp.a.shape[-1]}, {self.flash_width}, "
                 f"{_bool(sp.a_kmajor)}, {_bool(sp.b_kmajor)}, {_bool(self.flash_v[1])}, {self.flash_ksplit}{second}> flash;")
 
     def _flash_flush(self, code: Code) -> None:

@@ -77,7 +77,7 @@ class BlockAnalysis:
         self.flash_form: ScoreForm | None = None
         self.flash_split = 1
         self.flash = self._flash_group()
-        self.nt = 32 * (self.flash.s.shape[-2] // 16) * self.flash_split if self.flash else 256
+        self.nt = 32 * self.flash_strips * self.flash_split if self.flash else 256
         self.nw = self.nt // 32
         self.materialised: set[Node] = set(self.iters) | set(self.stab.values())
         self.materialised |= {n for n in self.nodes if (n.op in REDUCE and n not in self.fused_reduce)
@@ -86,6 +86,16 @@ class BlockAnalysis:
         self.materialised |= {g.m for g in self.groups.values()}
         self.order = self._schedule()
         self.loop_iters = [n for n in self.iters if n.phase is Phase.LOOP]
+
+    @property
+    def flash_strips(self) -> int:
+        """16-row warp strips of the register-path group's scores."""
+        return self.flash.s.shape[-2] // 16
+
+    @property
+    def flash_width(self) -> int:
+        """Value columns one register-path warp holds (V's width over `flash_split`)."""
+        return self.flash.wsums[0].shape[-1] // self.flash_split
 
     def _flash_group(self) -> Group | None:
         """The group whose loop runs in registers (mlso::FlashRows), if one qualifies: s is a

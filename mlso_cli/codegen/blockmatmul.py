@@ -82,8 +82,8 @@ class MatmulPlanning(BlockStorage):
         if split > 1 and all(self.plans[t].a.shape[-1] % (16 * split) == 0 for t in self.flash_form.terms):
             # warps sharing a strip split the score's depth too; partial scores meet in shared memory
             self.flash_ksplit = split
-            strips = g.s.shape[-2] // 16
-            self.flash_red = self._alloc("float", self.names.new("ps"), strips * split * 16 * g.s.shape[-1] * 4)
+            self.flash_red = self._alloc("float", self.names.new("ps"),
+                                         self.flash_strips * split * 16 * g.s.shape[-1] * 4)
         if self.flash_form.key_factor is not None:
             self.flash_kbuf = self._alloc("float", self.names.new("ks"), g.s.shape[-1] * 4)
         scaled = self._flash_scaled_v(g.wsums[0].src[1], sp.dtype)

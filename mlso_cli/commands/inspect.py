@@ -13,7 +13,7 @@ from mlso_cli.commands.options import input_shape_option, json_option
 from mlso_cli.console import chatty, stderr
 from mlso_cli.errors import InputError, MlsoError
 from mlso_cli.frontend.analyse import analyse
-from mlso_cli.frontend.load import _read_proto, load_model, parse_input_shapes
+from mlso_cli.frontend.load import load_model, parse_input_shapes, read_proto
 from mlso_cli.frontend.partition import PartitionBounds
 from mlso_cli.frontend.report import partition_reports
 from mlso_cli.runtime.check import check_one, iter_mlso_nodes
@@ -51,7 +51,7 @@ def inspect_cmd(model: str, input_shapes: tuple[str, ...], as_json: bool, max_op
     """
     kernels = None
     if model != "-":
-        raw, base_dir = _read_proto(model)  # before loading: a hostile model may not load
+        raw, base_dir = read_proto(model)  # before loading: a hostile model may not load
         kernels = _check_kernels(raw, base_dir, model)
     loaded = load_model(model, parse_input_shapes(input_shapes))
     if kernels is None:

@@ -203,8 +203,11 @@ def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, r
     if outs_a != [o.name for o in b.graph.output]:
         raise VerificationFailed("A and B have different graph outputs")
     _require_input_memory(specs_a, model_a)
+    from mlso_cli.runtime import check_model
+
+    kernels = check_model(b)  # plans and binary hashes, once for both checks below
     try:
-        chain_rows = chain_check_kernels(b, trust_binary)
+        chain_rows = chain_check_kernels(kernels, trust_binary)
     except EnvironmentProblem as exc:
         raise EnvironmentProblem(f"binary not checked: {exc.what.rstrip('.')}",
                                  "Install the CUDA toolkit (nvcc), or pass --trust-binary to check only the "
@@ -213,7 +216,7 @@ def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, r
     if bad_chain is not None:
         raise VerificationFailed(f"mlso kernel '{bad_chain['node']}' is not what its μGraph compiles to: "
                                  f"{bad_chain['detail']}")
-    kernel_rows = field_check_kernels(b, seed) if field else []
+    kernel_rows = field_check_kernels(b, kernels, seed) if field else []
     sess_a, sess_b = _session(a, gpu, "A"), _session(b, gpu, "B")
     rng = np.random.default_rng(seed)
     bounds = _index_bounds(a)
@@ -268,7 +271,7 @@ def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, r
             f"{worst['rel_err_b']:.3g} (limit {worst['limit']:g}, A's own error {worst['rel_err_a']:.3g})")
 
 
-def chain_check_kernels(model: onnx.ModelProto, trust_binary: bool) -> list[dict]:
+def chain_check_kernels(kernels: list, trust_binary: bool) -> list[dict]:
     """Tie each MlsoKernel's binary to its μGraph: regenerate the CUDA source and launch plan from
     the embedded μGraph and compare them with the node's source_sha256 and plan, then recompile
     (nvcc, cached) and compare the fatbin with the node's binary. Why: the field check proves the
@@ -278,19 +281,19 @@ def chain_check_kernels(model: onnx.ModelProto, trust_binary: bool) -> list[dict
     --trust-binary to check only source and plan."""
     import hashlib
 
-    from mlso_cli.codegen import compile_program, generate
+    from mlso_cli.codegen import DEFAULT_TARGETS, generate
+    from mlso_cli.codegen.nvcc import compile_generated
     from mlso_cli.ir import loads
-    from mlso_cli.runtime import check_model
 
     rows = []
-    for checked in check_model(model):
+    for checked in kernels:
         row = {"type": "chain", "node": checked.node.name, "source": False, "plan": False,
                "binary": "not checked" if trust_binary else False, "detail": ""}
         rows.append(row)
         try:
             program = loads(checked.ugraph_json)
-            targets = tuple(checked.plan.get("targets") or ())
-            gp = generate(program, targets) if targets else generate(program)
+            targets = tuple(checked.plan.get("targets") or DEFAULT_TARGETS)
+            gp = generate(program, targets)
         except Exception as exc:  # a μGraph codegen refuses cannot have made this binary
             row["detail"] = f"its μGraph does not generate code: {type(exc).__name__}: {str(exc)[:200]}"
             continue
@@ -304,28 +307,25 @@ def chain_check_kernels(model: onnx.ModelProto, trust_binary: bool) -> list[dict
             continue
         if trust_binary:
             continue
-        cp = compile_program(program, targets) if targets else compile_program(program)  # EnvironmentProblem without nvcc
-        row["binary"] = hashlib.sha256(cp.fatbin).hexdigest() == checked.binary_sha256
+        fatbin = compile_generated(gp, targets).fatbin  # EnvironmentProblem without nvcc
+        row["binary"] = hashlib.sha256(fatbin).hexdigest() == checked.binary_sha256
         if not row["binary"]:
             row["detail"] = ("the binary is not what nvcc makes of its μGraph's code (another nvcc version? "
                              "re-run optimize here, or pass --trust-binary)")
     return rows
 
 
-def field_check_kernels(model: onnx.ModelProto, seed: int) -> list[dict]:
-    """Check each MlsoKernel's μGraph against its lifted fallback body in the finite field."""
-    kernels = [n for n in model.graph.node if n.domain == "ai.mlso"]
-    if not kernels:
-        return []
+def field_check_kernels(model: onnx.ModelProto, kernels: list, seed: int) -> list[dict]:
+    """Check each MlsoKernel's μGraph (`kernels`: runtime.check_model's results for `model`)
+    against its lifted fallback body in the finite field."""
     from mlso_cli.bench.harness import region_model
     from mlso_cli.frontend.lift import LiftError, lift_whole_graph, with_input_order
     from mlso_cli.frontend.load import loaded_from_proto
     from mlso_cli.ir import loads
-    from mlso_cli.runtime import check_model
     from mlso_cli.verify.equivalence import check_equivalent
 
     rows = []
-    for k, checked in enumerate(check_model(model), start=1):
+    for k, checked in enumerate(kernels, start=1):
         node = checked.node
         row = {"type": "kernel", "node": node.name, "equivalent": False, "bound": 1.0, "trials": 0, "detail": ""}
         rows.append(row)

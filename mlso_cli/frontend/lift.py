@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from mlso_cli.frontend.load import LoadedModel, load_model
+from mlso_cli.frontend.load import LoadedModel, load_model, onnx_opset
 from mlso_cli.frontend.partition import Region, constant_values, partition
 from mlso_cli.ir import DType, KernelGraph, Node, Op, check
 from mlso_cli.ir import build as b
@@ -246,10 +246,6 @@ def _gemm(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
     return [out]
 
 
-def _onnx_opset(ctx: _Ctx) -> int:
-    return max((o.version for o in ctx.loaded.model.opset_import if o.domain in ("", "ai.onnx")), default=21)
-
-
 def _softmax(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
     """Softmax over one axis (opset 13 on). Before opset 13 the axis (default 1) flattens the
     input to 2-D, [prod(shape[:axis]), prod(shape[axis:])], and normalises over the second dim:
@@ -257,11 +253,9 @@ def _softmax(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
     x = _x(ctx, node, 0)
     mask = ctx.masks.get(x)
     x = ctx.mask_base.get(x, x)
-    if _onnx_opset(ctx) >= 13:
-        axis = _attr(node, "axis", -1) % len(x.shape)
-        return [_back(_softmax_core(_to32(x), axis, mask), x.dtype)]
-    axis = _attr(node, "axis", 1) % len(x.shape)
-    if axis == len(x.shape) - 1:
+    flattening = onnx_opset(ctx.loaded.model) < 13
+    axis = _attr(node, "axis", 1 if flattening else -1) % len(x.shape)
+    if not flattening or axis == len(x.shape) - 1:
         return [_back(_softmax_core(_to32(x), axis, mask), x.dtype)]
     rows = int(np.prod(x.shape[:axis], dtype=np.int64))
     flat = (rows, int(np.prod(x.shape[axis:], dtype=np.int64)))

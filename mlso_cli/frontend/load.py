@@ -42,6 +42,11 @@ MAX_DIM = 2**31 - 1
 otherwise be taken at face value and fail much later (an allocation of tens of GB, or a crash)."""
 
 
+def onnx_opset(model: onnx.ModelProto) -> int:
+    """The model's default-domain opset (what ops like Softmax mean depends on it)."""
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=21)
+
+
 def parse_input_shapes(specs: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:
     """`name=d0,d1,...` strings to a dict; every dim must be a positive integer up to MAX_DIM."""
     out: dict[str, tuple[int, ...]] = {}
@@ -106,7 +111,7 @@ def _read_file(source: str) -> bytes | None:
             raise InputError(f"cannot read {source}: {exc.strerror or exc}", "Check the file") from None
 
 
-def _read_proto(source: str) -> tuple[onnx.ModelProto, Path | None]:
+def read_proto(source: str) -> tuple[onnx.ModelProto, Path | None]:
     if source == "-":
         data = _read_stdin()
         base = None
@@ -326,7 +331,7 @@ def load_model(
     """
     from mlso_cli.frontend.fold import fold_constants
 
-    model, base = _read_proto(source)
+    model, base = read_proto(source)
     where = "stdin" if source == "-" else source
     if _uses_external_data(model):
         _check_external_files(model, base, where)

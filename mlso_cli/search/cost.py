@@ -26,6 +26,7 @@ Calibration (measured, or fitted to measurements) (benchmarks/RESULTS.md, "optim
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import onnx
@@ -52,7 +53,6 @@ class Hardware:
     """Measured rates of codegen's kernel-level matmul (graph-defined kernels are not affected)."""
     smem_per_sm: int = 228 * 1024
     threads_per_sm: int = 2048
-    block_threads: int = 256
     step_latency_s: float = 0.8e-6
     """A for-loop step of a graph-defined kernel cannot take less: the tile's DRAM round trip
     with double buffering (fitted, benchmarks/RESULTS.md "cost model calibration")."""
@@ -185,17 +185,21 @@ def block_graph_time(gd: Node, nbytes: int, flops: int, tensor: bool, hw: Hardwa
     return waves * (hw.pre_latency_s + steps * step) + hw.launch_s
 
 
+def _input_reads(gd: Node):
+    """(source, tile shape, bytes read over the whole grid) for each input of a graph-defined
+    kernel: a tile is read once per block, and once per loop step when the loop walks it."""
+    bg = gd.arg
+    blocks = bg.block_count()
+    for im, src in zip(bg.inputs, gd.src):
+        tile = tile_shape(src.shape, im, bg.grid, bg.loop)
+        steps = bg.loop if im.fmap is not None else 1
+        yield src, tile, math.prod(tile) * src.dtype.itemsize * steps * blocks
+
+
 def _block_graph_traffic(gd: Node) -> tuple[int, int]:
     bg = gd.arg
     blocks = bg.block_count()
-    read = 0
-    for im, src in zip(bg.inputs, gd.src):
-        tile = tile_shape(src.shape, im, bg.grid, bg.loop)
-        n = 1
-        for d in tile:
-            n *= d
-        steps = bg.loop if im.fmap is not None else 1
-        read += n * src.dtype.itemsize * steps * blocks
+    read = sum(nbytes for _, _, nbytes in _input_reads(gd))
     written = sum(_bytes(p) for p in _saves(gd))
     flops = 0
     for n in bg.nodes():
@@ -213,19 +217,11 @@ def _element_path_penalty(gd: Node) -> int:
     synchronously, so each element costs about a 16-byte transaction. Measured on the H200: an
     rmsnorm_linear program with 12-column weight tiles ran 136 µs where the model said 27 µs
     (benchmarks/RESULTS.md, "cost model calibration")."""
-    bg = gd.arg
-    blocks = bg.block_count()
     extra = 0
-    for im, src in zip(bg.inputs, gd.src):
+    for src, tile, nbytes in _input_reads(gd):
         vec = max(1, 16 // src.dtype.itemsize)
-        tile = tile_shape(src.shape, im, bg.grid, bg.loop)
-        if tile and tile[-1] % vec == 0 and src.shape[-1] % vec == 0:
-            continue
-        n = 1
-        for d in tile:
-            n *= d
-        steps = bg.loop if im.fmap is not None else 1
-        extra += n * src.dtype.itemsize * steps * blocks * (vec - 1)
+        if not (tile and tile[-1] % vec == 0 and src.shape[-1] % vec == 0):
+            extra += nbytes * (vec - 1)
     return extra
 
 

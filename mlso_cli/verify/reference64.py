@@ -12,6 +12,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from mlso_cli.frontend.load import onnx_opset
+
 _FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
 
 
@@ -84,8 +86,7 @@ def promote_to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
         m = inliner.inline_local_functions(m)
     del m.graph.value_info[:]
     _promote_graph(m.graph)
-    opset = max((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), default=21)
-    _old_softmax_as_flatten(m.graph, opset)
+    _old_softmax_as_flatten(m.graph, onnx_opset(m))
     return m
 
 
