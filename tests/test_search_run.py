@@ -9,6 +9,8 @@ verification and again here against the float64 interpreter.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
@@ -127,3 +129,56 @@ def test_gqa_at_batch_one_finds_a_register_path_split_kv_program(tmp_path):
     best = min(res.candidates, key=lambda c: c.estimate_us)
     layouts = [k.layout for k in plan(best.graph, "sm_90").kernels if k.layout is not None]
     assert res.verified >= 1 and layouts and layouts[0].register_path
+
+
+def test_a_deep_chain_of_row_statistics_fuses_into_one_kernel():
+    """Two row normalisations with a gated residual between them: 18 elementwise and reduction
+    ops deep, twice the enumeration's rounds. The target's tile-local values seed round 0, so
+    the one-kernel program is found at once, and the block-parallel (rows on the grid) one is
+    chosen for 8 rows."""
+    x = b.input_(0, (8, 64), DType.F32)
+    y = b.input_(1, (8, 64), DType.F32)
+    g = b.input_(2, (64,), DType.F32)
+
+    def norm(t):
+        mean = b.mul(b.reduce(Op.REDUCE_SUM, t, 1), b.const(Fraction(1, 64)))
+        centred = b.sub(t, mean)
+        var = b.mul(b.reduce(Op.REDUCE_SUM, b.unary(Op.SQUARE, centred), 1), b.const(Fraction(1, 64)))
+        return b.mul(centred, b.unary(Op.RSQRT, b.add(var, b.const(Fraction(1, 1000)))))
+
+    h = b.add(b.mul(norm(x), g), b.mul(y, b.unary(Op.SIGMOID, x)))
+    out = b.mul(norm(h), g)
+    target = check(b.kernel_graph([x, y, g], [out]))
+    res = search(target, SearchOptions(max_states=3_000, seed=0, jobs=1))
+    fused = _fused(res)
+    assert fused and res.verified >= 1
+    assert fused[0].estimate_us < res.candidates[-1].estimate_us
+    _agrees(target, fused[0])
+
+
+def test_a_row_times_its_own_statistic_is_not_a_constant_multiple_of_the_row():
+    """At batch 1 a tile holds one row, and x * rsqrt(mean(x^2)) is proportional to x at any
+    single evaluation point. The search must still keep it (it is the normalised row)."""
+    from mlso_cli.search.enumerate import BlockSearch, Limits, SearchAlgebra, Stats, Vocabulary
+    from mlso_cli.search.fingerprint import Fingerprints
+    from mlso_cli.search.prune import ExprPruner
+    from mlso_cli.search.space import Dims, Signature, Step, iters
+    from mlso_cli.search.dims import dim_classes
+
+    x = b.input_(0, (1, 16), DType.F32)
+    w = b.input_(1, (16, 8), DType.F32)
+    r = b.unary(Op.RSQRT, b.mul(b.reduce(Op.REDUCE_SUM, b.unary(Op.SQUARE, x), 1), b.const(Fraction(1, 16))))
+    target = check(b.kernel_graph([x, w], [b.matmul(b.mul(x, r), w)]))
+    dc = dim_classes(target)
+    sig, dims = Signature((), None), Dims((), 1)
+    _, maps, grid = iters(target, dc, sig, dims, (0, 1))
+    alg = SearchAlgebra(Fingerprints(target, dc, sig, dims, 0), ExprPruner(target, dc).bind(grid, 1, maps))
+    bs = BlockSearch(target, dc, sig, dims, alg, Vocabulary.of(target), Limits(max_states=100), Stats())
+    sq = bs._add(Step(Op.SQUARE, (0,)), [0], 1)
+    s = bs._add(Step(Op.REDUCE_SUM, (0,), 1), [sq], 1)
+    mean = bs._add(Step(Op.MUL, (0, 1)), [s, next(c for c in bs.consts if c.step.arg == Fraction(1, 16))], 1)
+    rs = bs._add(Step(Op.RSQRT, (0,)), [mean], 1)
+    assert None not in (sq, s, mean, rs)
+    assert bs._add(Step(Op.MUL, (0, 1)), [0, rs], 2) is not None
+    # a true constant multiple of the row is still represented by the row alone
+    assert bs._add(Step(Op.ADD, (0, 1)), [0, 0], 2) is None

@@ -24,7 +24,8 @@ from typing import Any, Protocol
 
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.node import Node, const_value, toposort
-from mlso_cli.ir.ops import ELEMENTWISE, Op, Phase
+from mlso_cli.ir.ops import ELEMENTWISE, REDUCE, Op, Phase
+from mlso_cli.search import terms as T
 from mlso_cli.search.dims import DimClasses, typing_is_sound, value_classes
 from mlso_cli.search.fingerprint import Fingerprints, Print
 from mlso_cli.search.space import (
@@ -86,6 +87,19 @@ class SearchAlgebra:
     def key(self, e: Expr) -> Hashable:
         return e.print.key()
 
+    def ray(self, e: Expr) -> Hashable:
+        """The value up to a constant factor. The fingerprint's ray alone is not enough: at
+        reduced shapes a tile may hold one row, and a row times its own statistic (x * rsqrt
+        (mean(x^2) + eps)) is then a scalar multiple of x at any one evaluation point. The
+        abstract expression, scaled to a leading coefficient of one, tells a constant factor
+        from a data-dependent one."""
+        a = e.abstract
+        if a is None:
+            return e.print.ray()
+        ts = T.terms(a.poly)
+        lead = ts[0][1] if ts else 1
+        return e.print.ray(), a.dims, T.scale(a.poly, Fraction(1) / lead) if ts else a.poly
+
     def output(self, e: Expr, node: Node) -> int | None:
         return next((j for j in range(len(self.fp.target.outputs)) if self.fp.matches(e.print, j)), None)
 
@@ -135,6 +149,10 @@ class Value:
     scalings: int = 0
     """Multiplications by a constant in its cone: of two constant multiples of one value, the
     one with fewer represents them."""
+    counted: frozenset[int] = frozenset()
+    """The pool numbers of the non-elementwise values in its cone, itself included: `ops` is its
+    size. A set, not a sum over operands, because cones share: a centred row and its own
+    rsqrt(variance) both contain the mean, which one block computes once."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +227,7 @@ class BlockSearch:
         self.consts = [Value(n, algebra.op(n, ()), Step(Op.CONST, (), c), 0, 0.0)
                        for c in vocab.consts for n in [self._const(c)]]
         self.providers: dict[int, int] = {}
-        self.rays: dict[tuple, int] = {(v.node.phase, v.expr.print.ray()): i for i, v in enumerate(self.values)}
+        self.rays: dict[tuple, int] = {(v.node.phase, algebra.ray(v.expr)): i for i, v in enumerate(self.values)}
         self.partials: list[int] = []
         self.combined: dict[int, Expr] = {}
         # partial sums are completed at kernel level for one output only (KernelCompletion)
@@ -222,12 +240,59 @@ class BlockSearch:
 
         return b.const(c)
 
+    # ---- seeding -----------------------------------------------------------------------------
+    def _replay_target(self) -> None:
+        """Seed the pool with the target's own tile-local values.
+
+        Why: a value the target computes from one tile's worth of each input (a normalised row,
+        a scaled score tile, an elementwise chain) is by definition a subexpression of the
+        target, and one tile computes it the way the target does. Enumerating it op by op costs
+        one round per elementwise op (ntrans's two RMSNorms are 16 deep; its pool outgrew the
+        state budget by round 5). So the target's nodes are replayed on this signature's tiles in
+        topological order, through `_add` (same typing, pruning, fingerprints and dedup as any
+        other value), up to the first op that would sum over a split index (the loop's, or a
+        grid dim's): those sums, and everything after them, are left to the enumeration, which
+        builds the accumulators and the combines. Casts are transparent (the search's values are
+        exact; codegen chooses storage). Nothing here knows what the target computes: it is the
+        enumeration's round 0, grown from the target instead of from the inputs alone."""
+        split = {ax.cls for ax in self.sig.grid} | ({self.sig.loop} if self.sig.loop is not None else set())
+        consts = {c.step.arg: c for c in self.consts}
+        at: dict[Node, int | Value | None] = {inp: f for f, inp in zip(self.feeds, self.target.inputs)}
+        for n in toposort(list(self.target.outputs)):
+            if n in at:
+                continue
+            if n.op is Op.CONST:
+                at[n] = consts.get(const_value(n))
+                continue
+            srcs = [at.get(s) for s in n.src]
+            if any(s is None for s in srcs) or self.stopped:
+                at[n] = None
+                continue
+            if n.op is Op.CAST:
+                at[n] = srcs[0]
+                continue
+            vals = [self.values[s] if isinstance(s, int) else s for s in srcs]
+            summed = None
+            if n.op in REDUCE:
+                summed = n.arg
+            elif n.op is Op.MATMUL:
+                summed = len(vals[0].node.shape) - 1
+            if n.op not in ELEMENTWISE | REDUCE | {Op.MATMUL, Op.TRANSPOSE} or (
+                    summed is not None and (not vals[0].classes or vals[0].classes[summed] in split
+                                            and vals[0].node.shape[summed] > 1)):
+                at[n] = None
+                continue
+            at[n] = self._add(Step(n.op, tuple(range(len(srcs))), n.arg), list(srcs), 0, existing=True)
+
     # ---- growth ------------------------------------------------------------------------------
-    def _add(self, step: Step, operands: list[int | Value], rnd: int) -> int | None:
+    def _add(self, step: Step, operands: list[int | Value], rnd: int, existing: bool = False) -> int | None:
+        """Grow the pool by one op; the new value's number, or None when it is refused or a
+        duplicate (with `existing`, a duplicate answers the number of the value it equals)."""
         if self.stopped:
             return None
         srcs = [self.values[o] if isinstance(o, int) else o for o in operands]
-        ops = sum(v.ops for v in srcs) + (1 if step.op in _COUNTED else 0)
+        counted = frozenset().union(*(v.counted for v in srcs))
+        ops = len(counted) + (1 if step.op in _COUNTED else 0)
         if ops > self.limits.block_ops:
             return None
         rank = max((len(v.node.shape) for v in srcs), default=0) + (1 if step.arg == ROW else 0)
@@ -270,11 +335,12 @@ class BlockSearch:
         if key in self.seen:
             self.stats.duplicates += 1
             old = self.seen[key]
+            value.counted = counted | {old} if step.op in _COUNTED else counted
             if cost < self.values[old].cost:
                 self.values[old] = value
                 self._check_goal(old)
-            return None
-        ray = (node.phase, e.print.ray())
+            return old if existing else None
+        ray = (node.phase, self.alg.ray(e))
         rep = self.rays.get(ray)
         if rep is not None and not direct and value.scalings >= self.values[rep].scalings:
             # a constant multiple of a value we have: only `x * c` itself may spell it (a mean,
@@ -283,6 +349,7 @@ class BlockSearch:
             return None
         if len(self.values) >= self.limits.pool:
             return None
+        value.counted = counted | {len(self.values)} if step.op in _COUNTED else counted
         self.values.append(value)
         if rep is None or value.scalings < self.values[rep].scalings:
             self.rays[ray] = len(self.values) - 1
@@ -410,6 +477,7 @@ class BlockSearch:
 
     def run(self) -> Iterator[Recipe]:
         """Grow the pool round by round; yield a recipe each time the outputs' providers improve."""
+        self._replay_target()
         new = list(range(len(self.values)))
         best: dict[int, int] = {}
         for rnd in range(1, self.limits.rounds + 1):
@@ -426,18 +494,24 @@ class BlockSearch:
     # ---- extraction --------------------------------------------------------------------------
     def recipe(self, saves: list[int], kernel_steps: tuple[Step, ...], outputs: tuple[int, ...] | None) -> Recipe:
         """The cone of `saves` as a recipe, renumbered: ITERs first, then the steps it needs."""
-        need: set[int] = set()
-        stack = list(saves)
-        while stack:
-            i = stack.pop()
-            if i in need:
-                continue
-            need.add(i)
-            st = self.values[i].step
-            if st is not None:
-                stack.extend(st.srcs)
+        # operands before users: pool numbers are not a topological order, because a cheaper
+        # construction found later replaces a value in place, operands and all
         nfeed = len(self.feeds)
-        order = list(range(nfeed)) + sorted(i for i in need if i >= nfeed)
+        order = list(range(nfeed))
+        placed = set(order)
+        for root in saves:
+            stack = [(root, False)]
+            while stack:
+                i, expanded = stack.pop()
+                if i in placed:
+                    continue
+                st = self.values[i].step
+                if expanded or st is None:
+                    placed.add(i)
+                    order.append(i)
+                    continue
+                stack.append((i, True))
+                stack.extend((j, False) for j in reversed(st.srcs) if j not in placed)
         renum = {old: new for new, old in enumerate(order)}
         steps = tuple(Step(self.values[i].step.op, tuple(renum[s] for s in self.values[i].step.srcs),
                            self.values[i].step.arg) for i in order[nfeed:])
@@ -456,6 +530,12 @@ class KernelCompletion:
     depth: int = 2
     max_partials: int = 16
     max_pool: int = 160
+    allowance: int = 20_000
+    """States of its own (search/run.py keeps them out of the block search's part of the
+    share). Why: the block search of a deep signature (qknorm_real's normalised split-KV
+    attention) spends its whole part before its last round ends, with the partial sums the
+    completion needs already in the pool; a completion that started with nothing left never
+    tried their quotient."""
 
     def _is_const(self, i: int) -> bool:
         st = self.values[i].step
@@ -488,12 +568,13 @@ class KernelCompletion:
             seen.add(c.print.key())
             pool.append((b.input_(_PLACEHOLDER + i, v.node.shape, v.node.dtype), c))
         new = list(pool)
+        used = 0
         for rnd in range(self.depth + 1):
             for node, e in new:
                 if len(bs.target.outputs) == 1 and fp.combined_output(e.print) == 0:
                     yield self._recipe(node)
                     return
-            if rnd == self.depth or bs.stopped:
+            if rnd == self.depth or used >= self.allowance or not bs.tick():
                 return
             grown: list[tuple[Node, Expr]] = []
             for x in new:
@@ -508,8 +589,8 @@ class KernelCompletion:
                                 bs.stats.invalid += 1
                                 continue
                             bs.stats.states += 1
-                            if bs.limits.max_states is not None and bs.stats.states >= bs.limits.max_states:
-                                bs.stopped = True
+                            used += 1
+                            if used >= self.allowance:
                                 return
                             e = bs.alg.kernel_op(node, [a[1], c[1]])
                             if e is None:

@@ -54,7 +54,12 @@ class Print:
 
     def ray(self) -> Hashable:
         """The key of the value up to a constant factor: residues divided by the first nonzero
-        one (in each residue field). c * x and x share a ray."""
+        one (in each residue field). c * x and x share a ray. A value of one entry has no ray:
+        any two nonzero scalars are constant multiples of each other, so at batch 1 every per-row
+        statistic (a mean, a variance plus eps, its rsqrt) would share one and all but the first
+        would be dropped; its key stands in."""
+        if self.value.p.size < 2:
+            return ("one", self.key())
         h = hashlib.blake2b(digest_size=16)
         h.update(repr(self.value.shape).encode())
         for res, r in ((self.value.p, self.field_p), (self.value.q if self.value.q_known() else None, self.field_q)):

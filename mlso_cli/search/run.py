@@ -58,6 +58,8 @@ FULL_CHECKS = 3
 """Structures re-verified at full shapes per region (the cheapest by estimate)."""
 FILTER_BOUND = 2.0**-30
 """The reduced-shape check is a filter, not an acceptance: a looser bound suffices."""
+COMPLETION_STATES = 20_000
+"""At most this much of a split signature's share is kept for its kernel-level completion."""
 STATES_PER_SIGNATURE = 64_000
 DEFAULT_STATES_CAP = 1_000_000
 """Without --max-states a region gets STATES_PER_SIGNATURE states per signature, at most
@@ -180,6 +182,7 @@ def explore(task: Task) -> Explored:
     dims = provisional(dcs, task.sig)
     out: list[Found] = []
     cut = {"partial": False}
+    limited = False
 
     def tick() -> bool:
         if task.deadline is not None and time.time() > task.deadline:
@@ -195,12 +198,17 @@ def explore(task: Task) -> Explored:
             fp = Fingerprints(small, dcs, task.sig, dims, task.seed)
             _, maps, grid = iters(small, dcs, task.sig, dims, tuple(range(len(small.inputs))))
             bound = pruner.bind(grid, dims.loop, maps) if pruner is not None else None
-            limits = Limits(block_ops=task.block_ops, max_states=task.states)
+            completes = task.sig.partial() is not None and len(target.outputs) == 1
+            # a split signature keeps part of its share for the kernel-level completion, which
+            # needs the partial sums the block search leaves when its own part runs out
+            reserve = min(COMPLETION_STATES, task.states // 5) if completes else 0
+            limits = Limits(block_ops=task.block_ops, max_states=task.states - reserve)
             bs = BlockSearch(small, dcs, task.sig, dims, SearchAlgebra(fp, bound), Vocabulary.of(small), limits,
                              stats, tick)
             recipes = list(bs.run())
-            if task.sig.partial() is not None and len(target.outputs) == 1:
-                recipes += list(KernelCompletion(bs).run())
+            limited = bs.stopped
+            if completes:
+                recipes += list(KernelCompletion(bs, allowance=task.states - stats.states).run())
         except RecipeError:
             recipes = []
         seen: set[Recipe] = set()
@@ -225,7 +233,7 @@ def explore(task: Task) -> Explored:
             for sized in choose_dims(target, dcf, recipe, slots, task.arch, keep=1):
                 out.append(Found(recipe, sized.dims, sized.cost.us, sized.cost.launches))
     return Explored(task.sig, tuple(out), stats.states, stats.pruned, stats.duplicates, filtered, cut["partial"],
-                    limited=stats.states >= task.states)
+                    limited=limited and not cut["partial"])
 
 
 PASSES = 3
