@@ -23,8 +23,11 @@ from mlso_cli.verify import interpreter
 
 def _fused(result):
     """The candidates that are one graph-defined kernel (the lifted target has several)."""
-    return [c for c in result.candidates
-            if c.kernels == 1 and any(n.op is Op.GRAPH_DEF for n in c.graph.nodes())]
+    return [
+        c
+        for c in result.candidates
+        if c.kernels == 1 and any(n.op is Op.GRAPH_DEF for n in c.graph.nodes())
+    ]
 
 
 def _agrees(target, cand, seed: int = 0) -> None:
@@ -58,7 +61,9 @@ def test_search_is_deterministic_for_a_seed_and_budget():
     from mlso_cli.ir.serialize import dumps
 
     runs = [search(target, SearchOptions(max_states=5_000, seed=3, jobs=j)) for j in (1, 2)]
-    assert [dumps(c.graph) for c in runs[0].candidates] == [dumps(c.graph) for c in runs[1].candidates]
+    assert [dumps(c.graph) for c in runs[0].candidates] == [
+        dumps(c.graph) for c in runs[1].candidates
+    ]
     assert runs[0].states == runs[1].states and _fused(runs[0])
 
 
@@ -91,8 +96,9 @@ def test_a_signature_explores_the_same_whatever_ran_before_in_the_process(tmp_pa
     R._REGIONS.clear()
     first = [run(i) for i in range(len(sigs))]
     again = [run(i) for i in reversed(range(len(sigs)))][::-1]
-    assert [(e.states, e.pruned, e.duplicates, e.found) for e in again] == \
-        [(e.states, e.pruned, e.duplicates, e.found) for e in first]
+    assert [(e.states, e.pruned, e.duplicates, e.found) for e in again] == [
+        (e.states, e.pruned, e.duplicates, e.found) for e in first
+    ]
 
 
 def test_a_spatial_index_of_two_can_be_a_grid_dim():
@@ -143,7 +149,9 @@ def test_a_deep_chain_of_row_statistics_fuses_into_one_kernel():
     def norm(t):
         mean = b.mul(b.reduce(Op.REDUCE_SUM, t, 1), b.const(Fraction(1, 64)))
         centred = b.sub(t, mean)
-        var = b.mul(b.reduce(Op.REDUCE_SUM, b.unary(Op.SQUARE, centred), 1), b.const(Fraction(1, 64)))
+        var = b.mul(
+            b.reduce(Op.REDUCE_SUM, b.unary(Op.SQUARE, centred), 1), b.const(Fraction(1, 64))
+        )
         return b.mul(centred, b.unary(Op.RSQRT, b.add(var, b.const(Fraction(1, 1000)))))
 
     h = b.add(b.mul(norm(x), g), b.mul(y, b.unary(Op.SIGMOID, x)))
@@ -159,24 +167,32 @@ def test_a_deep_chain_of_row_statistics_fuses_into_one_kernel():
 def test_a_row_times_its_own_statistic_is_not_a_constant_multiple_of_the_row():
     """At batch 1 a tile holds one row, and x * rsqrt(mean(x^2)) is proportional to x at any
     single evaluation point. The search must still keep it (it is the normalised row)."""
+    from mlso_cli.search.dims import dim_classes
     from mlso_cli.search.enumerate import BlockSearch, Limits, SearchAlgebra, Stats, Vocabulary
     from mlso_cli.search.fingerprint import Fingerprints
     from mlso_cli.search.prune import ExprPruner
     from mlso_cli.search.space import Dims, Signature, Step, iters
-    from mlso_cli.search.dims import dim_classes
 
     x = b.input_(0, (1, 16), DType.F32)
     w = b.input_(1, (16, 8), DType.F32)
-    r = b.unary(Op.RSQRT, b.mul(b.reduce(Op.REDUCE_SUM, b.unary(Op.SQUARE, x), 1), b.const(Fraction(1, 16))))
+    r = b.unary(
+        Op.RSQRT, b.mul(b.reduce(Op.REDUCE_SUM, b.unary(Op.SQUARE, x), 1), b.const(Fraction(1, 16)))
+    )
     target = check(b.kernel_graph([x, w], [b.matmul(b.mul(x, r), w)]))
     dc = dim_classes(target)
     sig, dims = Signature((), None), Dims((), 1)
     _, maps, grid = iters(target, dc, sig, dims, (0, 1))
-    alg = SearchAlgebra(Fingerprints(target, dc, sig, dims, 0), ExprPruner(target, dc).bind(grid, 1, maps))
-    bs = BlockSearch(target, dc, sig, dims, alg, Vocabulary.of(target), Limits(max_states=100), Stats())
+    alg = SearchAlgebra(
+        Fingerprints(target, dc, sig, dims, 0), ExprPruner(target, dc).bind(grid, 1, maps)
+    )
+    bs = BlockSearch(
+        target, dc, sig, dims, alg, Vocabulary.of(target), Limits(max_states=100), Stats()
+    )
     sq = bs._add(Step(Op.SQUARE, (0,)), [0], 1)
     s = bs._add(Step(Op.REDUCE_SUM, (0,), 1), [sq], 1)
-    mean = bs._add(Step(Op.MUL, (0, 1)), [s, next(c for c in bs.consts if c.step.arg == Fraction(1, 16))], 1)
+    mean = bs._add(
+        Step(Op.MUL, (0, 1)), [s, next(c for c in bs.consts if c.step.arg == Fraction(1, 16))], 1
+    )
     rs = bs._add(Step(Op.RSQRT, (0,)), [mean], 1)
     assert None not in (sq, s, mean, rs)
     assert bs._add(Step(Op.MUL, (0, 1)), [0, rs], 2) is not None

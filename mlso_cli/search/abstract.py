@@ -89,7 +89,9 @@ def unify(da: tuple[int, ...], db: tuple[int, ...]) -> tuple[dict, dict, tuple[i
         (a, na), (b, _) = qa[i], qb[j]
         step = min(ra, rb)
         if max(ra, rb) % step:
-            raise ExprError(f"index digits of sizes {[n for _, n in qa]} and {[n for _, n in qb]} do not nest")
+            raise ExprError(
+                f"index digits of sizes {[n for _, n in qa]} and {[n for _, n in qb]} do not nest"
+            )
         piece = a if (ra == na and step == na) else T.fresh(step)
         sa.setdefault(a, []).append(piece)
         sb.setdefault(b, []).append(piece)
@@ -217,7 +219,9 @@ class ExprAlgebra:
         used_b = T.deps(b.poly) | {v for d in b.dims for v in d}
         a2 = _renamed(a, {v: (T.fresh(T.free_size(v)),) for v in a.dims[-1] if v in used_b})
         used_a = T.deps(a2.poly) | {v for d in a2.dims for v in d}
-        b2 = _renamed(b, {v: (T.fresh(T.free_size(v)),) for v in b.dims[-1] + b.dims[-2] if v in used_a})
+        b2 = _renamed(
+            b, {v: (T.fresh(T.free_size(v)),) for v in b.dims[-1] + b.dims[-2] if v in used_a}
+        )
         ka, kb = a2.dims[-1], b2.dims[-2]
         if ka and kb:
             ra, rb, kd = unify(ka, kb)
@@ -282,17 +286,19 @@ class ExprAlgebra:
 
 def _close(ren: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
     """Compose nested splits (a digit split, then its low part split again)."""
+
     def expand(v: int) -> tuple[int, ...]:
         return tuple(x for p in ren[v] for x in (expand(p) if p in ren else (p,)))
+
     return {v: expand(v) for v in ren}
 
 
 def _drop(dims: Dims, axis: int) -> Dims:
-    return dims[:axis] + ((),) + dims[axis + 1:]
+    return dims[:axis] + ((),) + dims[axis + 1 :]
 
 
 def _one(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
-    return shape[:axis] + (1,) + shape[axis + 1:]
+    return shape[:axis] + (1,) + shape[axis + 1 :]
 
 
 ALGEBRA = ExprAlgebra()
@@ -324,8 +330,11 @@ def _iter(ctx: BlockContext, n: Node) -> Expr:
     ren_src: dict[int, tuple[int, ...]] = {}
     dims: list[tuple[int, ...]] = []
     for d, (full, tile) in enumerate(zip(src.shape, n.shape)):
-        new: list[int] = [ctx.grid_vars[g] for g, m in enumerate(im.imap)  # type: ignore[misc]
-                          if m == d and ctx.grid_vars[g] is not None]
+        new: list[int] = [
+            ctx.grid_vars[g]
+            for g, m in enumerate(im.imap)  # type: ignore[misc]
+            if m == d and ctx.grid_vars[g] is not None
+        ]
         if im.fmap == d and ctx.step_var is not None:
             new.append(ctx.step_var)
         t = _pos(r - 1 - d, tile) if tile > 1 else None
@@ -344,7 +353,9 @@ def _iter(ctx: BlockContext, n: Node) -> Expr:
         tile_ren = rb.get(t, (t,)) if t is not None else ()
         dims.append(tuple(tile_ren))
         if any(v != t for v in rb):
-            raise ExprError("grid/loop digits of an ITER tile do not nest in its source's index digits")
+            raise ExprError(
+                "grid/loop digits of an ITER tile do not nest in its source's index digits"
+            )
     return Expr(T.subst(src.poly, ren_src), tuple(dims), tuple(n.shape))
 
 

@@ -29,8 +29,13 @@ class SearchOptions:
     def cache_fields(self) -> dict:
         """The options that change the result (and so belong in a cache key). `jobs` does not:
         the enumeration is partitioned deterministically; `budget_s` only marks a result partial."""
-        return {"max_states": self.max_states, "seed": self.seed, "arch": self.arch,
-                "kernel_ops": self.kernel_ops, "block_ops": self.block_ops}
+        return {
+            "max_states": self.max_states,
+            "seed": self.seed,
+            "arch": self.arch,
+            "kernel_ops": self.kernel_ops,
+            "block_ops": self.block_ops,
+        }
 
 
 @dataclass(frozen=True)

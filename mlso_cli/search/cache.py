@@ -47,7 +47,9 @@ def code_digest() -> str:
     h = hashlib.sha256(templates_digest().encode())
     for sub in _CODE_DIRS:
         for p in sorted((_PACKAGE_ROOT / sub).rglob("*.py")):
-            h.update(p.relative_to(_PACKAGE_ROOT).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+            h.update(
+                p.relative_to(_PACKAGE_ROOT).as_posix().encode() + b"\0" + p.read_bytes() + b"\0"
+            )
     return h.hexdigest()
 
 
@@ -63,8 +65,14 @@ class CacheKey:
     version: str = __version__
 
     def as_dict(self) -> dict[str, Any]:
-        return {"region_hash": self.region_hash, "options": dict(self.options), "targets": list(self.targets),
-                "code": self.code, "search_fn": self.search_fn, "version": self.version}
+        return {
+            "region_hash": self.region_hash,
+            "options": dict(self.options),
+            "targets": list(self.targets),
+            "code": self.code,
+            "search_fn": self.search_fn,
+            "version": self.version,
+        }
 
     @property
     def digest(self) -> str:
@@ -72,28 +80,56 @@ class CacheKey:
         return hashlib.sha256(text.encode()).hexdigest()
 
 
-def make_key(region_hash: str, cache_fields: dict[str, Any], targets: tuple[str, ...], search_fn: Any) -> CacheKey:
+def make_key(
+    region_hash: str, cache_fields: dict[str, Any], targets: tuple[str, ...], search_fn: Any
+) -> CacheKey:
     """The key for one region's search (`search_fn` is the callable, named by module and qualname)."""
     name = f"{getattr(search_fn, '__module__', '?')}.{getattr(search_fn, '__qualname__', repr(search_fn))}"
-    return CacheKey(region_hash, tuple(sorted(cache_fields.items())), tuple(targets), code_digest(), name)
+    return CacheKey(
+        region_hash, tuple(sorted(cache_fields.items())), tuple(targets), code_digest(), name
+    )
 
 
 def result_to_dict(result: SearchResult) -> dict[str, Any]:
     return {
-        "candidates": [{"graph": to_dict(c.graph), "estimate_us": c.estimate_us, "kernels": c.kernels, "bound": c.bound}
-                       for c in result.candidates],
-        "states": result.states, "pruned": result.pruned, "verified": result.verified,
-        "seconds": result.seconds, "bound": result.bound, "partial": result.partial, "notes": list(result.notes),
+        "candidates": [
+            {
+                "graph": to_dict(c.graph),
+                "estimate_us": c.estimate_us,
+                "kernels": c.kernels,
+                "bound": c.bound,
+            }
+            for c in result.candidates
+        ],
+        "states": result.states,
+        "pruned": result.pruned,
+        "verified": result.verified,
+        "seconds": result.seconds,
+        "bound": result.bound,
+        "partial": result.partial,
+        "notes": list(result.notes),
     }
 
 
 def result_from_dict(d: dict[str, Any]) -> SearchResult:
-    cands = tuple(Candidate(from_dict(c["graph"]), float(c["estimate_us"]), int(c["kernels"]), float(c["bound"]))
-                  for c in d["candidates"])
+    cands = tuple(
+        Candidate(
+            from_dict(c["graph"]), float(c["estimate_us"]), int(c["kernels"]), float(c["bound"])
+        )
+        for c in d["candidates"]
+    )
     if not cands:
         raise ValueError("a search result needs at least one candidate")
-    return SearchResult(cands, int(d["states"]), int(d["pruned"]), int(d["verified"]), float(d["seconds"]),
-                        float(d["bound"]), bool(d["partial"]), tuple(str(n) for n in d["notes"]))
+    return SearchResult(
+        cands,
+        int(d["states"]),
+        int(d["pruned"]),
+        int(d["verified"]),
+        float(d["seconds"]),
+        float(d["bound"]),
+        bool(d["partial"]),
+        tuple(str(n) for n in d["notes"]),
+    )
 
 
 class SearchCache:
@@ -131,8 +167,11 @@ class SearchCache:
         """Store a final result atomically; a partial one is refused (returns False)."""
         if result.partial:
             return False
-        body = json.dumps({"schema": ENTRY_SCHEMA, "key": key.as_dict(), "result": result_to_dict(result)},
-                          sort_keys=True, separators=(",", ":")).encode()
+        body = json.dumps(
+            {"schema": ENTRY_SCHEMA, "key": key.as_dict(), "result": result_to_dict(result)},
+            sort_keys=True,
+            separators=(",", ":"),
+        ).encode()
         data = hashlib.sha256(body).hexdigest().encode() + b"\n" + body
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -87,7 +87,10 @@ class Cost:
 
 
 def _kernel_time(hw: Hardware, nbytes: int, flops: int, tensor: bool) -> float:
-    return max(nbytes / hw.dram_bytes_per_s, flops / (hw.tensor_flops if tensor else hw.simt_flops)) + hw.launch_s
+    return (
+        max(nbytes / hw.dram_bytes_per_s, flops / (hw.tensor_flops if tensor else hw.simt_flops))
+        + hw.launch_s
+    )
 
 
 def onnx_region_cost(loaded: LoadedModel, region: Region, hw: Hardware = H200) -> Cost:
@@ -101,7 +104,10 @@ def onnx_region_cost(loaded: LoadedModel, region: Region, hw: Hardware = H200) -
             continue
         b = sum(_nbytes(loaded, x) for x in list(n.input) + list(n.output) if x)
         f = node_flops(loaded, n)
-        half = loaded.dtypes.get(n.input[0]) in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+        half = loaded.dtypes.get(n.input[0]) in (
+            onnx.TensorProto.FLOAT16,
+            onnx.TensorProto.BFLOAT16,
+        )
         tensor = n.op_type in ("MatMul", "Gemm", "Attention") and half
         total += _kernel_time(hw, b, f, tensor) - hw.launch_s + hw.ort_node_s
         nbytes, flops, launches = nbytes + b, flops + f, launches + 1
@@ -125,15 +131,24 @@ def program_cost(kg: KernelGraph, hw: Hardware = H200) -> Cost:
             b, f = _block_graph_traffic(n)
             tensor = any(s.dtype is not DType.F32 for s in n.src)
         else:
-            fused_into_consumer = n.op not in (Op.MATMUL, Op.REDUCE_SUM, Op.REDUCE_MEAN, Op.REDUCE_MAX) and n not in kg.outputs
+            fused_into_consumer = (
+                n.op not in (Op.MATMUL, Op.REDUCE_SUM, Op.REDUCE_MEAN, Op.REDUCE_MAX)
+                and n not in kg.outputs
+            )
             if fused_into_consumer:
                 continue  # an elementwise producer is fused into its consumer's prologue
             b = sum(_bytes(s) for s in n.src if s.op is not Op.CONST) + _bytes(n)
             f = _matmul_flops(n) if n.op is Op.MATMUL else n.numel
             tensor = n.op is Op.MATMUL and n.src[0].dtype is not DType.F32
         if n.op is Op.MATMUL:
-            t = max(b / (hw.dram_bytes_per_s * hw.codegen_matmul_bw_fraction), f / hw.codegen_matmul_flops,
-                    hw.pre_latency_s + _matmul_steps(n) * (hw.step_latency_s + hw.smem_step_s)) + hw.launch_s
+            t = (
+                max(
+                    b / (hw.dram_bytes_per_s * hw.codegen_matmul_bw_fraction),
+                    f / hw.codegen_matmul_flops,
+                    hw.pre_latency_s + _matmul_steps(n) * (hw.step_latency_s + hw.smem_step_s),
+                )
+                + hw.launch_s
+            )
         elif n.op is Op.GRAPH_DEF:
             t = max(_kernel_time(hw, b, f, tensor), block_graph_time(n, b, f, tensor, hw))
         else:
@@ -169,7 +184,9 @@ def block_graph_time(gd: Node, nbytes: int, flops: int, tensor: bool, hw: Hardwa
     layout = smem_layout(bg, "sm_90")  # the H200 this model describes
     blocks = bg.block_count()
     threads = max(layout.threads, 32)
-    per_sm = max(1, min(hw.smem_per_sm // (max(layout.smem, 1) + 1024), hw.threads_per_sm // threads))
+    per_sm = max(
+        1, min(hw.smem_per_sm // (max(layout.smem, 1) + 1024), hw.threads_per_sm // threads)
+    )
     concurrent = min(blocks, hw.sms * per_sm)
     waves = -(-blocks // (hw.sms * per_sm))
     sms_used = min(hw.sms, blocks)
@@ -180,7 +197,9 @@ def block_graph_time(gd: Node, nbytes: int, flops: int, tensor: bool, hw: Hardwa
         share_flops = min(share_flops, threads // 32 * hw.warp_flops)
     per_block_bytes, per_block_flops = (nbytes + _element_path_penalty(gd)) / blocks, flops / blocks
     steps = max(bg.loop, 1)
-    step = max(hw.step_latency_s, per_block_bytes / steps / share_bw, per_block_flops / steps / share_flops)
+    step = max(
+        hw.step_latency_s, per_block_bytes / steps / share_bw, per_block_flops / steps / share_flops
+    )
     step += 0.0 if layout.register_path else hw.smem_step_s
     return waves * (hw.pre_latency_s + steps * step) + hw.launch_s
 
@@ -205,7 +224,9 @@ def _block_graph_traffic(gd: Node) -> tuple[int, int]:
     for n in bg.nodes():
         if n.op is Op.MATMUL or n.op is Op.ACC_EXP_WSUM:
             per = 2 * n.numel * n.src[0].shape[-1]
-            flops += per * blocks * (bg.loop if n.phase is Phase.LOOP or n.op is Op.ACC_EXP_WSUM else 1)
+            flops += (
+                per * blocks * (bg.loop if n.phase is Phase.LOOP or n.op is Op.ACC_EXP_WSUM else 1)
+            )
         elif n.op not in VIEW and n.op not in (Op.ITER, Op.SAVE, Op.CONST):
             flops += n.numel * blocks
     return read + written, flops

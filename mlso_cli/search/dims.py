@@ -162,7 +162,9 @@ class DimClasses:
     input_class: tuple[tuple[int | None, ...], ...]
     """Per input, per dim: its class id (None for size-1 dims)."""
     output_class: tuple[tuple[int | None, ...], ...]
-    node_class: dict[Node, tuple[int | None, ...]] = field(default_factory=dict, compare=False, repr=False)
+    node_class: dict[Node, tuple[int | None, ...]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
     """Every node of the graph: per dim, its class (None for size-1 dims)."""
 
     def splittable(self) -> tuple[DimClass, ...]:
@@ -204,10 +206,16 @@ def dim_classes(kg: KernelGraph) -> DimClasses:
     classes = []
     for root, cid in sorted(roots.items(), key=lambda kv: kv[1]):
         node, d = root
-        classes.append(DimClass(
-            cid, sizes.get(cid, node.shape[d]), root in reduced, root not in frozen,
-            tuple((i, d) for i, cs in enumerate(ins) for d, c in enumerate(cs) if c == cid),
-            tuple((o, d) for o, cs in enumerate(outs) for d, c in enumerate(cs) if c == cid)))
+        classes.append(
+            DimClass(
+                cid,
+                sizes.get(cid, node.shape[d]),
+                root in reduced,
+                root not in frozen,
+                tuple((i, d) for i, cs in enumerate(ins) for d, c in enumerate(cs) if c == cid),
+                tuple((o, d) for o, cs in enumerate(outs) for d, c in enumerate(cs) if c == cid),
+            )
+        )
     return DimClasses(tuple(classes), tuple(ins), tuple(outs), node_class)
 
 
@@ -248,7 +256,7 @@ def _t_matmul(arg, srcs: list[Classes], out_rank: int) -> Classes | None:
 
 def _t_reduce(arg, srcs: list[Classes], out_rank: int) -> Classes | None:
     (x,) = srcs
-    return x[:arg] + (None,) + x[arg + 1:]
+    return x[:arg] + (None,) + x[arg + 1 :]
 
 
 def _t_transpose(arg, srcs: list[Classes], out_rank: int) -> Classes | None:

@@ -65,7 +65,10 @@ class SearchAlgebra:
         self.fp, self.pruner = fp, pruner
 
     def tile(self, node: Node, feed: int, sig: Signature) -> Expr:
-        return Expr(self.fp.tile(node, feed, sig), self.pruner.tile(node, feed, sig) if self.pruner else None)
+        return Expr(
+            self.fp.tile(node, feed, sig),
+            self.pruner.tile(node, feed, sig) if self.pruner else None,
+        )
 
     def op(self, node: Node, srcs: Sequence[Expr]) -> Expr | None:
         a = None
@@ -101,7 +104,9 @@ class SearchAlgebra:
         return e.print.ray(), a.dims, T.scale(a.poly, Fraction(1) / lead) if ts else a.poly
 
     def output(self, e: Expr, node: Node) -> int | None:
-        return next((j for j in range(len(self.fp.target.outputs)) if self.fp.matches(e.print, j)), None)
+        return next(
+            (j for j in range(len(self.fp.target.outputs)) if self.fp.matches(e.print, j)), None
+        )
 
     def combine(self, e: Expr, node: Node, omap: tuple[int | None, ...]) -> Expr | None:
         """The value summed over the partial grid dim (None when that sum is not admitted)."""
@@ -167,7 +172,8 @@ class Limits:
 _CONST_FAMILY = {Op.MUL: "scale", Op.DIV: "scale", Op.ADD: "shift", Op.SUB: "shift"}
 _COMMUTATIVE = frozenset({Op.ADD, Op.MUL, Op.MAX})
 _COUNTED = frozenset({Op.MATMUL, Op.ACC_SUM, Op.ACC_EXP_SUM, Op.ACC_EXP_WSUM}) | frozenset(
-    {Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MEAN})
+    {Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MEAN}
+)
 
 
 @dataclass(frozen=True)
@@ -188,8 +194,11 @@ class Vocabulary:
     @staticmethod
     def of(target: KernelGraph) -> Vocabulary:
         ops = {n.op for n in target.nodes()}
-        unary = {op for op in ops if op in ELEMENTWISE and op not in (Op.ADD, Op.SUB, Op.MUL, Op.DIV,
-                                                                     Op.MAX, Op.CAST)}
+        unary = {
+            op
+            for op in ops
+            if op in ELEMENTWISE and op not in (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX, Op.CAST)
+        }
         if Op.SQRT in ops and Op.RECIPROCAL in ops:
             unary.add(Op.RSQRT)  # 1/sqrt(x): one canonical form in the algebra
         if Op.MUL in ops or Op.SQUARE in ops:
@@ -202,15 +211,31 @@ class Vocabulary:
             for s in n.src:
                 if s.op is Op.CONST and n.op in _CONST_FAMILY:
                     roles.add((const_value(s), _CONST_FAMILY[n.op]))
-        return Vocabulary(tuple(sorted(unary, key=lambda o: o.value)), tuple(binary), reduce, consts,
-                          Op.EXP in ops, frozenset(roles))
+        return Vocabulary(
+            tuple(sorted(unary, key=lambda o: o.value)),
+            tuple(binary),
+            reduce,
+            consts,
+            Op.EXP in ops,
+            frozenset(roles),
+        )
 
 
 class BlockSearch:
     """One signature's enumeration (at provisional dims)."""
 
-    def __init__(self, target: KernelGraph, dc: DimClasses, sig: Signature, dims: Dims, algebra: SearchAlgebra,
-                 vocab: Vocabulary, limits: Limits, stats: Stats, tick: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        target: KernelGraph,
+        dc: DimClasses,
+        sig: Signature,
+        dims: Dims,
+        algebra: SearchAlgebra,
+        vocab: Vocabulary,
+        limits: Limits,
+        stats: Stats,
+        tick: Callable[[], bool] | None = None,
+    ) -> None:
         self.target, self.dc, self.sig, self.dims = target, dc, sig, dims
         self.alg, self.vocab, self.limits, self.stats = algebra, vocab, limits, stats
         self.tick = tick or (lambda: True)
@@ -224,14 +249,23 @@ class BlockSearch:
             cs = tuple(c if t.shape[d] > 1 else None for d, c in enumerate(dc.input_class[f]))
             self.values.append(Value(t, e, None, 0, 0.0, classes=cs))
             self.seen[(t.phase, t.shape, algebra.key(e))] = len(self.values) - 1
-        self.consts = [Value(n, algebra.op(n, ()), Step(Op.CONST, (), c), 0, 0.0)
-                       for c in vocab.consts for n in [self._const(c)]]
+        self.consts = [
+            Value(n, algebra.op(n, ()), Step(Op.CONST, (), c), 0, 0.0)
+            for c in vocab.consts
+            for n in [self._const(c)]
+        ]
         self.providers: dict[int, int] = {}
-        self.rays: dict[tuple, int] = {(v.node.phase, algebra.ray(v.expr)): i for i, v in enumerate(self.values)}
+        self.rays: dict[tuple, int] = {
+            (v.node.phase, algebra.ray(v.expr)): i for i, v in enumerate(self.values)
+        }
         self.partials: list[int] = []
         self.combined: dict[int, Expr] = {}
         # partial sums are completed at kernel level for one output only (KernelCompletion)
-        self.partial_omap = save_omap(dc, sig, 0) if sig.partial() is not None and len(target.outputs) == 1 else None
+        self.partial_omap = (
+            save_omap(dc, sig, 0)
+            if sig.partial() is not None and len(target.outputs) == 1
+            else None
+        )
         self.stopped = False
 
     @staticmethod
@@ -255,9 +289,13 @@ class BlockSearch:
         builds the accumulators and the combines. Casts are transparent (the search's values are
         exact; codegen chooses storage). Nothing here knows what the target computes: it is the
         enumeration's round 0, grown from the target instead of from the inputs alone."""
-        split = {ax.cls for ax in self.sig.grid} | ({self.sig.loop} if self.sig.loop is not None else set())
+        split = {ax.cls for ax in self.sig.grid} | (
+            {self.sig.loop} if self.sig.loop is not None else set()
+        )
         consts = {c.step.arg: c for c in self.consts}
-        at: dict[Node, int | Value | None] = {inp: f for f, inp in zip(self.feeds, self.target.inputs)}
+        at: dict[Node, int | Value | None] = {
+            inp: f for f, inp in zip(self.feeds, self.target.inputs)
+        }
         for n in toposort(list(self.target.outputs)):
             if n in at:
                 continue
@@ -278,14 +316,23 @@ class BlockSearch:
             elif n.op is Op.MATMUL:
                 summed = len(vals[0].node.shape) - 1
             if n.op not in ELEMENTWISE | REDUCE | {Op.MATMUL, Op.TRANSPOSE} or (
-                    summed is not None and (not vals[0].classes or vals[0].classes[summed] in split
-                                            and vals[0].node.shape[summed] > 1)):
+                summed is not None
+                and (
+                    not vals[0].classes
+                    or vals[0].classes[summed] in split
+                    and vals[0].node.shape[summed] > 1
+                )
+            ):
                 at[n] = None
                 continue
-            at[n] = self._add(Step(n.op, tuple(range(len(srcs))), n.arg), list(srcs), 0, existing=True)
+            at[n] = self._add(
+                Step(n.op, tuple(range(len(srcs))), n.arg), list(srcs), 0, existing=True
+            )
 
     # ---- growth ------------------------------------------------------------------------------
-    def _add(self, step: Step, operands: list[int | Value], rnd: int, existing: bool = False) -> int | None:
+    def _add(
+        self, step: Step, operands: list[int | Value], rnd: int, existing: bool = False
+    ) -> int | None:
         """Grow the pool by one op; the new value's number, or None when it is refused or a
         duplicate (with `existing`, a duplicate answers the number of the value it equals)."""
         if self.stopped:
@@ -301,14 +348,18 @@ class BlockSearch:
             self.stats.pruned += 1
             return None
         try:
-            node = apply_step(Step(step.op, tuple(range(len(srcs))), step.arg), [v.node for v in srcs])
+            node = apply_step(
+                Step(step.op, tuple(range(len(srcs))), step.arg), [v.node for v in srcs]
+            )
         except RecipeError:
             self.stats.invalid += 1
             return None
         if classes is not None:
             classes = tuple(c if node.shape[d] > 1 else None for d, c in enumerate(classes))
         self.stats.states += 1
-        if not self.tick() or (self.limits.max_states is not None and self.stats.states >= self.limits.max_states):
+        if not self.tick() or (
+            self.limits.max_states is not None and self.stats.states >= self.limits.max_states
+        ):
             self.stopped = True
         e = self.alg.op(node, [v.expr for v in srcs])
         if e is None or (node.numel > 1 and e.print.uniform()):
@@ -328,8 +379,16 @@ class BlockSearch:
                 srcs_idx.append(o)
             else:
                 srcs_idx.append(self._materialise(o))
-        value = Value(node, e, Step(step.op, tuple(srcs_idx), step.arg), ops, cost, rnd, classes or (),
-                      partial and node.phase is Phase.LOOP)
+        value = Value(
+            node,
+            e,
+            Step(step.op, tuple(srcs_idx), step.arg),
+            ops,
+            cost,
+            rnd,
+            classes or (),
+            partial and node.phase is Phase.LOOP,
+        )
         direct = step.op is Op.MUL and any(self._is_const(j) for j in srcs_idx)
         value.scalings = sum(v.scalings for v in srcs) + (1 if direct else 0)
         if key in self.seen:
@@ -379,15 +438,21 @@ class BlockSearch:
         if v.node.phase is Phase.LOOP:
             return
         if self.sig.partial() is not None:
-            if self.partial_omap is not None and v.node.phase is Phase.POST and i not in self.combined \
-                    and len(v.node.shape) == len(self.target.outputs[0].shape):
+            if (
+                self.partial_omap is not None
+                and v.node.phase is Phase.POST
+                and i not in self.combined
+                and len(v.node.shape) == len(self.target.outputs[0].shape)
+            ):
                 c = self.alg.combine(v.expr, v.node, self.partial_omap)
                 if c is not None:
                     self.combined[i] = c
                     self.partials.append(i)
             return
         j = self.alg.output(v.expr, v.node)
-        if j is not None and (j not in self.providers or v.cost < self.values[self.providers[j]].cost):
+        if j is not None and (
+            j not in self.providers or v.cost < self.values[self.providers[j]].cost
+        ):
             self.providers[j] = i
 
     def _candidates(self, new: list[int], rnd: int) -> None:
@@ -428,10 +493,18 @@ class BlockSearch:
                     self._add(Step(Op.ACC_EXP_SUM, (0,)), [x], rnd)
             last = self._const_op(x)
             for c in self.consts:
-                for op, (a, b_) in ((Op.MUL, (x, c)), (Op.ADD, (x, c)), (Op.SUB, (x, c)), (Op.SUB, (c, x)),
-                                     (Op.DIV, (c, x))):
-                    if (op in self.vocab.binary and _CONST_FAMILY[op] != last
-                            and (c.step.arg, _CONST_FAMILY[op]) in self.vocab.roles):
+                for op, (a, b_) in (
+                    (Op.MUL, (x, c)),
+                    (Op.ADD, (x, c)),
+                    (Op.SUB, (x, c)),
+                    (Op.SUB, (c, x)),
+                    (Op.DIV, (c, x)),
+                ):
+                    if (
+                        op in self.vocab.binary
+                        and _CONST_FAMILY[op] != last
+                        and (c.step.arg, _CONST_FAMILY[op]) in self.vocab.roles
+                    ):
                         # no chains of one kind of constant arithmetic: (x * c1) * c2, (x + c1) + c2
                         self._add(Step(op, (0, 1)), [a, b_], rnd)
         newset = set(new)
@@ -484,15 +557,20 @@ class BlockSearch:
             before = len(self.values)
             self._candidates(new, rnd)
             new = list(range(before, len(self.values)))
-            if self.sig.partial() is None and len(self.providers) == len(self.target.outputs) \
-                    and self.providers != best:
+            if (
+                self.sig.partial() is None
+                and len(self.providers) == len(self.target.outputs)
+                and self.providers != best
+            ):
                 best = dict(self.providers)
                 yield self.recipe([best[j] for j in range(len(self.target.outputs))], (), None)
             if not new or self.stopped:
                 break
 
     # ---- extraction --------------------------------------------------------------------------
-    def recipe(self, saves: list[int], kernel_steps: tuple[Step, ...], outputs: tuple[int, ...] | None) -> Recipe:
+    def recipe(
+        self, saves: list[int], kernel_steps: tuple[Step, ...], outputs: tuple[int, ...] | None
+    ) -> Recipe:
         """The cone of `saves` as a recipe, renumbered: ITERs first, then the steps it needs."""
         # operands before users: pool numbers are not a topological order, because a cheaper
         # construction found later replaces a value in place, operands and all
@@ -513,11 +591,19 @@ class BlockSearch:
                 stack.append((i, True))
                 stack.extend((j, False) for j in reversed(st.srcs) if j not in placed)
         renum = {old: new for new, old in enumerate(order)}
-        steps = tuple(Step(self.values[i].step.op, tuple(renum[s] for s in self.values[i].step.srcs),
-                           self.values[i].step.arg) for i in order[nfeed:])
+        steps = tuple(
+            Step(
+                self.values[i].step.op,
+                tuple(renum[s] for s in self.values[i].step.srcs),
+                self.values[i].step.arg,
+            )
+            for i in order[nfeed:]
+        )
         n_in = len(self.target.inputs)
         outs = outputs if outputs is not None else tuple(n_in + j for j in range(len(saves)))
-        return Recipe(self.sig, self.feeds, steps, tuple(renum[s] for s in saves), kernel_steps, outs)
+        return Recipe(
+            self.sig, self.feeds, steps, tuple(renum[s] for s in saves), kernel_steps, outs
+        )
 
 
 @dataclass

@@ -37,5 +37,14 @@ from mlso_cli.search.abstract import (
 )
 from mlso_cli.search.target import Target
 
-__all__ = ["BlockContext", "Expr", "ExprAlgebra", "ExprError", "Target", "abstract", "abstract_graph",
-           "expr_equal", "run_block"]
+__all__ = [
+    "BlockContext",
+    "Expr",
+    "ExprAlgebra",
+    "ExprError",
+    "Target",
+    "abstract",
+    "abstract_graph",
+    "expr_equal",
+    "run_block",
+]

@@ -62,7 +62,10 @@ class Print:
             return ("one", self.key())
         h = hashlib.blake2b(digest_size=16)
         h.update(repr(self.value.shape).encode())
-        for res, r in ((self.value.p, self.field_p), (self.value.q if self.value.q_known() else None, self.field_q)):
+        for res, r in (
+            (self.value.p, self.field_p),
+            (self.value.q if self.value.q_known() else None, self.field_q),
+        ):
             if res is None:
                 continue
             flat = res.reshape(-1)
@@ -100,7 +103,9 @@ def _lead_node(n: Node, lead: tuple[int, int], srcs: Sequence[FieldArray]) -> An
 class Fingerprints:
     """Fixed field, inputs and target outputs for one (reduced target, signature, dims)."""
 
-    def __init__(self, target: KernelGraph, dc: DimClasses, sig: Signature, dims: Dims, seed: int) -> None:
+    def __init__(
+        self, target: KernelGraph, dc: DimClasses, sig: Signature, dims: Dims, seed: int
+    ) -> None:
         rng = np.random.default_rng(seed)
         for _ in range(8):
             self.fld = Field.draw(rng)
@@ -170,9 +175,12 @@ class Fingerprints:
         vals = [s.value for s in srcs]
         if node.op in _BROADCASTING:  # numpy aligns trailing dims: pad tiles to the result's rank
             rank = len(node.shape)
-            vals = [v if v.ndim - LEAD >= rank else
-                    A.reshape(v, v.shape[:LEAD] + (1,) * (rank - v.ndim + LEAD) + v.shape[LEAD:])
-                    for v in vals]
+            vals = [
+                v
+                if v.ndim - LEAD >= rank
+                else A.reshape(v, v.shape[:LEAD] + (1,) * (rank - v.ndim + LEAD) + v.shape[LEAD:])
+                for v in vals
+            ]
         try:
             if node.op is Op.CONST:
                 c = A.const(const_value(node))
@@ -231,8 +239,11 @@ class Fingerprints:
                 continue
             if not np.array_equal(want_p, p.value.p):
                 continue
-            if out.q_known() and p.value.q_known() and not np.array_equal(np.stack(qs).reshape(p.value.shape), p.value.q):
+            if (
+                out.q_known()
+                and p.value.q_known()
+                and not np.array_equal(np.stack(qs).reshape(p.value.shape), p.value.q)
+            ):
                 continue
             return j
         return None
-

@@ -31,7 +31,9 @@ class ExprPruner:
         self.checks = 0
 
     def bind(self, grid: tuple[int, int, int], loop: int, maps: Sequence[InputMap]) -> BoundPruner:
-        return BoundPruner(self, BlockContext.of(BlockGraph(grid, loop, tuple(maps), ()), self.inputs))
+        return BoundPruner(
+            self, BlockContext.of(BlockGraph(grid, loop, tuple(maps), ()), self.inputs)
+        )
 
 
 class BoundPruner:

@@ -203,8 +203,17 @@ def explore(task: Task) -> Explored:
             # needs the partial sums the block search leaves when its own part runs out
             reserve = min(COMPLETION_STATES, task.states // 5) if completes else 0
             limits = Limits(block_ops=task.block_ops, max_states=task.states - reserve)
-            bs = BlockSearch(small, dcs, task.sig, dims, SearchAlgebra(fp, bound), Vocabulary.of(small), limits,
-                             stats, tick)
+            bs = BlockSearch(
+                small,
+                dcs,
+                task.sig,
+                dims,
+                SearchAlgebra(fp, bound),
+                Vocabulary.of(small),
+                limits,
+                stats,
+                tick,
+            )
             recipes = list(bs.run())
             limited = bs.stopped
             if completes:
@@ -226,22 +235,38 @@ def explore(task: Task) -> Explored:
             # batch 16 keeps a 32-wide index when reduced; its structure was dropped here)
             if problems(cand, task.arch, budget=False):
                 continue
-            verdict = check_equivalent(small, cand, seed=task.seed + 7919 * (k + 1), target_bound=FILTER_BOUND)
+            verdict = check_equivalent(
+                small, cand, seed=task.seed + 7919 * (k + 1), target_bound=FILTER_BOUND
+            )
             if not verdict.equivalent:
                 filtered += 1
                 continue
             for sized in choose_dims(target, dcf, recipe, slots, task.arch, keep=1):
                 out.append(Found(recipe, sized.dims, sized.cost.us, sized.cost.launches))
-    return Explored(task.sig, tuple(out), stats.states, stats.pruned, stats.duplicates, filtered, cut["partial"],
-                    limited=limited and not cut["partial"])
+    return Explored(
+        task.sig,
+        tuple(out),
+        stats.states,
+        stats.pruned,
+        stats.duplicates,
+        filtered,
+        cut["partial"],
+        limited=limited and not cut["partial"],
+    )
 
 
 PASSES = 3
 """Budget passes: the states a signature leaves unused go to those its share stopped."""
 
 
-def _passes(tasks: list[Task], total: int, pool: ProcessPoolExecutor | None, run, deadline: float | None,
-            on_result) -> list[Explored]:
+def _passes(
+    tasks: list[Task],
+    total: int,
+    pool: ProcessPoolExecutor | None,
+    run,
+    deadline: float | None,
+    on_result,
+) -> list[Explored]:
     """Explore every signature with an equal share of `total`, then give the states left over to
     the signatures their share stopped, and explore those again from scratch with the larger
     share (up to PASSES times). Why: most signatures are exhausted in a few hundred states, while
@@ -249,9 +274,10 @@ def _passes(tasks: list[Task], total: int, pool: ProcessPoolExecutor | None, run
     as the signature count grew with the batch size (gqa bs16: 66 signatures, 3,000 states
     each). Each pass depends only on the previous pass's results, so the outcome is the same
     for any --jobs. States of every pass are counted."""
+
     def explore_all(ts: list[Task]) -> list[Explored]:
         out = []
-        for ex in (pool.map(run, ts) if pool is not None else map(run, ts)):
+        for ex in pool.map(run, ts) if pool is not None else map(run, ts):
             on_result(ex)
             out.append(ex)
         return out
@@ -284,20 +310,33 @@ class _Guarded:
             return Explored(task.sig, (), 0, 0, 0, 0, False, f"{type(exc).__name__}: {exc}")
 
 
-def search(target: KernelGraph, options: SearchOptions, progress: ProgressFn | None = None, *,
-           prune: bool = True, region: str = "") -> SearchResult:
+def search(
+    target: KernelGraph,
+    options: SearchOptions,
+    progress: ProgressFn | None = None,
+    *,
+    prune: bool = True,
+    region: str = "",
+) -> SearchResult:
     t0 = time.monotonic()
     small, _ = shrink(target)
     dcs, dcf = dim_classes(small), dim_classes(target)
     sigs = [s for s in signatures(dcs) if provisional(dcs, s) is not None]
-    total = options.max_states if options.max_states is not None else \
-        min(DEFAULT_STATES_CAP, STATES_PER_SIGNATURE * max(1, len(sigs)))
+    total = (
+        options.max_states
+        if options.max_states is not None
+        else min(DEFAULT_STATES_CAP, STATES_PER_SIGNATURE * max(1, len(sigs)))
+    )
     share = max(1, total // max(1, len(sigs)))
     seed = options.seed if options.seed is not None else 0
     deadline = None if options.budget_s is None else time.time() + options.budget_s
     text = serialize.dumps(target)
-    tasks = [Task(text, sig, share, seed * 1_000_003 + i, options.arch, options.block_ops, deadline,
-                  prune) for i, sig in enumerate(sigs)]
+    tasks = [
+        Task(
+            text, sig, share, seed * 1_000_003 + i, options.arch, options.block_ops, deadline, prune
+        )
+        for i, sig in enumerate(sigs)
+    ]
     totals = {"states": 0, "pruned": 0}
     best: list[float] = []
 
@@ -306,8 +345,16 @@ def search(target: KernelGraph, options: SearchOptions, progress: ProgressFn | N
         totals["pruned"] += ex.pruned
         best.extend(f.estimate_us for f in ex.found)
         if progress is not None:
-            progress(SearchProgress(region, totals["states"], totals["pruned"], 0, min(best) if best else None,
-                                    time.monotonic() - t0))
+            progress(
+                SearchProgress(
+                    region,
+                    totals["states"],
+                    totals["pruned"],
+                    0,
+                    min(best) if best else None,
+                    time.monotonic() - t0,
+                )
+            )
 
     jobs = max(1, min(options.jobs, len(tasks), os.cpu_count() or 1))
     explore_safely = _Guarded()
@@ -317,7 +364,10 @@ def search(target: KernelGraph, options: SearchOptions, progress: ProgressFn | N
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    found = sorted((f for ex in done for f in ex.found), key=lambda f: (f.estimate_us, f.launches, repr(f.recipe)))
+    found = sorted(
+        (f for ex in done for f in ex.found),
+        key=lambda f: (f.estimate_us, f.launches, repr(f.recipe)),
+    )
     lifted = program_cost(target)
     candidates: list[Candidate] = [Candidate(target, lifted.us, lifted.launches, 0.0)]
     bound, runs, verified = 0.0, 0, 0
@@ -334,12 +384,31 @@ def search(target: KernelGraph, options: SearchOptions, progress: ProgressFn | N
         candidates.append(Candidate(kg, f.estimate_us, f.launches, verdict.bound))
     candidates.sort(key=lambda c: (c.estimate_us, c.kernels))
     partial = any(ex.partial for ex in done)
-    notes = (f"{len(sigs)} signatures, {sum(len(ex.found) for ex in done)} structures sized, "
-             f"{sum(ex.filtered for ex in done)} rejected at reduced shapes, "
-             f"{sum(ex.duplicates for ex in done)} duplicate values",) + tuple(
-        f"signature {ex.sig}: internal error, skipped ({ex.error[:200]})" for ex in done if ex.error)
+    notes = (
+        f"{len(sigs)} signatures, {sum(len(ex.found) for ex in done)} structures sized, "
+        f"{sum(ex.filtered for ex in done)} rejected at reduced shapes, "
+        f"{sum(ex.duplicates for ex in done)} duplicate values",
+    ) + tuple(
+        f"signature {ex.sig}: internal error, skipped ({ex.error[:200]})" for ex in done if ex.error
+    )
     if progress is not None:
-        progress(SearchProgress(region, totals["states"], totals["pruned"], verified,
-                                candidates[0].estimate_us, time.monotonic() - t0))
-    return SearchResult(tuple(candidates), totals["states"], totals["pruned"], verified,
-                        time.monotonic() - t0, bound, partial, notes)
+        progress(
+            SearchProgress(
+                region,
+                totals["states"],
+                totals["pruned"],
+                verified,
+                candidates[0].estimate_us,
+                time.monotonic() - t0,
+            )
+        )
+    return SearchResult(
+        tuple(candidates),
+        totals["states"],
+        totals["pruned"],
+        verified,
+        time.monotonic() - t0,
+        bound,
+        partial,
+        notes,
+    )

@@ -33,7 +33,9 @@ def _counts(size: int) -> list[int]:
     ds = divisors(size)
     if len(ds) <= 24:
         return ds
-    keep = {d for d in ds if d & (d - 1) == 0} | {d for d in ds if (d // 3) & (d // 3 - 1) == 0 and d % 3 == 0}
+    keep = {d for d in ds if d & (d - 1) == 0} | {
+        d for d in ds if (d // 3) & (d // 3 - 1) == 0 and d % 3 == 0
+    }
     return sorted(keep)
 
 
@@ -62,8 +64,14 @@ def sizes(dc: DimClasses, recipe: Recipe) -> Iterator[Dims]:
             yield Dims(tuple(grid), loop)
 
 
-def choose_dims(target: KernelGraph, dc: DimClasses, recipe: Recipe, save_slots: tuple[int, ...],
-                arch: str = "sm_90", keep: int = 3) -> list[Sized]:
+def choose_dims(
+    target: KernelGraph,
+    dc: DimClasses,
+    recipe: Recipe,
+    save_slots: tuple[int, ...],
+    arch: str = "sm_90",
+    keep: int = 3,
+) -> list[Sized]:
     """The `keep` cheapest spec-valid instances of `recipe` on `target`'s full shapes."""
     found: list[Sized] = []
     for dims in sizes(dc, recipe):

@@ -66,6 +66,10 @@ def shrink(kg: KernelGraph, limit: int = REDUCED) -> tuple[KernelGraph, DimClass
         elif n.op is Op.BROADCAST:
             memo[n] = b.broadcast_to(srcs[0], shape_of(n))
         else:
-            raise ValueError(f"cannot reduce a graph holding {n.op.value} (targets are lifted regions)")
-    small = kg.replace(inputs=tuple(memo[n] for n in kg.inputs), outputs=tuple(memo[n] for n in kg.outputs))
+            raise ValueError(
+                f"cannot reduce a graph holding {n.op.value} (targets are lifted regions)"
+            )
+    small = kg.replace(
+        inputs=tuple(memo[n] for n in kg.inputs), outputs=tuple(memo[n] for n in kg.outputs)
+    )
     return small, dc

@@ -64,7 +64,9 @@ def signatures(dc: DimClasses, max_grid: int = 3) -> list[Signature]:
                 out.append(Signature(tuple(Axis(c, False) for c in sp), loop))
                 if k < max_grid:
                     for p in summed:
-                        out.append(Signature(tuple(Axis(c, False) for c in sp) + (Axis(p, True),), loop))
+                        out.append(
+                            Signature(tuple(Axis(c, False) for c in sp) + (Axis(p, True),), loop)
+                        )
     out.sort(key=lambda s: (s.partial() is not None, len(s.grid), s.loop is None))
     return out
 
@@ -112,7 +114,11 @@ def input_map(dc: DimClasses, sig: Signature, feed: int) -> InputMap:
     for ax in sig.grid:
         imap.append(next((d for d, c in enumerate(classes) if c == ax.cls), None))
     imap += [None] * (3 - len(imap))
-    fmap = next((d for d, c in enumerate(classes) if c == sig.loop), None) if sig.loop is not None else None
+    fmap = (
+        next((d for d, c in enumerate(classes) if c == sig.loop), None)
+        if sig.loop is not None
+        else None
+    )
     return InputMap(tuple(imap), fmap)
 
 
@@ -161,8 +167,9 @@ def apply_step(step: Step, values: list[Node]) -> Node:
         raise RecipeError(f"{step.op.value}: {exc}") from exc
 
 
-def iters(target: KernelGraph, dc: DimClasses, sig: Signature, dims: Dims,
-          feeds: tuple[int, ...]) -> tuple[list[Node], list[InputMap], tuple[int, int, int]]:
+def iters(
+    target: KernelGraph, dc: DimClasses, sig: Signature, dims: Dims, feeds: tuple[int, ...]
+) -> tuple[list[Node], list[InputMap], tuple[int, int, int]]:
     grid = tuple(dims.grid) + (1,) * (3 - len(dims.grid))
     tiles, maps = [], []
     for i, f in enumerate(feeds):
@@ -174,7 +181,9 @@ def iters(target: KernelGraph, dc: DimClasses, sig: Signature, dims: Dims,
         if im.fmap is not None:
             per = src.shape[im.fmap] // next((g for g, d in zip(grid, im.imap) if d == im.fmap), 1)
             if per % dims.loop:
-                raise RecipeError(f"input {f} dim {im.fmap} chunk {per} not divisible by loop {dims.loop}")
+                raise RecipeError(
+                    f"input {f} dim {im.fmap} chunk {per} not divisible by loop {dims.loop}"
+                )
         tile = tile_shape(src.shape, im, grid, dims.loop)
         tiles.append(b.iter_(i, tile, src.dtype, im.fmap is not None))
         maps.append(im)
@@ -185,12 +194,15 @@ def save_omap(dc: DimClasses, sig: Signature, out: int) -> tuple[int | None, ...
     classes = dc.output_class[out]
     omap: list[int | None] = []
     for ax in sig.grid:
-        omap.append(PARTIAL if ax.partial else next((d for d, c in enumerate(classes) if c == ax.cls), None))
+        omap.append(
+            PARTIAL if ax.partial else next((d for d, c in enumerate(classes) if c == ax.cls), None)
+        )
     return tuple(omap) + (None,) * (3 - len(omap))
 
 
-def instantiate(target: KernelGraph, dc: DimClasses, recipe: Recipe, dims: Dims,
-                save_slots: tuple[int, ...]) -> KernelGraph:
+def instantiate(
+    target: KernelGraph, dc: DimClasses, recipe: Recipe, dims: Dims, save_slots: tuple[int, ...]
+) -> KernelGraph:
     """Replay `recipe` at `dims`. `save_slots[i]` is the target output whose layout save i
     takes (its omap); partial saves are fp32, others take that output's dtype. The block graph
     is grown by ir.builder.BlockBuilder, which checks every step against the spec's rules as it
@@ -198,7 +210,9 @@ def instantiate(target: KernelGraph, dc: DimClasses, recipe: Recipe, dims: Dims,
     sig = recipe.signature
     _, maps, grid = iters(target, dc, sig, dims, recipe.feeds)  # RecipeError on a misfit size
     try:
-        bb = BlockBuilder(grid, dims.loop, maps, [target.inputs[f] for f in recipe.feeds], budget=False)
+        bb = BlockBuilder(
+            grid, dims.loop, maps, [target.inputs[f] for f in recipe.feeds], budget=False
+        )
         values = [bb.iter(i) for i in range(len(recipe.feeds))]
         for st in recipe.block_steps:
             values.append(_block_step(bb, st, values))
@@ -223,7 +237,9 @@ def instantiate(target: KernelGraph, dc: DimClasses, recipe: Recipe, dims: Dims,
             except Exception as exc:
                 raise RecipeError(f"output {j}: {node.shape} vs {want.shape}") from exc
         outs.append(node)
-    return b.kernel_graph(list(target.inputs), outs, list(target.input_names), list(target.output_names))
+    return b.kernel_graph(
+        list(target.inputs), outs, list(target.input_names), list(target.output_names)
+    )
 
 
 def const_step(value: Fraction) -> Step:

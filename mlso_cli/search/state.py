@@ -23,9 +23,21 @@ from typing import Any
 from mlso_cli.search import abstract, target, terms
 
 _TABLES: tuple[tuple[Any, str], ...] = (
-    (terms, "_T"), (terms, "_ID"), (terms, "_SIZE"), (terms, "_DEPS"), (terms, "_HEIGHT"),
-    (terms, "_OCC"), (terms, "_ERASED"), (terms, "_MUL"), (terms, "_ADJ"), (terms, "_SUBST"),
-    (terms, "_MERGE"), (target, "_KEY"), (target, "_PATTERN"), (target, "_LOCAL"), (abstract, "_POS"),
+    (terms, "_T"),
+    (terms, "_ID"),
+    (terms, "_SIZE"),
+    (terms, "_DEPS"),
+    (terms, "_HEIGHT"),
+    (terms, "_OCC"),
+    (terms, "_ERASED"),
+    (terms, "_MUL"),
+    (terms, "_ADJ"),
+    (terms, "_SUBST"),
+    (terms, "_MERGE"),
+    (target, "_KEY"),
+    (target, "_PATTERN"),
+    (target, "_LOCAL"),
+    (abstract, "_POS"),
 )
 
 
@@ -40,7 +52,11 @@ def save(*extra: dict) -> Saved:
     """The tables' state now; `extra` dicts (a target's admits memo) are restored with them."""
     fresh = next(terms._FRESH)
     terms._FRESH = itertools.count(fresh)
-    return Saved(tuple(len(getattr(m, name)) for m, name in _TABLES), fresh, tuple((d, len(d)) for d in extra))
+    return Saved(
+        tuple(len(getattr(m, name)) for m, name in _TABLES),
+        fresh,
+        tuple((d, len(d)) for d in extra),
+    )
 
 
 def restore(saved: Saved) -> None:

@@ -80,8 +80,9 @@ class _Pattern:
             chain = [v]
             while chain[-1] in succ:
                 chain.append(succ[chain[-1]])
-            offset = (all(prev is None for prev, _ in adj[v])
-                      and all(nxt is not None and nxt not in free for _, nxt in adj[chain[-1]]))
+            offset = all(prev is None for prev, _ in adj[v]) and all(
+                nxt is not None and nxt not in free for _, nxt in adj[chain[-1]]
+            )
             skip.update(chain if offset else chain[1:])
         self.skip = skip
         self._local: dict[int, tuple] = {}
@@ -101,7 +102,9 @@ class _Pattern:
     def _sorted(self, ids: list[int] | tuple[int, ...]) -> list[int]:
         return sorted(ids, key=self.local)
 
-    def ser(self, i: int, num: dict[int, int], bound: set[int], drop: dict[int, T.Exp] | None = None) -> tuple:
+    def ser(
+        self, i: int, num: dict[int, int], bound: set[int], drop: dict[int, T.Exp] | None = None
+    ) -> tuple:
         t = T.node(i)
         k = t[0]
         if k == "in":
@@ -124,10 +127,19 @@ class _Pattern:
             exps = dict(t[1])
             if drop:
                 exps = {f: e - drop.get(f, 0) for f, e in exps.items()}
-            return ("M", tuple((self.ser(f, num, bound), exps[f]) for f in self._sorted([f for f in exps if exps[f]])))
+            return (
+                "M",
+                tuple(
+                    (self.ser(f, num, bound), exps[f])
+                    for f in self._sorted([f for f in exps if exps[f]])
+                ),
+            )
         if k == "P":
             coef = dict(t[1])
-            return ("P", tuple((self.ser(m, num, bound), coef[m]) for m in self._sorted(list(coef))))
+            return (
+                "P",
+                tuple((self.ser(m, num, bound), coef[m]) for m in self._sorted(list(coef))),
+            )
         if k == "exp" or k == "pw":
             return (k, self.ser(t[1], num, bound))
         if k == "fn":
@@ -148,7 +160,10 @@ class _Pattern:
         keyed = sorted(coef, key=lambda m: self.ser(m, {}, set(), drop))
         num: dict[int, int] = {}
         lead = coef[keyed[0]]
-        return ("P", tuple((self.ser(m, num, set(), drop), Fraction(coef[m]) / lead) for m in keyed))
+        return (
+            "P",
+            tuple((self.ser(m, num, set(), drop), Fraction(coef[m]) / lead) for m in keyed),
+        )
 
 
 def _intern(key: tuple) -> int:
@@ -257,7 +272,7 @@ class Target:
 
     def _sub_sums(self, ts: tuple[tuple[int, Fraction], ...]) -> None:
         n = len(ts)
-        if 2 ** n > MAX_SUBSETS:
+        if 2**n > MAX_SUBSETS:
             self.polys.add(poly_key(T.poly(dict(ts))))
             return
         for r in range(2, n + 1):
@@ -283,7 +298,9 @@ class Target:
             count *= len(o)
         if count <= MAX_SUBSETS:
             for choice in itertools.product(*options):
-                self.monos.add(mono_key(T.mono({f: e for (f, _), e in zip(facs, choice) if e != 0})))
+                self.monos.add(
+                    mono_key(T.mono({f: e for (f, _), e in zip(facs, choice) if e != 0}))
+                )
         else:
             self.monos.add(mono_key(m))
             for f, e in facs:
@@ -329,7 +346,9 @@ class Target:
                 inner = T.mono({g: e for g, e in T.factors(b) if T.deps(g) & names})
                 q = T.sum_over(ws, T.of_mono(inner))
                 # a contraction over W' inside W of this sum is the parent's contraction over W'
-                self._contracted.update(g for m, _ in T.terms(q) for g, _ in T.factors(m) if T.node(g)[0] == "sum")
+                self._contracted.update(
+                    g for m, _ in T.terms(q) for g, _ in T.factors(m) if T.node(g)[0] == "sum"
+                )
                 self._visit(q)
 
     # -- checking --

@@ -199,15 +199,33 @@ SYMMETRIC = frozenset({"max"})
 
 # ---- polys and monomials ---------------------------------------------------------------------
 
+
 def poly(terms: dict[int, Fraction]) -> int:
     # integral coefficients are stored as ints: equal and hash-equal to the Fraction, and hashing
     # a Fraction (a modular inverse each time) was a tenth of the cost of building a term
-    return mk(("P", tuple(sorted((m, int(c) if c.denominator == 1 else c) for m, c in terms.items() if c != 0))))
+    return mk(
+        (
+            "P",
+            tuple(
+                sorted((m, int(c) if c.denominator == 1 else c) for m, c in terms.items() if c != 0)
+            ),
+        )
+    )
 
 
 def mono(facs: dict[int, Exp]) -> int:
-    return mk(("M", tuple(sorted((f, e if isinstance(e, int) or e.denominator != 1 else int(e))
-                                 for f, e in facs.items() if e != 0))))
+    return mk(
+        (
+            "M",
+            tuple(
+                sorted(
+                    (f, e if isinstance(e, int) or e.denominator != 1 else int(e))
+                    for f, e in facs.items()
+                    if e != 0
+                )
+            ),
+        )
+    )
 
 
 UNIT = mono({})
@@ -291,8 +309,10 @@ def inv(a: int) -> int:
     """1 / a: a single monomial inverts exactly; anything longer becomes a `pw` factor."""
     ts = terms(a)
     if not ts:
-        raise ExprError("division by an expression that is identically zero: the candidate is "
-                        "undefined everywhere, prune it")
+        raise ExprError(
+            "division by an expression that is identically zero: the candidate is "
+            "undefined everywhere, prune it"
+        )
     if len(ts) == 1:
         m, c = ts[0]
         return poly({mono({f: -e for f, e in factors(m)}): ONE / c})
@@ -316,6 +336,7 @@ def fn(name: str, *args: int) -> int:
 
 
 # ---- binders -----------------------------------------------------------------------------------
+
 
 def sum_over(bound: list[tuple[int, int]], p: int) -> int:
     """sum over the free variables `bound` (var, size) of poly p, in normal form."""
@@ -394,7 +415,9 @@ def adjacency(i: int) -> dict[int, frozenset[tuple[int | None, int | None]]]:
         if t[0] == "in":
             for dim in t[2]:
                 for j, v in enumerate(dim):
-                    acc.setdefault(v, set()).add((dim[j - 1] if j else None, dim[j + 1] if j + 1 < len(dim) else None))
+                    acc.setdefault(v, set()).add(
+                        (dim[j - 1] if j else None, dim[j + 1] if j + 1 < len(dim) else None)
+                    )
         else:
             bound = {v for v, _ in binders(i)}
             for c in children(i):
@@ -447,8 +470,12 @@ def subst(i: int, ren: dict[int, tuple[int, ...]]) -> int:
     key = (i, frozenset(ren.items()))
     r = _SUBST.get(key)
     if r is None:
-        r = _SUBST[key] = _rebuild(i, lambda c: subst(c, ren), lambda dims: tuple(
-            tuple(x for v in dim for x in ren.get(v, (v,))) for dim in dims), set(ren))
+        r = _SUBST[key] = _rebuild(
+            i,
+            lambda c: subst(c, ren),
+            lambda dims: tuple(tuple(x for v in dim for x in ren.get(v, (v,))) for dim in dims),
+            set(ren),
+        )
     return r
 
 
@@ -462,6 +489,7 @@ def merge(i: int, a: int, b: int, v: int) -> int:
     key = (i, a, b, v)
     r = _MERGE.get(key)
     if r is None:
+
         def dims_fn(dims: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
             out = []
             for dim in dims:
@@ -473,6 +501,7 @@ def merge(i: int, a: int, b: int, v: int) -> int:
                         d.append(x)
                 out.append(tuple(d))
             return tuple(out)
+
         r = _MERGE[key] = _rebuild(i, lambda c: merge(c, a, b, v), dims_fn, {a, b})
     return r
 
