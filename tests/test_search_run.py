@@ -198,3 +198,26 @@ def test_a_row_times_its_own_statistic_is_not_a_constant_multiple_of_the_row():
     assert bs._add(Step(Op.MUL, (0, 1)), [0, rs], 2) is not None
     # a true constant multiple of the row is still represented by the row alone
     assert bs._add(Step(Op.ADD, (0, 1)), [0, 0], 2) is None
+
+
+@pytest.mark.slow
+def test_qknorm_real_at_batch_one_normalises_inside_the_split_kv_program(tmp_path):
+    """qknorm_real (RMSNorm on q and on k, then attention): the normalised tiles come from the
+    target replayed on the tiles (round 0), the accumulators and the split combine from the
+    enumeration and its completion. A fused program with no more launches than the hand-written
+    fixture and an estimate within 10% of it is verified at full shapes."""
+    import onnx
+
+    from mlso_cli.pipeline.run import lift
+    from mlso_cli.search.cost import program_cost
+    from models.build_models import SPECS
+    from tests.fixtures.ugraphs import fixture
+
+    path = tmp_path / "qkr1.onnx"
+    onnx.save(SPECS["qknorm_real"].build(1, "float16", small=False), str(path))
+    region = lift(str(path), None).regions[0]
+    res = search(region.graph, SearchOptions(seed=0, jobs=2))
+    fx = program_cost(fixture("qknorm_real", False, 1))
+    best = min(res.candidates, key=lambda c: c.estimate_us)
+    assert res.verified >= 1 and best.bound > 0
+    assert best.kernels <= fx.launches and best.estimate_us <= 1.10 * fx.us
