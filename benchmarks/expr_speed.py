@@ -71,9 +71,16 @@ def fixture_row(key: str, fx: KernelGraph, target_kg: KernelGraph) -> dict[str, 
         for e in seen:
             target.admits(e)
     t4 = _clock()
-    return {"key": key, "tensors": len(seen), "admitted": ok, "patterns": target.size(),
-            "build_ms": 1e3 * (t1 - t0), "abstract_us": _us(t2 - t1, len(seen)),
-            "first_us": _us(t3 - t2, len(seen)), "memo_us": _us(t4 - t3, reps * len(seen))}
+    return {
+        "key": key,
+        "tensors": len(seen),
+        "admitted": ok,
+        "patterns": target.size(),
+        "build_ms": 1e3 * (t1 - t0),
+        "abstract_us": _us(t2 - t1, len(seen)),
+        "first_us": _us(t3 - t2, len(seen)),
+        "memo_us": _us(t4 - t3, reps * len(seen)),
+    }
 
 
 # ---- random candidates -------------------------------------------------------------------------
@@ -91,7 +98,9 @@ def _grow(rng: random.Random, pool: list[Node], consts: list[Node]) -> Node | No
         if kind == "binary":
             return b.binary(rng.choice(_BINARY), a, rng.choice(pool))
         if kind == "matmul":
-            fits = [x for x in pool if len(x.shape) == len(a.shape) >= 2 and x.shape[-2] == a.shape[-1]]
+            fits = [
+                x for x in pool if len(x.shape) == len(a.shape) >= 2 and x.shape[-2] == a.shape[-1]
+            ]
             return b.matmul(a, rng.choice(fits)) if fits else None
         if kind == "reduce":
             axes = [i for i, n in enumerate(a.shape) if n > 1]
@@ -144,18 +153,30 @@ def random_row(key: str, target_kg: KernelGraph, count: int, seed: int) -> dict[
     for n in made:
         target.admits(env[n])
     t4 = _clock()
-    return {"key": key, "tensors": len(made), "admitted": admitted, "patterns": target.size(),
-            "build_ms": 0.0, "abstract_us": _us(t_abs, len(made)), "first_us": _us(t_first, len(made)),
-            "memo_us": _us(t4 - t3, len(made)), "skipped": skipped}
+    return {
+        "key": key,
+        "tensors": len(made),
+        "admitted": admitted,
+        "patterns": target.size(),
+        "build_ms": 0.0,
+        "abstract_us": _us(t_abs, len(made)),
+        "first_us": _us(t_first, len(made)),
+        "memo_us": _us(t4 - t3, len(made)),
+        "skipped": skipped,
+    }
 
 
 def _table(title: str, rows: list[dict[str, float]]) -> None:
     print(f"\n{title}")
-    print(f"{'graph':24s} {'tensors':>7s} {'admit':>6s} {'patterns':>8s} {'build ms':>9s} "
-          f"{'abstract us':>11s} {'check us':>9s} {'memo us':>8s}")
+    print(
+        f"{'graph':24s} {'tensors':>7s} {'admit':>6s} {'patterns':>8s} {'build ms':>9s} "
+        f"{'abstract us':>11s} {'check us':>9s} {'memo us':>8s}"
+    )
     for r in rows:
-        print(f"{r['key']:24s} {r['tensors']:7d} {r['admitted']:6d} {r['patterns']:8d} {r['build_ms']:9.1f} "
-              f"{r['abstract_us']:11.1f} {r['first_us']:9.1f} {r['memo_us']:8.2f}")
+        print(
+            f"{r['key']:24s} {r['tensors']:7d} {r['admitted']:6d} {r['patterns']:8d} {r['build_ms']:9.1f} "
+            f"{r['abstract_us']:11.1f} {r['first_us']:9.1f} {r['memo_us']:8.2f}"
+        )
     for col in ("abstract_us", "first_us", "memo_us"):
         vals = [r[col] for r in rows]
         print(f"  {col}: median {statistics.median(vals):.2f}, max {max(vals):.2f}")
@@ -167,11 +188,24 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        fixture_rows = [fixture_row(k, SMALL_FIXTURES[k](), lifted(k, Path(tmp))) for k in sorted(SMALL_FIXTURES)]
-        fixture_rows += [fixture_row(k, FIXTURES[k](), lifted(k, Path(tmp))) for k in sorted(FIXTURES)]
-        _table("fixture tensors (kernel and block level) against their lifted targets", fixture_rows)
-        rand_rows = [random_row(k, lifted(k, Path(tmp)), args.random, args.seed) for k in sorted(SMALL_FIXTURES)]
-        _table(f"{args.random} random non-constant kernel-level candidates per region (seed {args.seed})", rand_rows)
+        fixture_rows = [
+            fixture_row(k, SMALL_FIXTURES[k](), lifted(k, Path(tmp)))
+            for k in sorted(SMALL_FIXTURES)
+        ]
+        fixture_rows += [
+            fixture_row(k, FIXTURES[k](), lifted(k, Path(tmp))) for k in sorted(FIXTURES)
+        ]
+        _table(
+            "fixture tensors (kernel and block level) against their lifted targets", fixture_rows
+        )
+        rand_rows = [
+            random_row(k, lifted(k, Path(tmp)), args.random, args.seed)
+            for k in sorted(SMALL_FIXTURES)
+        ]
+        _table(
+            f"{args.random} random non-constant kernel-level candidates per region (seed {args.seed})",
+            rand_rows,
+        )
 
 
 if __name__ == "__main__":

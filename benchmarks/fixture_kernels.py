@@ -29,27 +29,44 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 TARGETS_US: dict[str, float] = {
-    "gqa_bs1": 12.2, "gqa_bs8": 26.1, "gqa_bs16": 26.2,
-    "qknorm_gqa_bs1": 14.8, "qknorm_gqa_bs8": 28.0, "qknorm_gqa_bs16": 28.0,
-    "rmsnorm_linear_bs1": 13.0, "rmsnorm_linear_bs8": 13.1, "rmsnorm_linear_bs16": 13.2,
-    "lora_bs1": 6.0, "gated_mlp_bs1": 18.8,
-    "ntrans_bs1": 2.2, "ntrans_bs8": 2.2, "ntrans_bs16": 2.2,
+    "gqa_bs1": 12.2,
+    "gqa_bs8": 26.1,
+    "gqa_bs16": 26.2,
+    "qknorm_gqa_bs1": 14.8,
+    "qknorm_gqa_bs8": 28.0,
+    "qknorm_gqa_bs16": 28.0,
+    "rmsnorm_linear_bs1": 13.0,
+    "rmsnorm_linear_bs8": 13.1,
+    "rmsnorm_linear_bs16": 13.2,
+    "lora_bs1": 6.0,
+    "gated_mlp_bs1": 18.8,
+    "ntrans_bs1": 2.2,
+    "ntrans_bs8": 2.2,
+    "ntrans_bs16": 2.2,
 }
 """Targets of BENCHMARKS.md (max(best peer / 1.5, floor / 0.9)), microseconds."""
 
 
 def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--fixtures", default="", help="module path exposing FIXTURES, e.g. tests.fixtures.ugraphs")
-    p.add_argument("--graphs", default="", help="also time every μGraph JSON file in this folder (e.g. the "
-                   "programs `search_bench.py --save` wrote), named 'searched:<file stem>'")
+    p.add_argument(
+        "--fixtures", default="", help="module path exposing FIXTURES, e.g. tests.fixtures.ugraphs"
+    )
+    p.add_argument(
+        "--graphs",
+        default="",
+        help="also time every μGraph JSON file in this folder (e.g. the "
+        "programs `search_bench.py --save` wrote), named 'searched:<file stem>'",
+    )
     p.add_argument("--only", default="", help="comma-separated names or globs (default: all)")
     p.add_argument("--out", default="", help="write JSON results here")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--device", type=int, default=0)
-    p.add_argument("--verify", action="store_true", help="compare outputs with the float64 interpreter")
+    p.add_argument(
+        "--verify", action="store_true", help="compare outputs with the float64 interpreter"
+    )
     return p.parse_args()
 
 
@@ -64,7 +81,10 @@ def _saved_graphs(folder: Path) -> dict:
     """μGraph JSON files as fixture loaders, named 'searched:<stem>' (stems sorted)."""
     from mlso_cli.ir import serialize
 
-    return {f"searched:{f.stem}": (lambda f=f: serialize.loads(f.read_text())) for f in sorted(folder.glob("*.json"))}
+    return {
+        f"searched:{f.stem}": (lambda f=f: serialize.loads(f.read_text()))
+        for f in sorted(folder.glob("*.json"))
+    }
 
 
 def _verify(kg, prog) -> float:
@@ -118,17 +138,34 @@ def main() -> int:
             with Program(cp.fatbin, cp.plan, device=args.device) as prog:
                 t = prog.time(warmup=args.warmup, repeats=args.repeats, iters=args.iters)
                 err = _verify(kg, prog) if args.verify else None
-            row = {"name": name, "us": round(t.median_us, 3), "samples_us": [round(s, 3) for s in t.samples_us],
-                   "method": t.method, "rotated_sets": t.rotated_sets, "launches": len(cp.plan["launches"]),
-                   "smem_max": cp.plan["smem_max"], "target_us": TARGETS_US.get(name.removeprefix("searched:")), "compile_s": round(compile_s, 2)}
+            row = {
+                "name": name,
+                "us": round(t.median_us, 3),
+                "samples_us": [round(s, 3) for s in t.samples_us],
+                "method": t.method,
+                "rotated_sets": t.rotated_sets,
+                "launches": len(cp.plan["launches"]),
+                "smem_max": cp.plan["smem_max"],
+                "target_us": TARGETS_US.get(name.removeprefix("searched:")),
+                "compile_s": round(compile_s, 2),
+            }
             if err is not None:
                 row["rel_error"] = err
             if t.note:
                 row["note"] = t.note
             results.append(row)
-            print(f"{name}: {t.median_us:.2f} us ({t.method}, {len(cp.plan['launches'])} launches)", file=sys.stderr)
+            print(
+                f"{name}: {t.median_us:.2f} us ({t.method}, {len(cp.plan['launches'])} launches)",
+                file=sys.stderr,
+            )
         except Exception as exc:
-            errors.append({"name": name, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()})
+            errors.append(
+                {
+                    "name": name,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "trace": traceback.format_exc(),
+                }
+            )
             print(f"{name}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr)
 
     print("\n| fixture | µs | target µs | launches | method |\n|---|---:|---:|---:|---|")
@@ -138,8 +175,18 @@ def main() -> int:
     for e in errors:
         print(f"| {e['name']} | FAILED: {e['error'][:80]} | | | |")
     if args.out:
-        Path(args.out).write_text(json.dumps({"gpu": gpu, "repeats": args.repeats, "iters": args.iters,
-                                              "results": results, "errors": errors}, indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "gpu": gpu,
+                    "repeats": args.repeats,
+                    "iters": args.iters,
+                    "results": results,
+                    "errors": errors,
+                },
+                indent=1,
+            )
+        )
     return 1 if errors else 0
 
 

@@ -2,7 +2,7 @@
 # One call on the GPU machine (after the staging of ../shared/device/README.md): the GPU test
 # suite, the fixture kernel timings, the searched programs' timings and the model-level benchmark,
 # with logs under $OUT.
-#   carry: .device-stage/gpu.sh .device-stage/onnxruntime .mlso-cache
+#   carry: .device-stage/gpu.sh .device-stage/onnxruntime .mlso-cache (.mlso-cache-gpu for searched_models)
 set -u
 source .device-stage/gpu.sh env
 export PYTHONPATH="$PWD:$PYTHONPATH" PYTHONUNBUFFERED=1
@@ -24,6 +24,13 @@ if [ "$what" = all ] || [ "$what" = searched ]; then
   # against the float64 interpreter
   timeout ${SEARCHED_TIMEOUT:-200} python3 benchmarks/fixture_kernels.py --graphs benchmarks/searched_programs --verify --out "$OUT/searched_kernels.json" > "$OUT/searched_kernels.md" 2>&1
   tail -30 "$OUT/searched_kernels.md"
+fi
+if [ "$what" = searched_models ]; then
+  # optimize --gpu 0 + verify + bench --cuda-graph on the rows in $SROWS, served the search results
+  # that benchmarks/search_bench.py --keep-cache $SEARCH_CACHE wrote on the CPU machine (carried)
+  MLSO_CACHE_DIR="${SEARCH_CACHE:-$PWD/.mlso-cache-gpu}" timeout ${SMODEL_TIMEOUT:-400} \
+    python3 benchmarks/searched_models.py --rows "$SROWS" --out "$OUT/searched_models.json" > "$OUT/searched_models.md" 2>&1
+  tail -30 "$OUT/searched_models.md"
 fi
 if [ "$what" = all ] || [ "$what" = models ]; then
   timeout ${MODEL_TIMEOUT:-200} python3 benchmarks/model_bench.py --out "$OUT/model_bench.json" ${ROWS:+--rows $ROWS} > "$OUT/model_bench.md" 2>&1

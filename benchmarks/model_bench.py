@@ -23,7 +23,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mlso_cli", *args], capture_output=True, cwd=ROOT, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "mlso_cli", *args], capture_output=True, cwd=ROOT, timeout=timeout
+    )
 
 
 def _wrong_shape_refused(path: Path) -> str:
@@ -79,13 +81,41 @@ def main() -> None:
             program = FIXTURES[row]()
             prog = compile_program(program)
             fast = args.work / f"{row}.mlso.onnx"
-            onnx.save(package_fixture(orig, program, Built(program, prog.fatbin, prog.plan, prog.source_sha256)), str(fast))
-            v = _cli("verify", str(orig), str(fast), "--gpu", "0", "--no-field", "--samples", "1", "--scales", "1,4", "--json")
+            onnx.save(
+                package_fixture(
+                    orig, program, Built(program, prog.fatbin, prog.plan, prog.source_sha256)
+                ),
+                str(fast),
+            )
+            v = _cli(
+                "verify",
+                str(orig),
+                str(fast),
+                "--gpu",
+                "0",
+                "--no-field",
+                "--samples",
+                "1",
+                "--scales",
+                "1,4",
+                "--json",
+            )
             rec["verify_rc"] = v.returncode
             rec["verify"] = [json.loads(x) for x in v.stdout.decode().splitlines()]
             if v.returncode != 0:
                 rec["verify_err"] = v.stderr.decode()[-600:]
-            b = _cli("bench", str(orig), str(fast), "--gpu", "0", "--json", "--repeats", "5", "--iters", "200")
+            b = _cli(
+                "bench",
+                str(orig),
+                str(fast),
+                "--gpu",
+                "0",
+                "--json",
+                "--repeats",
+                "5",
+                "--iters",
+                "200",
+            )
             rec["bench_rc"] = b.returncode
             rec["bench"] = [json.loads(x) for x in b.stdout.decode().splitlines()]
             if b.returncode != 0:
@@ -95,18 +125,24 @@ def main() -> None:
             rec["error"] = f"{type(exc).__name__}: {exc}"[:600]
         rec["seconds"] = round(time.time() - t0, 1)
         results.append(rec)
-        print(json.dumps({k: v for k, v in rec.items() if k not in ("verify", "bench")}), flush=True)
+        print(
+            json.dumps({k: v for k, v in rec.items() if k not in ("verify", "bench")}), flush=True
+        )
     args.out.write_text(json.dumps(results, indent=1))
-    print("\n| row | verify | worst rel err | ORT orig µs | ORT mlso µs | speedup | region orig µs | kernel µs | wrong shape |")
+    print(
+        "\n| row | verify | worst rel err | ORT orig µs | ORT mlso µs | speedup | region orig µs | kernel µs | wrong shape |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         model = next((x for x in r.get("bench", []) if x["type"] == "model"), {})
         region = next((x for x in r.get("bench", []) if x["type"] == "region"), {})
         errs = [x["rel_err_b"] for x in r.get("verify", []) if x.get("type") == "output"]
-        print(f"| {r['row']} | {'pass' if r.get('verify_rc') == 0 else 'FAIL'} | {max(errs) if errs else float('nan'):.2e} "
-              f"| {model.get('orig_us', float('nan')):.1f} | {model.get('fast_us', float('nan')):.1f} "
-              f"| {model.get('speedup', float('nan')):.2f} | {region.get('orig_us', float('nan')):.1f} "
-              f"| {region.get('kernel_us', float('nan')):.1f} | {r.get('wrong_shape', r.get('error', ''))[:40]} |")
+        print(
+            f"| {r['row']} | {'pass' if r.get('verify_rc') == 0 else 'FAIL'} | {max(errs) if errs else float('nan'):.2e} "
+            f"| {model.get('orig_us', float('nan')):.1f} | {model.get('fast_us', float('nan')):.1f} "
+            f"| {model.get('speedup', float('nan')):.2f} | {region.get('orig_us', float('nan')):.1f} "
+            f"| {region.get('kernel_us', float('nan')):.1f} | {r.get('wrong_shape', r.get('error', ''))[:40]} |"
+        )
 
 
 if __name__ == "__main__":

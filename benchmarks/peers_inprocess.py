@@ -61,9 +61,13 @@ def _peers(torch, row: str) -> dict[str, float]:
         if name == "gqa":
             out["eager"] = _graph_time(torch, lambda: torch.softmax(q @ k, -1) @ v)
             kt = k.transpose(1, 2).contiguous()
-            out["sdpa"] = _graph_time(torch, lambda: F.scaled_dot_product_attention(q, kt, v, scale=1.0))
+            out["sdpa"] = _graph_time(
+                torch, lambda: F.scaled_dot_product_attention(q, kt, v, scale=1.0)
+            )
         else:
-            out["eager"] = _graph_time(torch, lambda: torch.softmax(rms(q, wq) @ k, -1) @ rms(v, wv))
+            out["eager"] = _graph_time(
+                torch, lambda: torch.softmax(rms(q, wq) @ k, -1) @ rms(v, wv)
+            )
     elif name == "rmsnorm_linear":
         x, w, gm = r(g, 4096), r(4096, 6144), r(4096)
         out["eager"] = _graph_time(torch, lambda: rms(x, gm) @ w)
@@ -89,9 +93,22 @@ def main() -> None:
     from mlso_cli.runtime.launcher import Program
     from tests.fixtures.ugraphs import FIXTURES
 
-    rows = ["gqa_bs1", "gqa_bs8", "gqa_bs16", "qknorm_gqa_bs1", "qknorm_gqa_bs8", "qknorm_gqa_bs16",
-            "rmsnorm_linear_bs1", "rmsnorm_linear_bs8", "rmsnorm_linear_bs16", "lora_bs1", "gated_mlp_bs1",
-            "ntrans_bs1", "ntrans_bs8", "ntrans_bs16"]
+    rows = [
+        "gqa_bs1",
+        "gqa_bs8",
+        "gqa_bs16",
+        "qknorm_gqa_bs1",
+        "qknorm_gqa_bs8",
+        "qknorm_gqa_bs16",
+        "rmsnorm_linear_bs1",
+        "rmsnorm_linear_bs8",
+        "rmsnorm_linear_bs16",
+        "lora_bs1",
+        "gated_mlp_bs1",
+        "ntrans_bs1",
+        "ntrans_bs8",
+        "ntrans_bs16",
+    ]
     torch.cuda.init()
     results = []
     for row in rows:
@@ -108,7 +125,9 @@ def main() -> None:
         sd, m = r.get("sdpa_us"), r["mlso_us"]
         sdpa = f"{sd:.1f}" if sd else "—"
         ratio = f"{sd / m:.2f}x" if sd else "—"
-        print(f"| {r['row']} | {m:.1f} | {r['eager_us']:.1f} | {sdpa} | {r['eager_us'] / m:.2f}x | {ratio} |")
+        print(
+            f"| {r['row']} | {m:.1f} | {r['eager_us']:.1f} | {sdpa} | {r['eager_us'] / m:.2f}x | {ratio} |"
+        )
 
 
 if __name__ == "__main__":

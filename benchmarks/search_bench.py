@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,14 +38,32 @@ from tests.fixtures.ugraphs import fixture  # noqa: E402
 TOLERANCE = 1.10
 
 
-def run_row(name: str, bs: int, max_states: int | None, timeout: float, save: Path | None = None) -> dict:
+def run_row(
+    name: str,
+    bs: int,
+    max_states: int | None,
+    timeout: float,
+    save: Path | None = None,
+    keep_cache: Path | None = None,
+) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{name}_bs{bs}.onnx"
         onnx.save(SPECS[name].build(bs, "float16", small=False), str(path))
         # a fresh cache per row: nothing is served from an earlier run, and the entry this run
         # writes holds the chosen program (the CLI's JSON carries only its figures)
-        cmd = [sys.executable, "-m", "mlso_cli", "optimize", str(path), "--dry-run", "--json", "--jobs", "2",
-               "--min-speedup", "0"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mlso_cli",
+            "optimize",
+            str(path),
+            "--dry-run",
+            "--json",
+            "--jobs",
+            "2",
+            "--min-speedup",
+            "0",
+        ]
         if max_states is not None:
             cmd += ["--max-states", str(max_states)]
         t0 = time.monotonic()
@@ -53,12 +72,27 @@ def run_row(name: str, bs: int, max_states: int | None, timeout: float, save: Pa
         wall = time.monotonic() - t0
         if save is not None and r.returncode == 0:
             _save_best(Path(tmp) / "cache", save / f"{name}_bs{bs}.json")
+        if keep_cache is not None and r.returncode == 0 and (Path(tmp) / "cache").is_dir():
+            # the search results, so that `optimize --gpu` on the GPU machine starts from them
+            shutil.copytree(Path(tmp) / "cache", keep_cache, dirs_exist_ok=True)
     if r.returncode != 0:
-        return {"name": name, "bs": bs, "error": r.stderr.strip().splitlines()[-1:] or ["?"], "wall": wall}
+        return {
+            "name": name,
+            "bs": bs,
+            "error": r.stderr.strip().splitlines()[-1:] or ["?"],
+            "wall": wall,
+        }
     rows = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
     region = next(x for x in rows if x.get("type") == "region")
     fx = program_cost(fixture(name, False, bs))
-    return {"name": name, "bs": bs, "wall": wall, "region": region, "fixture_us": fx.us, "fixture_kernels": fx.launches}
+    return {
+        "name": name,
+        "bs": bs,
+        "wall": wall,
+        "region": region,
+        "fixture_us": fx.us,
+        "fixture_kernels": fx.launches,
+    }
 
 
 def _save_best(cache: Path, dest: Path) -> None:
@@ -77,8 +111,10 @@ def _save_best(cache: Path, dest: Path) -> None:
 
 
 def table(results: list[dict]) -> str:
-    head = ("| row | states | pruned | verified | search s | kernels (fixture) | estimate µs | fixture µs | "
-            "ratio | bound | found |")
+    head = (
+        "| row | states | pruned | verified | search s | kernels (fixture) | estimate µs | fixture µs | "
+        "ratio | bound | found |"
+    )
     lines = [head, "|" + "---|" * 11]
     for res in results:
         row = f"{res['name']} bs{res['bs']}"
@@ -88,22 +124,42 @@ def table(results: list[dict]) -> str:
         g = res["region"]
         est = g.get("estimate_us") or 0.0
         ratio = est / res["fixture_us"] if res["fixture_us"] else float("inf")
-        ok = g.get("searched") and g.get("kernels", 99) <= res["fixture_kernels"] and ratio <= TOLERANCE \
+        ok = (
+            g.get("searched")
+            and g.get("kernels", 99) <= res["fixture_kernels"]
+            and ratio <= TOLERANCE
             and g.get("verified", 0) > 0
-        lines.append(f"| {row} | {g.get('states')} | {g.get('pruned')} | {g.get('verified')} | "
-                     f"{g.get('search_s', 0):.1f} | {g.get('kernels')} ({res['fixture_kernels']}) | {est:.1f} | "
-                     f"{res['fixture_us']:.1f} | {ratio:.2f} | {g.get('bound', 0):.2g} | {'yes' if ok else 'no'} |")
+        )
+        lines.append(
+            f"| {row} | {g.get('states')} | {g.get('pruned')} | {g.get('verified')} | "
+            f"{g.get('search_s', 0):.1f} | {g.get('kernels')} ({res['fixture_kernels']}) | {est:.1f} | "
+            f"{res['fixture_us']:.1f} | {ratio:.2f} | {g.get('bound', 0):.2g} | {'yes' if ok else 'no'} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", action="append", default=[], help="benchmark names to run (default: all)")
+    ap.add_argument(
+        "--only", action="append", default=[], help="benchmark names to run (default: all)"
+    )
     ap.add_argument("--max-states", type=int, default=None)
-    ap.add_argument("--batch", type=int, action="append", default=[], help="batch sizes to run (default: all)")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per row (the issue's limit: 600)")
+    ap.add_argument(
+        "--batch", type=int, action="append", default=[], help="batch sizes to run (default: all)"
+    )
+    ap.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds per row (the issue's limit: 600)"
+    )
     ap.add_argument("--out", type=Path, default=None, help="also write the table to this file")
-    ap.add_argument("--save", type=Path, default=None, help="write each row's chosen program (μGraph JSON) here")
+    ap.add_argument(
+        "--save", type=Path, default=None, help="write each row's chosen program (μGraph JSON) here"
+    )
+    ap.add_argument(
+        "--keep-cache",
+        type=Path,
+        default=None,
+        help="merge each row's search cache into this folder (for `optimize --gpu` elsewhere)",
+    )
     args = ap.parse_args()
     results = []
     for name, spec in SPECS.items():
@@ -113,9 +169,14 @@ def main() -> None:
             if args.batch and bs not in args.batch:
                 continue
             try:
-                res = run_row(name, bs, args.max_states, args.timeout, args.save)
+                res = run_row(name, bs, args.max_states, args.timeout, args.save, args.keep_cache)
             except subprocess.TimeoutExpired:
-                res = {"name": name, "bs": bs, "error": [f"timed out after {args.timeout:.0f} s"], "wall": args.timeout}
+                res = {
+                    "name": name,
+                    "bs": bs,
+                    "error": [f"timed out after {args.timeout:.0f} s"],
+                    "wall": args.timeout,
+                }
             results.append(res)
             # the row as it will appear in the table: a run cut short still leaves its rows
             print(table([res]).splitlines()[-1], file=sys.stderr, flush=True)

@@ -24,7 +24,9 @@ class _Group(click.Group):
             ctx.exit(int(exc.exit_code))
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
-                error(f"no space left on device while writing {exc.filename or 'output'}. Free disk space or write elsewhere with -o.")
+                error(
+                    f"no space left on device while writing {exc.filename or 'output'}. Free disk space or write elsewhere with -o."
+                )
                 ctx.exit(int(ExitCode.ERROR))
             raise
         except KeyboardInterrupt:
@@ -34,9 +36,17 @@ class _Group(click.Group):
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mlso")
-@click.option("-v", "--verbose", "verbose", flag_value=True, default=None,
-              help="Print logs and tables on stderr even when it is not a terminal.")
-@click.option("-q", "--quiet", "verbose", flag_value=False, help="Print nothing on stderr but errors.")
+@click.option(
+    "-v",
+    "--verbose",
+    "verbose",
+    flag_value=True,
+    default=None,
+    help="Print logs and tables on stderr even when it is not a terminal.",
+)
+@click.option(
+    "-q", "--quiet", "verbose", flag_value=False, help="Print nothing on stderr but errors."
+)
 def main(verbose: bool | None) -> None:
     """mlso: a multi-level superoptimizer for ONNX models."""
     set_verbosity(verbose)

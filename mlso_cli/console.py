@@ -24,7 +24,9 @@ def chatty() -> bool:
 
 def stderr() -> Console:
     """A console bound to the current sys.stderr (pytest and click swap it)."""
-    return Console(file=sys.stderr, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 160)
+    return Console(
+        file=sys.stderr, highlight=False, soft_wrap=True, width=None if sys.stderr.isatty() else 160
+    )
 
 
 def log(message: str) -> None:

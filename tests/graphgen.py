@@ -53,8 +53,14 @@ see positive arguments built for them)."""
 EPILOGUE = (Op.RELU, Op.SILU, Op.TANH, Op.SIGMOID, Op.GELU, Op.NEG)
 EPS = Fraction(1, 64)
 ODD_SIZES: dict[str, tuple[int, ...]] = {
-    "m": (12, 24, 40), "k": (24, 40, 48), "n": (12, 24, 40), "d": (12, 20, 24), "dv": (12, 24),
-    "keys": (24, 40, 48), "h": (24, 40, 48), "p": (12, 24),
+    "m": (12, 24, 40),
+    "k": (24, 40, 48),
+    "n": (12, 24, 40),
+    "d": (12, 20, 24),
+    "dv": (12, 24),
+    "keys": (24, 40, 48),
+    "h": (24, 40, 48),
+    "p": (12, 24),
 }
 """Tile sizes by label for draws with odd sizes (all divisible by the loop counts drawn)."""
 T = TypeVar("T")
@@ -151,13 +157,20 @@ class Layout:
         return tuple(out)  # type: ignore[return-value]
 
 
-def _block(d: Draw, grid: tuple[int, int, int], loop: int, maps: Sequence[tuple[tuple[int | None, ...], int | None]],
-           srcs: Sequence[Node]) -> tuple[BlockBuilder, Layout]:
+def _block(
+    d: Draw,
+    grid: tuple[int, int, int],
+    loop: int,
+    maps: Sequence[tuple[tuple[int | None, ...], int | None]],
+    srcs: Sequence[Node],
+) -> tuple[BlockBuilder, Layout]:
     """A builder over srcs whose grid and input maps (given in logical order) are laid out by a
     drawn Layout; saves give their omaps through the returned Layout too."""
     lay = Layout(d)
     inputs = [InputMap(lay(imap), fmap) for imap, fmap in maps]
-    return BlockBuilder(tuple(g if g is not None else 1 for g in lay(grid)), loop, inputs, srcs), lay
+    return BlockBuilder(
+        tuple(g if g is not None else 1 for g in lay(grid)), loop, inputs, srcs
+    ), lay
 
 
 # ---- families -------------------------------------------------------------------------------------
@@ -167,8 +180,11 @@ def matmul_div(d: Draw) -> KernelGraph:
     """prologue(X) @ W (accumulated over K steps or not), then divided by something, then an
     optional epilogue; sometimes the undivided product or the divisor is a second output."""
     dt = d.pick("dtype", DTYPES)
-    m, k, n = d.size("m", [8, 16, 32], [32, 64, 128]), d.size("k", [16, 32], [64, 128, 256]), \
-        d.size("n", [8, 16, 32], [32, 64, 128])
+    m, k, n = (
+        d.size("m", [8, 16, 32], [32, 64, 128]),
+        d.size("k", [16, 32], [64, 128, 256]),
+        d.size("n", [8, 16, 32], [32, 64, 128]),
+    )
     gr, gc, loop = d.pick("gr", [1, 2]), d.pick("gc", [1, 2]), d.pick("loop", [1, 2, 3])
     looped = loop > 1 or d.chance("loop1", 0.3)
     x_in, w_in = b.input_(0, (m * gr, k * loop), dt), b.input_(1, (k * loop, n * gc), dt)
@@ -184,8 +200,10 @@ def matmul_div(d: Draw) -> KernelGraph:
     elif how == "in_sumsq":
         den = _pos(bb, _acc_if(bb, bb.reduce(Op.REDUCE_SUM, bb.unary(Op.SQUARE, x), 1), looped))
     elif how == "out_rms":
-        den = bb.unary(Op.SQRT, bb.binary(Op.ADD, bb.reduce(Op.REDUCE_MEAN, bb.unary(Op.SQUARE, c), 1),
-                                          bb.const(EPS)))
+        den = bb.unary(
+            Op.SQRT,
+            bb.binary(Op.ADD, bb.reduce(Op.REDUCE_MEAN, bb.unary(Op.SQUARE, c), 1), bb.const(EPS)),
+        )
     else:  # c / (1 + exp(-relu(c))): an elementwise denominator
         den = _pos(bb, bb.unary(Op.EXP, bb.unary(Op.NEG, bb.unary(Op.RELU, c))))
     o = _epilogue(d, bb, bb.binary(Op.DIV, c, den))
@@ -209,7 +227,9 @@ def _scores(d: Draw, bb: BlockBuilder, terms: list[tuple[Node, Node]]) -> Node:
     for i, (q, k) in enumerate(terms):
         t = bb.matmul(q, k)
         if len(terms) > 1 and d.chance(f"term{i}_scaled", 0.3):
-            t = bb.binary(Op.MUL, t, bb.const(d.pick(f"term{i}_c", [Fraction(1, 4), Fraction(1, 2)])))
+            t = bb.binary(
+                Op.MUL, t, bb.const(d.pick(f"term{i}_c", [Fraction(1, 4), Fraction(1, 2)]))
+            )
         s = t if s is None else bb.binary(Op.ADD, s, t)
     k = terms[0][1]
     for i in range(d.pick("transforms", [1, 1, 2])):
@@ -221,12 +241,18 @@ def _transform(d: Draw, bb: BlockBuilder, s: Node, k: Node, i: int) -> Node:
     forms = ["plain", "scaled", "key_factor"]
     how = d.pick(f"score{i}", forms if d.flash else forms + ["divided", "softcap", "row_max"])
     if how == "scaled":
-        return bb.binary(Op.MUL, s, bb.const(d.pick(f"scale{i}", [Fraction(1, 4), Fraction(1, 8), Fraction(3, 10)])))
+        return bb.binary(
+            Op.MUL,
+            s,
+            bb.const(d.pick(f"scale{i}", [Fraction(1, 4), Fraction(1, 8), Fraction(3, 10)])),
+        )
     if how == "divided":
         return bb.binary(Op.DIV, s, bb.const(d.pick(f"div{i}", [4, 8, Fraction(5, 2)])))
     if how == "softcap":  # c * tanh(s / c)
         c = d.pick(f"cap{i}", [5, 8])
-        return bb.binary(Op.MUL, bb.unary(Op.TANH, bb.binary(Op.MUL, s, bb.const(Fraction(1, c)))), bb.const(c))
+        return bb.binary(
+            Op.MUL, bb.unary(Op.TANH, bb.binary(Op.MUL, s, bb.const(Fraction(1, c)))), bb.const(c)
+        )
     if how == "key_factor":  # s * rsqrt(mean over d of k^2 + eps): one factor per key, either side
         ms = bb.reduce(Op.REDUCE_MEAN, bb.unary(Op.SQUARE, k), len(k.shape) - 2)
         f = bb.unary(Op.RSQRT, bb.binary(Op.ADD, ms, bb.const(EPS)))
@@ -251,15 +277,23 @@ def attention(d: Draw) -> KernelGraph:
     g, rs = d.pick("g", [1, 2]), d.pick("row_tiles", [1, 2])
     gx = g if fl or d.pick("batch", ["split", "split", "split", "in_block"]) == "split" else 1
     m = d.size("m", [16, 32] if fl else [8, 16, 16, 32], [32, 64, 128])
-    dk, dv = d.size("d", [16, 32] if fl else [8, 16, 32], [64, 128]), d.size("dv", [8, 16, 32], [64, 128])
+    dk, dv = (
+        d.size("d", [16, 32] if fl else [8, 16, 32], [64, 128]),
+        d.size("dv", [8, 16, 32], [64, 128]),
+    )
     n = d.size("keys", [16, 32, 64], [64, 128])
     loop = d.pick("loop", [1, 2, 3]) if looped else 1
     keys = n * loop * split
-    k_rows = d.pick("k_layout", ["d_keys", "keys_d"]) == "keys_d"  # K stored (g, keys, d): transposed in the block
+    k_rows = (
+        d.pick("k_layout", ["d_keys", "keys_d"]) == "keys_d"
+    )  # K stored (g, keys, d): transposed in the block
     shared = k_rows and d.chance("kv_shared", 0.3)
     dv = dk if shared else dv
     kdim = 1 if k_rows else 2
-    ins = [b.input_(0, (g, m * rs, dk), dt), b.input_(1, (g, keys, dk) if k_rows else (g, dk, keys), dt)]
+    ins = [
+        b.input_(0, (g, m * rs, dk), dt),
+        b.input_(1, (g, keys, dk) if k_rows else (g, dk, keys), dt),
+    ]
     in_names = ["Q", "K"]
     maps = [((0, 1, None), None), ((0, None, kdim), kdim if looped else None)]
     if not shared:
@@ -316,11 +350,17 @@ def attention(d: Draw) -> KernelGraph:
     return b.kernel_graph(ins, outs, in_names, names)
 
 
-def _weighting(d: Draw, bb: BlockBuilder, s: Node, v: Node, looped: bool,
-               split: int) -> tuple[Node, Node | None, Node | None]:
+def _weighting(
+    d: Draw, bb: BlockBuilder, s: Node, v: Node, looped: bool, split: int
+) -> tuple[Node, Node | None, Node | None]:
     """(numerator, denominator or None, normalised scores or None) of one spelling."""
     if looped:
-        form = d.pick("acc", ["exp_acc", "acc_sum"] if d.flash else ["exp_acc", "exp_acc", "acc_sum", "mixed", "linear"])
+        form = d.pick(
+            "acc",
+            ["exp_acc", "acc_sum"]
+            if d.flash
+            else ["exp_acc", "exp_acc", "acc_sum", "mixed", "linear"],
+        )
         if form == "exp_acc":
             return bb.accumulate(Op.ACC_EXP_WSUM, s, v), bb.accumulate(Op.ACC_EXP_SUM, s), None
         if form == "linear":  # a non-exp weighting: sums of sigmoid or relu weights
@@ -346,8 +386,11 @@ def split_k(d: Draw) -> KernelGraph:
     """X @ W with K split over a grid dim (PARTIAL fp32 partials), summed at kernel level;
     optionally an RMS factor whose sum of squares is split the same way."""
     dt = d.pick("dtype", DTYPES)
-    m, k, n = d.size("m", [8, 16, 32], [32, 64, 128]), d.size("k", [16, 32], [64, 128, 256]), \
-        d.size("n", [16, 32], [64, 128])
+    m, k, n = (
+        d.size("m", [8, 16, 32], [32, 64, 128]),
+        d.size("k", [16, 32], [64, 128, 256]),
+        d.size("n", [16, 32], [64, 128]),
+    )
     gc, split, loop = d.pick("gc", [1, 2]), d.pick("split", [2, 3, 4]), d.pick("loop", [1, 2])
     looped = loop > 1 or d.chance("loop1", 0.3)
     kk = k * loop * split
@@ -359,7 +402,11 @@ def split_k(d: Draw) -> KernelGraph:
     bb.save(_acc_if(bb, bb.matmul(xp, w), looped), lay((1, None, PARTIAL)), F32)
     rms = d.chance("rms", 0.4)
     if rms:
-        bb.save(_acc_if(bb, bb.reduce(Op.REDUCE_SUM, bb.unary(Op.SQUARE, x), 1), looped), lay((1, None, PARTIAL)), F32)
+        bb.save(
+            _acc_if(bb, bb.reduce(Op.REDUCE_SUM, bb.unary(Op.SQUARE, x), 1), looped),
+            lay((1, None, PARTIAL)),
+            F32,
+        )
     parts = bb.launch()
     y = b.reshape(b.reduce(Op.REDUCE_SUM, parts[0], 0), (m, n * gc))
     if rms:  # every column block holds the same sum of squares: take one
@@ -392,8 +439,11 @@ def layernorm(d: Draw) -> KernelGraph:
     if variant == "loop_linear":
         return _layernorm_loop(d, ins, in_names, gr, m, h, dt, out_dt)
     gc = d.pick("gc", [1, 2]) if variant == "norm_linear" else 1
-    maps: list[tuple[tuple[int | None, ...], int | None]] = [((0, None, None), None), ((None, None, None), None),
-                                                             ((None, None, None), None)]
+    maps: list[tuple[tuple[int | None, ...], int | None]] = [
+        ((0, None, None), None),
+        ((None, None, None), None),
+        ((None, None, None), None),
+    ]
     srcs = list(ins)
     if variant == "norm_linear":
         n = d.size("n", [8, 16, 32], [64, 128])
@@ -424,15 +474,21 @@ def layernorm(d: Draw) -> KernelGraph:
     return b.kernel_graph(srcs, bb.launch(), in_names, names)
 
 
-def _layernorm_loop(d: Draw, ins: list[Node], in_names: list[str], gr: int, m: int, h: int, dt: DType,
-                    out_dt: DType) -> KernelGraph:
+def _layernorm_loop(
+    d: Draw, ins: list[Node], in_names: list[str], gr: int, m: int, h: int, dt: DType, out_dt: DType
+) -> KernelGraph:
     """((x - mu) r gamma + beta) @ W in one pass over H: every statistic an accumulator,
     var = E[x^2] - mu^2, and the mean subtracted after the loop: r (x.(gamma W) - mu (gamma.W))."""
     loop = d.pick("loop", [2, 4])
     gc = d.pick("gc", [1, 2])
     n = d.size("n", [8, 16, 32], [64, 128])
     w_in = b.input_(3, (h, n * gc), dt)
-    maps = [((0, None, None), 1), ((None, None, None), 0), ((None, None, None), 0), ((None, 1, None), 0)]
+    maps = [
+        ((0, None, None), 1),
+        ((None, None, None), 0),
+        ((None, None, None), 0),
+        ((None, 1, None), 0),
+    ]
     bb, lay = _block(d, (gr, gc, 1), loop, maps, [*ins, w_in])
     x, gamma, beta, w = (bb.iter(i) for i in range(4))
     step = h // loop
@@ -443,8 +499,12 @@ def _layernorm_loop(d: Draw, ins: list[Node], in_names: list[str], gr: int, m: i
     inv_h = bb.const(Fraction(1, h))
     mu = bb.binary(Op.MUL, acc(bb.reduce(Op.REDUCE_SUM, x, 1)), inv_h)
     ex2 = bb.binary(Op.MUL, acc(bb.reduce(Op.REDUCE_SUM, bb.unary(Op.SQUARE, x), 1)), inv_h)
-    r = bb.unary(Op.RSQRT, bb.binary(Op.ADD, bb.binary(Op.SUB, ex2, bb.unary(Op.SQUARE, mu)), bb.const(EPS)))
-    o = bb.binary(Op.ADD, bb.binary(Op.MUL, bb.binary(Op.SUB, xw, bb.binary(Op.MUL, mu, gw)), r), bw)
+    r = bb.unary(
+        Op.RSQRT, bb.binary(Op.ADD, bb.binary(Op.SUB, ex2, bb.unary(Op.SQUARE, mu)), bb.const(EPS))
+    )
+    o = bb.binary(
+        Op.ADD, bb.binary(Op.MUL, bb.binary(Op.SUB, xw, bb.binary(Op.MUL, mu, gw)), r), bw
+    )
     bb.save(_epilogue(d, bb, o), lay((0, 1, None)), out_dt)
     names = ["O"]
     if d.chance("stats_out", 0.3):
@@ -463,7 +523,9 @@ def chained(d: Draw) -> KernelGraph:
     x_in, w1_in = b.input_(0, (m * gr, h), dt), b.input_(1, (h, n * gc), dt)
     w_t = d.chance("w2_transposed", 0.5)
     w2_in = b.input_(2, (p, n * gc) if w_t else (n * gc, p), dt)
-    bb1, lay1 = _block(d, (gr, gc, 1), 1, [((0, None, None), None), ((None, 1, None), None)], [x_in, w1_in])
+    bb1, lay1 = _block(
+        d, (gr, gc, 1), 1, [((0, None, None), None), ((None, 1, None), None)], [x_in, w1_in]
+    )
     y1 = _epilogue(d, bb1, bb1.matmul(_prologue(d, bb1, bb1.iter(0)), bb1.iter(1)))
     bb1.save(y1, lay1((0, 1, None)), d.pick("y_dtype", [dt, F32]))
     (y,) = bb1.launch()
@@ -493,13 +555,23 @@ def random_dag(d: Draw) -> KernelGraph:
     and post-loop values, say) is simply redrawn: its on-the-spot checks steer the walk.
     Outputs are RMS-normalised rows, so magnitudes stay where every dtype holds them."""
     dt = d.pick("dtype", DTYPES)
-    m, k, n = d.size("m", [8, 16, 32], [32, 64]), d.size("k", [16, 32], [64, 128]), d.size("n", [8, 16, 32], [32, 64])
+    m, k, n = (
+        d.size("m", [8, 16, 32], [32, 64]),
+        d.size("k", [16, 32], [64, 128]),
+        d.size("n", [8, 16, 32], [32, 64]),
+    )
     gr, loop = d.pick("gr", [1, 2]), d.pick("loop", [1, 2])
     looped = loop > 1 or d.chance("loop1", 0.3)
-    srcs = [b.input_(0, (m * gr, k * loop), dt), b.input_(1, (k * loop, n), dt),
-            b.input_(2, (m * gr, n), d.pick("b_dtype", [dt, F32]))]
-    maps = [((0, None, None), 1 if looped else None), ((None, None, None), 0 if looped else None),
-            ((0, None, None), None)]
+    srcs = [
+        b.input_(0, (m * gr, k * loop), dt),
+        b.input_(1, (k * loop, n), dt),
+        b.input_(2, (m * gr, n), d.pick("b_dtype", [dt, F32])),
+    ]
+    maps = [
+        ((0, None, None), 1 if looped else None),
+        ((None, None, None), 0 if looped else None),
+        ((0, None, None), None),
+    ]
     bb, lay = _block(d, (gr, 1, 1), loop, maps, srcs)
     pool = [bb.iter(i) for i in range(3)]
     want, tries = d.pick("n_ops", [3, 5, 8]), 0
@@ -516,7 +588,9 @@ def random_dag(d: Draw) -> KernelGraph:
             pool.append(v)
             ops.append(kind.__name__.removeprefix("_dag_"))
     d.tags.append("ops=" + "/".join(ops))
-    picks = [pool[-1]] + ([d.rng.choice(pool[3:-1])] if len(pool) > 4 and d.chance("two_outputs", 0.4) else [])
+    picks = [pool[-1]] + (
+        [d.rng.choice(pool[3:-1])] if len(pool) > 4 and d.chance("two_outputs", 0.4) else []
+    )
     for v in picks:
         if v.phase is Phase.LOOP:
             v = bb.accumulate(Op.ACC_SUM, v)
@@ -563,7 +637,15 @@ def _dag_accumulate(d: Draw, bb: BlockBuilder, a: Node, pool: list[Node]) -> Nod
 DAG_UNARY = (Op.TANH, Op.SIGMOID, Op.RELU, Op.NEG, Op.SILU, Op.GELU, Op.ERF, Op.SQUARE)
 REDUCE_OPS = (Op.REDUCE_SUM, Op.REDUCE_MEAN, Op.REDUCE_MAX)
 _DAG_STEPS: tuple[Callable[[Draw, BlockBuilder, Node, list[Node]], Node | None], ...] = (
-    _dag_unary, _dag_binary, _dag_binary, _dag_reduce, _dag_transpose, _dag_matmul, _dag_matmul, _dag_accumulate)
+    _dag_unary,
+    _dag_binary,
+    _dag_binary,
+    _dag_reduce,
+    _dag_transpose,
+    _dag_matmul,
+    _dag_matmul,
+    _dag_accumulate,
+)
 """One random op each (None: nothing fits); binary ops and matmuls drawn twice as often."""
 
 
@@ -588,7 +670,9 @@ def generate(family: str, rng: random.Random, small: bool = True) -> Generated:
         except BuildError as exc:
             if "shared memory" in str(exc):
                 continue
-            raise AssertionError(f"{family}[{', '.join(d.tags)}]: the generator built a bad op: {exc}") from exc
+            raise AssertionError(
+                f"{family}[{', '.join(d.tags)}]: the generator built a bad op: {exc}"
+            ) from exc
         check(kg)
         return Generated(f"{family}[{', '.join(d.tags)}]", kg)
     raise AssertionError(f"{family}: no draw fits the shared-memory budget in {ATTEMPTS} attempts")
@@ -603,8 +687,11 @@ def seeded(seed: int, count: int, small: bool = True) -> list[Generated]:
 
 def graphs(small: bool = True) -> st.SearchStrategy[Generated]:
     """Hypothesis strategy over the same families (a family, then a seeded draw within it)."""
-    return st.builds(lambda fam, rng: generate(fam, rng, small), st.sampled_from(sorted(FAMILIES)),
-                     st.randoms(use_true_random=False))
+    return st.builds(
+        lambda fam, rng: generate(fam, rng, small),
+        st.sampled_from(sorted(FAMILIES)),
+        st.randoms(use_true_random=False),
+    )
 
 
 def inputs_for(kg: KernelGraph, seed: int) -> list[np.ndarray]:

@@ -17,11 +17,19 @@ TRANSFORMER = MODELS / "transformer_tiny.onnx"
 TRANSFORMER_SHAPE = ["--input-shape", "hidden=1,16,64"]
 
 
-def run_cli(*args: str, stdin: bytes | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, stdin: bytes | None = None, env: dict | None = None
+) -> subprocess.CompletedProcess:
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "mlso_cli", *args], input=stdin, capture_output=True,
-                          cwd=ROOT, env=full_env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "mlso_cli", *args],
+        input=stdin,
+        capture_output=True,
+        cwd=ROOT,
+        env=full_env,
+        timeout=300,
+    )
 
 
 def save(model: onnx.ModelProto, path: Path) -> Path:
@@ -44,10 +52,13 @@ def attention_model(dynamic: bool = False, extra_unknown: bool = False) -> onnx.
         out = "r"
         domains.append(helper.make_opsetid("com.example", 1))
     graph = helper.make_graph(
-        nodes, "attn",
-        [helper.make_tensor_value_info("Q", TensorProto.FLOAT, [b, 16, 8]),
-         helper.make_tensor_value_info("K", TensorProto.FLOAT, [b, 8, 32]),
-         helper.make_tensor_value_info("V", TensorProto.FLOAT, [b, 32, 8])],
+        nodes,
+        "attn",
+        [
+            helper.make_tensor_value_info("Q", TensorProto.FLOAT, [b, 16, 8]),
+            helper.make_tensor_value_info("K", TensorProto.FLOAT, [b, 8, 32]),
+            helper.make_tensor_value_info("V", TensorProto.FLOAT, [b, 32, 8]),
+        ],
         [helper.make_tensor_value_info(out, TensorProto.FLOAT, [b, 16, 8])],
     )
     model = helper.make_model(graph, opset_imports=domains)

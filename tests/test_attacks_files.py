@@ -35,8 +35,14 @@ def _one_line_error(r: subprocess.CompletedProcess) -> str:
 
 def _python(script: str, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kwargs,
+    )
 
 
 def _dead_pid() -> int:
@@ -63,7 +69,9 @@ def test_output_that_is_not_a_regular_file_is_refused_even_with_force(tmp_path, 
     r = run_cli("optimize", str(GQA), "-o", str(out), "--force", *FAST)
     assert r.returncode == 1
     line = _one_line_error(r)
-    assert {"symlink": "symbolic link", "fifo": "not a regular file", "directory": "directory"}[kind] in line
+    assert {"symlink": "symbolic link", "fifo": "not a regular file", "directory": "directory"}[
+        kind
+    ] in line
     assert r.stdout == b""
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert target.read_bytes() == b"keep me"
@@ -97,7 +105,9 @@ def test_stale_temp_files_of_dead_runs_are_removed(tmp_path):
     other = tmp_path / ".notes.mlso-tmp.1.txt.bak"  # not our pattern: never touched
     other.write_bytes(b"mine")
     write_model_atomic(attention_model(), tmp_path / "fast.onnx", replace=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["fast.onnx", alive.name, other.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["fast.onnx", alive.name, other.name]
+    )
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
@@ -124,7 +134,9 @@ def test_stop_signal_during_a_write_leaves_no_temp_file(tmp_path, signum):
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 1
     errors = [line for line in err.decode().splitlines() if line.startswith("mlso: error:")]
-    assert b"Traceback" not in err and len(errors) == 1  # (warnings, e.g. a cache rebuild, may precede it)
+    assert (
+        b"Traceback" not in err and len(errors) == 1
+    )  # (warnings, e.g. a cache rebuild, may precede it)
     assert signal.Signals(signum).name in errors[0]
     assert list(tmp_path.iterdir()) == []
 
@@ -187,7 +199,6 @@ def test_output_mode_follows_the_umask(tmp_path, umask, mode):
         assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == mode, name
 
 
-
 # 5. determinism: names lifting gives constants depend on their content, not on hash()'s salt
 
 
@@ -197,11 +208,18 @@ def _masked_softmax(path) -> None:
 
     mask = np.tril(np.ones((4, 8), dtype=bool))
     graph = helper.make_graph(
-        [helper.make_node("Where", ["mask", "x", "ninf"], ["m"]),
-         helper.make_node("Softmax", ["m"], ["y"], axis=-1)], "masked",
+        [
+            helper.make_node("Where", ["mask", "x", "ninf"], ["m"]),
+            helper.make_node("Softmax", ["m"], ["y"], axis=-1),
+        ],
+        "masked",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])],
-        [numpy_helper.from_array(mask, "mask"), numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf")])
+        [
+            numpy_helper.from_array(mask, "mask"),
+            numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf"),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 10
     onnx.save(model, str(path))
@@ -218,8 +236,13 @@ def test_lifted_mask_names_do_not_depend_on_the_hash_seed(tmp_path):
     """
     outs = []
     for seed in ("1", "2"):
-        r = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=ROOT, capture_output=True,
-                           env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": seed}, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(script)],
+            cwd=ROOT,
+            capture_output=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": seed},
+            timeout=60,
+        )
         assert r.returncode == 0, r.stderr
         outs.append(r.stdout)
     assert outs[0] == outs[1] and b"mlso_mask_" in outs[0]
@@ -233,10 +256,12 @@ def _external_model(tmp_path):
     from onnx import TensorProto, helper, numpy_helper
 
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "ext",
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "ext",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
-        [numpy_helper.from_array(np.ones((64, 64), np.float32), "w")])
+        [numpy_helper.from_array(np.ones((64, 64), np.float32), "w")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 10
     path = tmp_path / "ext.onnx"
@@ -271,12 +296,19 @@ ATTACKS = [  # (args, exit code, a word the one line must hold)
 ]
 
 
-@pytest.mark.parametrize(("args", "code", "word"), ATTACKS, ids=[" ".join(a[0][:1] + a[0][2:]) for a in ATTACKS])
+@pytest.mark.parametrize(
+    ("args", "code", "word"), ATTACKS, ids=[" ".join(a[0][:1] + a[0][2:]) for a in ATTACKS]
+)
 def test_bad_flags_and_files_give_one_line_errors(tmp_path, args, code, word):
     _attack_files(tmp_path)
     before = sorted(p.name for p in tmp_path.iterdir())
-    r = subprocess.run([sys.executable, "-m", "mlso_cli", *(a.format(tmp=tmp_path) for a in args)], cwd=ROOT,
-                       capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run(
+        [sys.executable, "-m", "mlso_cli", *(a.format(tmp=tmp_path) for a in args)],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert r.returncode == code, r.stderr
     assert word in _one_line_error(r)
     assert r.stdout == b"" and sorted(p.name for p in tmp_path.iterdir()) == before
@@ -285,9 +317,19 @@ def test_bad_flags_and_files_give_one_line_errors(tmp_path, args, code, word):
 def test_closed_stdin_is_an_error_not_a_traceback():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for stdin in ("closed", subprocess.DEVNULL):
-        kw = {"stdin": subprocess.DEVNULL} if stdin != "closed" else {"preexec_fn": lambda: os.close(0)}
-        r = subprocess.run([sys.executable, "-m", "mlso_cli", "inspect", "-"], cwd=ROOT, capture_output=True,
-                           timeout=60, env=env, **kw)
+        kw = (
+            {"stdin": subprocess.DEVNULL}
+            if stdin != "closed"
+            else {"preexec_fn": lambda: os.close(0)}
+        )
+        r = subprocess.run(
+            [sys.executable, "-m", "mlso_cli", "inspect", "-"],
+            cwd=ROOT,
+            capture_output=True,
+            timeout=60,
+            env=env,
+            **kw,
+        )
         assert r.returncode == 1
         assert "stdin" in _one_line_error(r)
 
@@ -298,8 +340,11 @@ def test_gpu_flag_without_a_gpu_is_exit_4_for_every_command(tmp_path):
     if gpu_info(0) is not None:
         pytest.skip("this machine has a GPU")
     out = tmp_path / "o.onnx"
-    for args in (["optimize", _G, "-o", str(out), "--gpu", "0"], ["bench", _G, _G, "--gpu", "0"],
-                 ["verify", _G, _G, "--gpu", "0"]):
+    for args in (
+        ["optimize", _G, "-o", str(out), "--gpu", "0"],
+        ["bench", _G, _G, "--gpu", "0"],
+        ["verify", _G, _G, "--gpu", "0"],
+    ):
         r = run_cli(*args)
         assert r.returncode == 4, (args, r.stderr)
         assert "GPU" in _one_line_error(r)

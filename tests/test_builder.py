@@ -29,7 +29,11 @@ ATTN_MAPS = [InputMap((0, 1, None)), InputMap((0, None, 2), 2), InputMap((0, Non
 
 def _attention_builder(arch: str = "sm_90", budget: bool = True) -> tuple[BlockBuilder, list[Node]]:
     """Split-KV attention's sources (g=2, m=16, d=8, n=64) on grid (2, 2, 4), loop 2."""
-    q, k, v = b.input_(0, (2, 16, 8), F32), b.input_(1, (2, 8, 64), F32), b.input_(2, (2, 64, 8), F32)
+    q, k, v = (
+        b.input_(0, (2, 16, 8), F32),
+        b.input_(1, (2, 8, 64), F32),
+        b.input_(2, (2, 64, 8), F32),
+    )
     return BlockBuilder((2, 2, 4), 2, ATTN_MAPS, [q, k, v], arch, budget=budget), [q, k, v]
 
 
@@ -58,8 +62,10 @@ def test_every_op_kind_is_accepted_and_matches_ir_build():
         "reduce": (bb.reduce(Op.REDUCE_MAX, q, -1), b.reduce(Op.REDUCE_MAX, q, 2)),
         "transpose": (bb.transpose(k, (0, 2, 1)), b.transpose(k, (0, 2, 1))),
         "reshape": (bb.reshape(q, (8, 8)), b.reshape(q, (8, 8))),
-        "broadcast": (bb.broadcast(bb.reduce(Op.REDUCE_SUM, q, 2), (1, 8, 8)),
-                      b.broadcast_to(b.reduce(Op.REDUCE_SUM, q, 2), (1, 8, 8))),
+        "broadcast": (
+            bb.broadcast(bb.reduce(Op.REDUCE_SUM, q, 2), (1, 8, 8)),
+            b.broadcast_to(b.reduce(Op.REDUCE_SUM, q, 2), (1, 8, 8)),
+        ),
         "apply": (bb.apply(Op.ADD, [q, c]), b.add(q, c)),
         "acc": (bb.accumulate(Op.ACC_SUM, k), b.accumulate(Op.ACC_SUM, k)),
     }
@@ -72,33 +78,97 @@ def test_every_op_kind_is_accepted_and_matches_ir_build():
 def _bad_ops():
     """(what, function of (builder, values) -> op, the message it must give)."""
     return [
-        ("matmul inner dims", lambda bb, x: bb.matmul(x["q"], x["wide"]), r"^matmul: matmul inner dims differ"),
-        ("broadcast", lambda bb, x: bb.binary(Op.ADD, x["q"], x["wide"]), r"^add: cannot broadcast"),
-        ("reduce axis", lambda bb, x: bb.reduce(Op.REDUCE_SUM, x["q"], 3), r"^reduce_sum: axis 3 out of range"),
+        (
+            "matmul inner dims",
+            lambda bb, x: bb.matmul(x["q"], x["wide"]),
+            r"^matmul: matmul inner dims differ",
+        ),
+        (
+            "broadcast",
+            lambda bb, x: bb.binary(Op.ADD, x["q"], x["wide"]),
+            r"^add: cannot broadcast",
+        ),
+        (
+            "reduce axis",
+            lambda bb, x: bb.reduce(Op.REDUCE_SUM, x["q"], 3),
+            r"^reduce_sum: axis 3 out of range",
+        ),
         ("reshape size", lambda bb, x: bb.reshape(x["q"], (7, 9)), r"^reshape: cannot reshape"),
-        ("transpose perm", lambda bb, x: bb.transpose(x["q"], (0, 0, 1)), r"^transpose: bad permutation"),
+        (
+            "transpose perm",
+            lambda bb, x: bb.transpose(x["q"], (0, 0, 1)),
+            r"^transpose: bad permutation",
+        ),
         ("unary kind", lambda bb, x: bb.unary(Op.ADD, x["q"]), r"^unary: add is not a unary op"),
-        ("binary kind", lambda bb, x: bb.binary(Op.EXP, x["q"], x["q"]), r"^binary: exp is not a binary op"),
-        ("accumulator kind", lambda bb, x: bb.accumulate(Op.MATMUL, x["k"], x["v"]), r"^accumulate: matmul is not"),
-        ("accumulator arity", lambda bb, x: bb.accumulate(Op.ACC_EXP_WSUM, x["k"]), r"^acc_exp_wsum: takes 2"),
-        ("apply arity", lambda bb, x: bb.apply(Op.MATMUL, [x["q"]]), r"^matmul: takes 2 sources, got 1"),
-        ("cast target", lambda bb, x: bb.cast(x["q"], "float16"), r"^cast: target 'float16' is not a DType"),
-        ("save dtype", lambda bb, x: bb.save(x["q"], (0, 1, 2), "float32"), r"^save: dtype 'float32' is not"),
+        (
+            "binary kind",
+            lambda bb, x: bb.binary(Op.EXP, x["q"], x["q"]),
+            r"^binary: exp is not a binary op",
+        ),
+        (
+            "accumulator kind",
+            lambda bb, x: bb.accumulate(Op.MATMUL, x["k"], x["v"]),
+            r"^accumulate: matmul is not",
+        ),
+        (
+            "accumulator arity",
+            lambda bb, x: bb.accumulate(Op.ACC_EXP_WSUM, x["k"]),
+            r"^acc_exp_wsum: takes 2",
+        ),
+        (
+            "apply arity",
+            lambda bb, x: bb.apply(Op.MATMUL, [x["q"]]),
+            r"^matmul: takes 2 sources, got 1",
+        ),
+        (
+            "cast target",
+            lambda bb, x: bb.cast(x["q"], "float16"),
+            r"^cast: target 'float16' is not a DType",
+        ),
+        (
+            "save dtype",
+            lambda bb, x: bb.save(x["q"], (0, 1, 2), "float32"),
+            r"^save: dtype 'float32' is not",
+        ),
         ("iter index", lambda bb, x: bb.iter(3), r"^iter: no input 3"),
         ("const value", lambda bb, x: bb.const(float("nan")), r"^const: nan is not finite"),
         # phase rules
-        ("pre-loop accumulator", lambda bb, x: bb.accumulate(Op.ACC_SUM, x["q"]),
-         r"^acc_sum: .*accumulator sources must be loop-phase values"),
-        ("loop and post mixed", lambda bb, x: bb.binary(Op.ADD, x["post"], x["k"]),
-         r"^add: an op cannot mix loop-phase and post-loop values"),
-        ("loop value saved", lambda bb, x: bb.save(x["k"], (0, 1, PARTIAL), F32),
-         r"^save: .*saves a loop-phase value; accumulate it first"),
+        (
+            "pre-loop accumulator",
+            lambda bb, x: bb.accumulate(Op.ACC_SUM, x["q"]),
+            r"^acc_sum: .*accumulator sources must be loop-phase values",
+        ),
+        (
+            "loop and post mixed",
+            lambda bb, x: bb.binary(Op.ADD, x["post"], x["k"]),
+            r"^add: an op cannot mix loop-phase and post-loop values",
+        ),
+        (
+            "loop value saved",
+            lambda bb, x: bb.save(x["k"], (0, 1, PARTIAL), F32),
+            r"^save: .*saves a loop-phase value; accumulate it first",
+        ),
         # output maps and dtypes
-        ("partial in fp16", lambda bb, x: bb.save(x["q"], (0, 1, PARTIAL), F16), r"^save: .*partial outputs must be fp32"),
-        ("grid dim unmapped", lambda bb, x: bb.save(x["q"], (0, 1, None), F16),
-         r"^save: .*grid dim of size 4 is not mapped"),
-        ("omap dim range", lambda bb, x: bb.save(x["q"], (0, 5, PARTIAL), F32), r"^save: .*omap \(0, 5, -1\) invalid"),
-        ("omap entry", lambda bb, x: bb.save(x["q"], (0, "x", PARTIAL), F32), r"^save: omap .* must be"),
+        (
+            "partial in fp16",
+            lambda bb, x: bb.save(x["q"], (0, 1, PARTIAL), F16),
+            r"^save: .*partial outputs must be fp32",
+        ),
+        (
+            "grid dim unmapped",
+            lambda bb, x: bb.save(x["q"], (0, 1, None), F16),
+            r"^save: .*grid dim of size 4 is not mapped",
+        ),
+        (
+            "omap dim range",
+            lambda bb, x: bb.save(x["q"], (0, 5, PARTIAL), F32),
+            r"^save: .*omap \(0, 5, -1\) invalid",
+        ),
+        (
+            "omap entry",
+            lambda bb, x: bb.save(x["q"], (0, "x", PARTIAL), F32),
+            r"^save: omap .* must be",
+        ),
     ]
 
 
@@ -106,7 +176,13 @@ def _bad_ops():
 def test_bad_ops_are_refused_with_the_op_and_the_reason(what, op, message):
     bb, _ = _attention_builder()
     q, k, v = bb.iter(0), bb.iter(1), bb.iter(2)
-    values = {"q": q, "k": k, "v": v, "wide": bb.reshape(q, (1, 4, 16)), "post": bb.accumulate(Op.ACC_SUM, k)}
+    values = {
+        "q": q,
+        "k": k,
+        "v": v,
+        "wide": bb.reshape(q, (1, 4, 16)),
+        "post": bb.accumulate(Op.ACC_SUM, k),
+    }
     before = bb.smem()
     with pytest.raises(BuildError, match=message):
         op(bb, values)
@@ -125,9 +201,13 @@ def test_operands_must_come_from_this_builder():
 def test_inputs_are_checked_when_the_builder_is_made():
     q, k = b.input_(0, (2, 16, 8), F32), b.input_(1, (2, 8, 64), F32)
     with pytest.raises(BuildError, match=r"dim 2 \(64\) is not divisible by grid 3"):
-        BlockBuilder((1, 1, 3), 1, [InputMap((None, None, None)), InputMap((None, None, 2))], [q, k])
+        BlockBuilder(
+            (1, 1, 3), 1, [InputMap((None, None, None)), InputMap((None, None, 2))], [q, k]
+        )
     with pytest.raises(BuildError, match=r"per block 64\) is not divisible by loop 5"):
-        BlockBuilder((1, 1, 1), 5, [InputMap((None, None, None)), InputMap((None, None, None), 2)], [q, k])
+        BlockBuilder(
+            (1, 1, 1), 5, [InputMap((None, None, None)), InputMap((None, None, None), 2)], [q, k]
+        )
     with pytest.raises(BuildError, match="2 input maps for 1 sources"):
         BlockBuilder((1, 1, 1), 1, [InputMap((None, None, None))] * 2, [q])
     with pytest.raises(BuildError, match="grid"):
@@ -151,8 +231,9 @@ def test_finish_checks_the_whole_graph_and_closes_the_builder():
 # ---- shared memory -----------------------------------------------------------------------------
 
 
-def replay(bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90",
-           budget: bool = True) -> tuple[BlockBuilder, list[int]]:
+def replay(
+    bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90", budget: bool = True
+) -> tuple[BlockBuilder, list[int]]:
     """bg rebuilt op by op in dependency order, with smem() after each op."""
     bb = BlockBuilder(bg.grid, bg.loop, bg.inputs, srcs, arch, budget=budget)
     made: dict[Node, Node] = {}
@@ -185,11 +266,15 @@ def test_smem_is_block_smem_of_the_finished_graph_and_the_budget_refuses_the_fir
             if over is None:
                 assert replay(gd.arg, gd.src, arch)[1] == figures
             else:
-                with pytest.raises(BuildError, match=f"need {figures[over]} bytes of shared memory; {arch}"):
+                with pytest.raises(
+                    BuildError, match=f"need {figures[over]} bytes of shared memory; {arch}"
+                ):
                     replay(gd.arg, gd.src, arch)
 
 
-def _relu_matmul(rows: int, arch: str = "sm_90", budget: bool = True) -> tuple[BlockBuilder, Node, Node]:
+def _relu_matmul(
+    rows: int, arch: str = "sm_90", budget: bool = True
+) -> tuple[BlockBuilder, Node, Node]:
     """relu(X) @ W for X (rows, 256), W (256, 128) fp16 in one block (the case of
     test_plan_smem: X, W, the staged relu(X) and C exceed 227 KB at 128 rows)."""
     x, w = b.input_(0, (rows, 256), F16), b.input_(1, (256, 128), F16)
@@ -200,8 +285,11 @@ def _relu_matmul(rows: int, arch: str = "sm_90", budget: bool = True) -> tuple[B
 def test_an_op_over_the_budget_is_refused_and_the_figure_is_exact():
     bb, a, w = _relu_matmul(128)
     before = bb.smem()
-    with pytest.raises(BuildError, match=r"^matmul: the block would need (\d+) bytes of shared memory; sm_90 has "
-                                         f"{SMEM_BUDGET['sm_90']}") as exc:
+    with pytest.raises(
+        BuildError,
+        match=r"^matmul: the block would need (\d+) bytes of shared memory; sm_90 has "
+        f"{SMEM_BUDGET['sm_90']}",
+    ) as exc:
         bb.matmul(a, w)
     need = int(re.search(r"need (\d+) bytes", str(exc.value)).group(1))
     assert bb.smem() == before < SMEM_BUDGET["sm_90"] < need
@@ -231,8 +319,10 @@ def test_the_budget_and_the_figure_are_the_arch_s():
     assert bb.smem() == figures["sm_90"]
     kg = b.kernel_graph(list(bb.srcs), bb.launch())
     check(kg, "sm_90")
-    assert spec.problems(kg, "sm_80") == [f"block graph needs {figures['sm_80']} bytes of shared memory; "
-                                          f"sm_80 has {SMEM_BUDGET['sm_80']}"]
+    assert spec.problems(kg, "sm_80") == [
+        f"block graph needs {figures['sm_80']} bytes of shared memory; "
+        f"sm_80 has {SMEM_BUDGET['sm_80']}"
+    ]
     small, a80, w80 = _relu_matmul(80, "sm_80")
     with pytest.raises(BuildError, match=f"need {figures['sm_80']} bytes of shared memory; sm_80"):
         small.matmul(a80, w80)
@@ -246,7 +336,9 @@ def test_open_values_count_as_saved_until_finish_drops_them():
     s = bb.matmul(q, k)
     bb.save(bb.accumulate(Op.ACC_EXP_SUM, s), (0, 1, PARTIAL), F32)
     unused = bb.accumulate(Op.ACC_SUM, bb.matmul(s, v))
-    as_saved = b.block_graph(bb.grid, bb.loop, bb.inputs, [*bb.saves, b.save(unused, 1, (0, 1, PARTIAL), F32)])
+    as_saved = b.block_graph(
+        bb.grid, bb.loop, bb.inputs, [*bb.saves, b.save(unused, 1, (0, 1, PARTIAL), F32)]
+    )
     assert bb.smem() == spec.block_smem(as_saved, bb.srcs)
     bg = bb.finish()
     assert unused not in bg.nodes() and len(bg.outputs) == 1

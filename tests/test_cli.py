@@ -62,8 +62,17 @@ def test_exit_code_for_open_dimension(tmp_path):
     r = run_cli("inspect", str(path))
     assert r.returncode == 2
     assert b"--input-shape" in r.stderr and b"'Q'" in r.stderr
-    r = run_cli("inspect", str(path), "--input-shape", "Q=2,16,8", "--input-shape", "K=2,8,32",
-                "--input-shape", "V=2,32,8", "--json")
+    r = run_cli(
+        "inspect",
+        str(path),
+        "--input-shape",
+        "Q=2,16,8",
+        "--input-shape",
+        "K=2,8,32",
+        "--input-shape",
+        "V=2,32,8",
+        "--json",
+    )
     assert r.returncode == 0
 
 
@@ -75,11 +84,13 @@ def test_usage_error_exit_code():
 def test_optimize_flag_errors_are_usage_errors(tmp_path):
     src = str(SMALL[0])
     out = str(tmp_path / "o.onnx")
-    cases = [[src],  # no -o and no --dry-run
-             [src, "-o", out, "--budget", "0"],
-             [src, "-o", out, "--max-states", "0"],
-             [src, "-o", out, "--jobs", "0"],
-             [src, "-o", out, "--min-speedup", "-1"]]
+    cases = [
+        [src],  # no -o and no --dry-run
+        [src, "-o", out, "--budget", "0"],
+        [src, "-o", out, "--max-states", "0"],
+        [src, "-o", out, "--jobs", "0"],
+        [src, "-o", out, "--min-speedup", "-1"],
+    ]
     for args in cases:
         r = run_cli("optimize", *args)
         assert r.returncode == 2, (args, r.stderr)
@@ -102,7 +113,9 @@ def _perturbed(path, tmp_path, factor=1.01):
     out = m.graph.output[0].name
     m.graph.node[-1].output[0] = out + "_raw"
     m.graph.node.append(helper.make_node("Mul", [out + "_raw", "mlso_test_k"], [out]))
-    m.graph.initializer.append(helper.make_tensor("mlso_test_k", onnx.TensorProto.FLOAT, [], [factor]))
+    m.graph.initializer.append(
+        helper.make_tensor("mlso_test_k", onnx.TensorProto.FLOAT, [], [factor])
+    )
     p = tmp_path / "b.onnx"
     onnx.save(m, str(p))
     return p
@@ -146,8 +159,12 @@ def test_verify_layernorm_model_against_itself(tmp_path):
     rng = np.random.default_rng(0)
     g = numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "g")
     b = numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")
-    n = helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5, stash_type=1)
-    m = helper.make_model(helper.make_graph([n], "ln", [x], [y], [g, b]), opset_imports=[helper.make_opsetid("", 17)])
+    n = helper.make_node(
+        "LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5, stash_type=1
+    )
+    m = helper.make_model(
+        helper.make_graph([n], "ln", [x], [y], [g, b]), opset_imports=[helper.make_opsetid("", 17)]
+    )
     m.ir_version = 8  # what ONNX Runtime loads
     p = tmp_path / "ln.onnx"
     onnx.save(m, str(p))
@@ -167,8 +184,12 @@ def test_reference_layernorm_is_float64():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 16])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 16])
     g = numpy_helper.from_array(np.ones(16, np.float32), "g")
-    n = helper.make_node("LayerNormalization", ["x", "g"], ["y"], axis=-1, epsilon=1e-5, stash_type=1)
-    m = helper.make_model(helper.make_graph([n], "ln", [x], [y], [g]), opset_imports=[helper.make_opsetid("", 17)])
+    n = helper.make_node(
+        "LayerNormalization", ["x", "g"], ["y"], axis=-1, epsilon=1e-5, stash_type=1
+    )
+    m = helper.make_model(
+        helper.make_graph([n], "ln", [x], [y], [g]), opset_imports=[helper.make_opsetid("", 17)]
+    )
     xs = np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32)
     got = reference_outputs(m, {"x": xs})["y"]
     x64 = xs.astype(np.float64)
@@ -183,8 +204,10 @@ def _int_model(path, const: int) -> None:
     x = helper.make_tensor_value_info("x", TensorProto.INT64, [4])
     y = helper.make_tensor_value_info("y", TensorProto.INT64, [4])
     c = helper.make_tensor("c", TensorProto.INT64, [], [const])
-    m = helper.make_model(helper.make_graph([helper.make_node("Add", ["x", "c"], ["y"])], "ints", [x], [y], [c]),
-                          opset_imports=[helper.make_opsetid("", 17)])
+    m = helper.make_model(
+        helper.make_graph([helper.make_node("Add", ["x", "c"], ["y"])], "ints", [x], [y], [c]),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
     m.ir_version = 8
     onnx.save(m, str(path))
 
@@ -206,8 +229,10 @@ def _embedding_model(path, table) -> None:
     ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [16])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, table.shape[1]])
     node = helper.make_node("Gather", ["table", "ids"], ["y"], axis=0)
-    m = helper.make_model(helper.make_graph([node], "emb", [ids], [y], [numpy_helper.from_array(table, "table")]),
-                          opset_imports=[helper.make_opsetid("", 17)])
+    m = helper.make_model(
+        helper.make_graph([node], "emb", [ids], [y], [numpy_helper.from_array(table, "table")]),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
     m.ir_version = 8
     onnx.save(m, str(path))
 

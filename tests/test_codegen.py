@@ -45,6 +45,7 @@ WORKERS = max(2, os.cpu_count() or 2)
 
 # ---- session setup: one cache, all programs generated once, emulators built in parallel ----------
 
+
 @pytest.fixture(scope="session", autouse=True)
 def _cache_dir(tmp_path_factory):
     mp = pytest.MonkeyPatch()
@@ -65,7 +66,9 @@ def _lifted() -> dict[str, object]:
     for p in sorted((ROOT / "models" / "small").glob("*.onnx")):
         for i, kg in enumerate(lift_model(str(p))):
             out[f"lifted_{p.stem}_{i}"] = kg
-    for i, kg in enumerate(lift_model(str(ROOT / "models" / "transformer_tiny.onnx"), {"hidden": (1, 16, 64)})):
+    for i, kg in enumerate(
+        lift_model(str(ROOT / "models" / "transformer_tiny.onnx"), {"hidden": (1, 16, 64)})
+    ):
         out[f"lifted_transformer_{i}"] = kg
     return out
 
@@ -113,13 +116,16 @@ def _check(name: str, kg, emulator, large: bool) -> None:
     for k, (g, w) in enumerate(zip(got, want)):
         g = np.asarray(g, dtype=np.float64)
         ok = np.abs(w) <= fmax  # exact values beyond fp32 must come out as inf of the same sign
-        assert np.all(np.isinf(g[~ok]) & (np.sign(g[~ok]) == np.sign(w[~ok]))), f"{name} output {k}: overflow"
+        assert np.all(np.isinf(g[~ok]) & (np.sign(g[~ok]) == np.sign(w[~ok]))), (
+            f"{name} output {k}: overflow"
+        )
         assert not np.isnan(g[ok]).any(), f"{name} output {k}: NaN (unwritten or unstable)"
         err = T.rel_error(g[ok], w[ok])
         assert err <= tol, f"{name} output {k}: relative error {err:.2e} > {tol:.0e}"
 
 
 # ---- correctness on the host emulator ------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", list(T.GRAPHS))
 def test_emulated_matches_reference(name, graphs, emulator):
@@ -150,6 +156,7 @@ def test_lifted_models_emulated(graphs, emulator):
 
 # ---- plans and compilation ---------------------------------------------------------------------------
 
+
 def test_plans_are_consistent(graphs, programs):
     try:
         from mlso_cli.runtime.plan import validate_plan
@@ -163,7 +170,9 @@ def test_plans_are_consistent(graphs, programs):
         assert len(set(gp.kernel_names)) == len(gp.kernel_names) == len(plan["launches"])
         assert plan["smem_max"] == max(launch["smem"] for launch in plan["launches"])
         for launch in plan["launches"]:
-            sig = re.search(rf'void __launch_bounds__\(\d+\) {launch["kernel"]}\(([^)]*)\)', gp.source)
+            sig = re.search(
+                rf"void __launch_bounds__\(\d+\) {launch['kernel']}\(([^)]*)\)", gp.source
+            )
             assert sig, launch["kernel"]
             params = [p.strip().split()[-1] for p in sig.group(1).split(",") if p.strip()]
             prefix = {"input": "in", "output": "out", "scratch": "sc"}
@@ -191,7 +200,9 @@ def test_everything_compiles_with_nvcc(graphs, programs):
     """Every test graph, every fixture (small, and full size at every batch size) and every lifted
     region, compiled by nvcc in a few batched translation units."""
     parts = list(programs.items()) + [(k, generate(kg)) for k, kg in _fixtures(full=True).items()]
-    renamed = [re.sub(r"\bmlso_k(\d+)\b", rf"g{i}_k\1", gp.source) for i, (_, gp) in enumerate(parts)]
+    renamed = [
+        re.sub(r"\bmlso_k(\d+)\b", rf"g{i}_k\1", gp.source) for i, (_, gp) in enumerate(parts)
+    ]
     units = ["\n".join(renamed[i::WORKERS]) for i in range(WORKERS)]
     with cf.ThreadPoolExecutor(WORKERS) as ex:
         fatbins = list(ex.map(lambda src: nvcc_mod.compile_source(src, ("sm_80", "sm_90a")), units))
@@ -245,11 +256,14 @@ def test_nvcc_failure_names_command_source_and_errors():
 
 def test_gencode_flags():
     assert nvcc_mod.gencode_flags(("sm_80", "sm_90a")) == [
-        "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a",
-        "-gencode=arch=compute_90a,code=compute_90a"]
+        "-gencode=arch=compute_80,code=sm_80",
+        "-gencode=arch=compute_90a,code=sm_90a",
+        "-gencode=arch=compute_90a,code=compute_90a",
+    ]
 
 
 # ---- snapshots -------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", SNAPSHOT_GRAPHS)
 def test_snapshot(name):
@@ -259,10 +273,13 @@ def test_snapshot(name):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(source)
     assert path.is_file(), f"missing snapshot {path}; create it with MLSO_UPDATE_SNAPSHOTS=1"
-    assert source == path.read_text(), f"generated code of {name} changed; review, then MLSO_UPDATE_SNAPSHOTS=1"
+    assert source == path.read_text(), (
+        f"generated code of {name} changed; review, then MLSO_UPDATE_SNAPSHOTS=1"
+    )
 
 
 # ---- units -------------------------------------------------------------------------------------------
+
 
 def test_softmax_exp_gets_a_row_max_and_others_do_not():
     kg = T.GRAPHS["plain_attention_f32"]()
@@ -288,15 +305,25 @@ def test_scale_rules():
     assert BINARY[Op.DIV](s, other)[2]  # different rows: no cancellation
 
 
-@pytest.mark.parametrize("shape,new", [((2, 3, 4), (6, 4)), ((2, 3, 4), (2, 12)), ((4, 6), (2, 2, 6)),
-                                       ((1, 5, 1), (5,)), ((3, 1, 2), (3, 2, 1))])
+@pytest.mark.parametrize(
+    "shape,new",
+    [
+        ((2, 3, 4), (6, 4)),
+        ((2, 3, 4), (2, 12)),
+        ((4, 6), (2, 2, 6)),
+        ((1, 5, 1), (5,)),
+        ((3, 1, 2), (3, 2, 1)),
+    ],
+)
 def test_view_strides_match_numpy(shape, new):
     a = np.zeros(shape, dtype=np.float32)
     st = view_strides(shape, tuple(s // 4 for s in a.strides), new)
     want = a.reshape(new).strides
     assert st is not None
     assert all(x * 4 == y for x, y, d in zip(st, want, new) if d != 1)
-    assert view_strides((6, 4), (1, 6), (24,)) is None  # a transposed tensor flattens only by copying
+    assert (
+        view_strides((6, 4), (1, 6), (24,)) is None
+    )  # a transposed tensor flattens only by copying
 
 
 def test_float_literals_round_trip():
@@ -320,7 +347,7 @@ def test_online_softmax_row_template_on_emulator():
     """mlso::OnlineSoftmaxRow (raise / add / merge) against the exact softmax average, logits +-150."""
     from mlso_cli.codegen.program import GeneratedProgram
 
-    source = '''#include "mlso.cuh"
+    source = """#include "mlso.cuh"
 extern "C" __global__ void __launch_bounds__(32) mlso_k0(const float* __restrict__ in0,
     const float* __restrict__ in1, float* __restrict__ out0) {
   if (threadIdx.x != 0) return;
@@ -330,13 +357,29 @@ extern "C" __global__ void __launch_bounds__(32) mlso_k0(const float* __restrict
   a.merge(b);
   for (int i = 0; i < 4; ++i) out0[i] = a.out(i);
 }
-'''
-    plan = {"version": 1, "targets": ["sm_80"], "smem_max": 0,
-            "inputs": [{"dtype": "float32", "shape": [40]}, {"dtype": "float32", "shape": [40, 4]}],
-            "outputs": [{"dtype": "float32", "shape": [4]}], "scratch": [], "zero": [],
-            "launches": [{"kernel": "mlso_k0", "grid": [1, 1, 1], "block": [32, 1, 1], "smem": 0,
-                          "args": [{"kind": "input", "index": 0}, {"kind": "input", "index": 1},
-                                   {"kind": "output", "index": 0}]}]}
+"""
+    plan = {
+        "version": 1,
+        "targets": ["sm_80"],
+        "smem_max": 0,
+        "inputs": [{"dtype": "float32", "shape": [40]}, {"dtype": "float32", "shape": [40, 4]}],
+        "outputs": [{"dtype": "float32", "shape": [4]}],
+        "scratch": [],
+        "zero": [],
+        "launches": [
+            {
+                "kernel": "mlso_k0",
+                "grid": [1, 1, 1],
+                "block": [32, 1, 1],
+                "smem": 0,
+                "args": [
+                    {"kind": "input", "index": 0},
+                    {"kind": "input", "index": 1},
+                    {"kind": "output", "index": 0},
+                ],
+            }
+        ],
+    }
     rng = np.random.default_rng(3)
     s = (rng.standard_normal(40) * 60).astype(np.float32)
     s[30] = 150.0  # the max arrives late, in the second partial
@@ -347,7 +390,9 @@ extern "C" __global__ void __launch_bounds__(32) mlso_k0(const float* __restrict
     assert T.rel_error(got, want) < 1e-6
 
 
-@pytest.mark.parametrize("name, warps, ksplit", [("flash_wide_v_f16", 2, 2), ("flash_wide_v_bf16", 3, 1)])
+@pytest.mark.parametrize(
+    "name, warps, ksplit", [("flash_wide_v_f16", 2, 2), ("flash_wide_v_bf16", 3, 1)]
+)
 def test_wide_values_split_columns_over_warps(name, warps, ksplit):
     """V wider than one warp's register tile (128 columns) still takes the register path: warps
     sharing a 16-row strip split V's columns (256 = 2 x 128, 264 = 3 x 88), and split the score's

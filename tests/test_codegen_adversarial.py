@@ -34,8 +34,12 @@ def _feeds(name: str, scale: str) -> dict[str, np.ndarray]:
     return x
 
 
-CASES = [(n, s) for n in MODELS for s in ("unit", "adversarial", "offset100")
-         if s != "offset100" or NORM_INPUT in small_fixture(n).input_names]
+CASES = [
+    (n, s)
+    for n in MODELS
+    for s in ("unit", "adversarial", "offset100")
+    if s != "offset100" or NORM_INPUT in small_fixture(n).input_names
+]
 
 
 @pytest.fixture(scope="module")
@@ -62,4 +66,6 @@ def test_fixture_on_the_emulator(name, scale, emulator):
     for k, (g, w, f) in enumerate(zip(got, want, as_codegen)):
         assert np.isfinite(np.asarray(g, np.float64)).all(), f"{name} output {k}: not finite"
         err, own = T.rel_error(g, w), T.rel_error(f, w)
-        assert err <= max(LIMIT, 2 * own), f"{name} {scale} output {k}: {err:.2e} (float32 mode {own:.2e})"
+        assert err <= max(LIMIT, 2 * own), (
+            f"{name} {scale} output {k}: {err:.2e} (float32 mode {own:.2e})"
+        )

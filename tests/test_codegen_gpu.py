@@ -53,8 +53,12 @@ def _compare(name: str, kg, inputs: list[np.ndarray]) -> list[float]:
     for k, (g, w) in enumerate(zip(got, want)):
         g = np.asarray(g, dtype=np.float64)
         ok = np.abs(w) <= fmax
-        assert np.all(np.isinf(g[~ok]) & (np.sign(g[~ok]) == np.sign(w[~ok]))), f"{name} output {k}: overflow"
-        assert not np.isnan(g[ok]).any(), f"{name} output {k}: {int(np.isnan(g[ok]).sum())} NaN (unwritten?)"
+        assert np.all(np.isinf(g[~ok]) & (np.sign(g[~ok]) == np.sign(w[~ok]))), (
+            f"{name} output {k}: overflow"
+        )
+        assert not np.isnan(g[ok]).any(), (
+            f"{name} output {k}: {int(np.isnan(g[ok]).sum())} NaN (unwritten?)"
+        )
         err = T.rel_error(g[ok], w[ok])
         errs.append(err)
         assert err <= tol, f"{name} output {k}: relative error {err:.2e} > {tol:.0e}"
@@ -62,6 +66,7 @@ def _compare(name: str, kg, inputs: list[np.ndarray]) -> list[float]:
 
 
 # ---- codegen test graphs --------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", list(T.GRAPHS))
 def test_graph_on_gpu(name):
@@ -76,6 +81,7 @@ def test_graph_on_gpu_large_logits(name):
 
 
 # ---- full-size benchmark fixtures -----------------------------------------------------------------
+
 
 def _fixtures() -> dict:
     try:
@@ -104,7 +110,12 @@ def _logits(family: str, x: dict[str, np.ndarray]) -> np.ndarray | None:
 
 
 # the input(s) the logits are linear in
-LOGIT_INPUTS = {"gqa": ("Q",), "qknorm_gqa": ("gamma_q",), "qknorm_real": ("gamma_q",), "mla": ("Q_nope", "Q_pe")}
+LOGIT_INPUTS = {
+    "gqa": ("Q",),
+    "qknorm_gqa": ("gamma_q",),
+    "qknorm_real": ("gamma_q",),
+    "mla": ("Q_nope", "Q_pe"),
+}
 
 
 def _fixture_inputs(key: str, kg, large: bool) -> list[np.ndarray]:
@@ -129,13 +140,16 @@ def test_fixture_on_gpu(key):
     _compare(key, kg, _fixture_inputs(key, kg, large=False))
 
 
-@pytest.mark.parametrize("key", sorted(k for k in _fixtures() if k.rsplit("_bs", 1)[0] in LOGIT_INPUTS))
+@pytest.mark.parametrize(
+    "key", sorted(k for k in _fixtures() if k.rsplit("_bs", 1)[0] in LOGIT_INPUTS)
+)
 def test_fixture_on_gpu_large_logits(key):
     kg = _fixtures()[key]()
     _compare(key, kg, _fixture_inputs(key, kg, large=True))
 
 
 # ---- lifted models ----------------------------------------------------------------------------------
+
 
 def test_lifted_models_on_gpu():
     try:
@@ -147,6 +161,8 @@ def test_lifted_models_on_gpu():
         shapes = {"hidden": (1, 16, 64)} if "transformer" in p.name else None
         for i, kg in enumerate(lift_model(str(p), shapes)):
             name = f"{p.stem}_{i}"
-            ins = [np.abs(x) + 0.5 if "var" in nm else x
-                   for x, nm in zip(T.make_inputs(kg, name), kg.input_names)]
+            ins = [
+                np.abs(x) + 0.5 if "var" in nm else x
+                for x, nm in zip(T.make_inputs(kg, name), kg.input_names)
+            ]
             _compare(name, kg, ins)

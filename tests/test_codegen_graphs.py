@@ -38,7 +38,12 @@ class _Blk:
         im = InputMap(imap, fmap)
         self.srcs.append(src)
         self.maps.append(im)
-        return b.iter_(len(self.srcs) - 1, tile_shape(src.shape, im, self.grid, self.loop), src.dtype, fmap is not None)
+        return b.iter_(
+            len(self.srcs) - 1,
+            tile_shape(src.shape, im, self.grid, self.loop),
+            src.dtype,
+            fmap is not None,
+        )
 
     def launch(self, saves: list[Node]) -> list[Node]:
         return b.graph_def(self.srcs, b.block_graph(self.grid, self.loop, self.maps, saves))
@@ -46,7 +51,10 @@ class _Blk:
 
 # ---- kernel-level graphs (what lifting produces) --------------------------------------------------
 
-def plain_attention(dt: DType = F16, g: int = 2, m: int = 32, d: int = 16, n: int = 64) -> KernelGraph:
+
+def plain_attention(
+    dt: DType = F16, g: int = 2, m: int = 32, d: int = 16, n: int = 64
+) -> KernelGraph:
     """softmax(Q K) V as lifted: matmul, fp32 exp / reduce_sum / div, matmul."""
     q, k, v = b.input_(0, (g, m, d), dt), b.input_(1, (g, d, n), dt), b.input_(2, (g, n, d), dt)
     e = b.unary(Op.EXP, _to32(b.matmul(q, k)))
@@ -76,13 +84,15 @@ def elementwise_chain(dt: DType = F32, r: int = 4, c: int = 40) -> KernelGraph:
     u = b.add(u, b.unary(Op.SILU, b.unary(Op.RECIPROCAL, b.add(b.unary(Op.EXP, z32), b.const(1)))))
     u = b.binary(Op.MAX, u, t)
     w = _back(b.div(u, b.add(b.unary(Op.SQUARE, y32), b.const(2))), dt)
-    return b.kernel_graph([x, y, z], [w, b.transpose(w, (1, 0)), x, w], ["x", "y", "z"], ["w", "wt", "x_copy", "w2"])
+    return b.kernel_graph(
+        [x, y, z], [w, b.transpose(w, (1, 0)), x, w], ["x", "y", "z"], ["w", "wt", "x_copy", "w2"]
+    )
 
 
 def views_matmul(dt: DType = F16, m: int = 48, k: int = 32, n: int = 40) -> KernelGraph:
     """matmul(transpose(A), transpose(B)) with a batch broadcast, then a reshape output."""
-    a = b.input_(0, (2, k, m), dt)            # A stored (K, M): m contiguous
-    bb = b.input_(1, (n, k), dt)              # B stored (N, K): k contiguous
+    a = b.input_(0, (2, k, m), dt)  # A stored (K, M): m contiguous
+    bb = b.input_(1, (n, k), dt)  # B stored (N, K): k contiguous
     out = b.matmul(b.transpose(a, (0, 2, 1)), b.broadcast_to(b.transpose(bb, (1, 0)), (2, k, n)))
     return b.kernel_graph([a, bb], [b.reshape(out, (2 * m, n))], ["A", "B"], ["C"])
 
@@ -101,13 +111,24 @@ def reductions(dt: DType = F32) -> KernelGraph:
     mean0 = b.reduce(Op.REDUCE_MEAN, x32, 0)
     max2 = b.reduce(Op.REDUCE_MAX, x32, 2)
     sum1 = b.reduce(Op.REDUCE_SUM, b.reshape(x32, (30, 96)), 1)
-    return b.kernel_graph([x], [_back(mean0, dt), _back(max2, dt), sum1], ["x"], ["mean0", "max2", "sum1"])
+    return b.kernel_graph(
+        [x], [_back(mean0, dt), _back(max2, dt), sum1], ["x"], ["mean0", "max2", "sum1"]
+    )
 
 
 # ---- graph-defined kernels -----------------------------------------------------------------------
 
-def split_kv_attention(dt: DType = F16, g: int = 2, m: int = 32, d: int = 16, n: int = 128,
-                       row_tiles: int = 2, splits: int = 2, loop: int = 2) -> KernelGraph:
+
+def split_kv_attention(
+    dt: DType = F16,
+    g: int = 2,
+    m: int = 32,
+    d: int = 16,
+    n: int = 128,
+    row_tiles: int = 2,
+    splits: int = 2,
+    loop: int = 2,
+) -> KernelGraph:
     """Flash-decoding: partial ACC_EXP_WSUM / ACC_EXP_SUM per KV split, combined at kernel level."""
     q, k, v = b.input_(0, (g, m, d), dt), b.input_(1, (g, d, n), dt), b.input_(2, (g, n, d), dt)
     blk = _Blk((g, row_tiles, splits), loop)
@@ -120,25 +141,46 @@ def split_kv_attention(dt: DType = F16, g: int = 2, m: int = 32, d: int = 16, n:
     return b.kernel_graph([q, k, v], [b.reshape(_back(out, dt), (g, m, d))], ["Q", "K", "V"], ["O"])
 
 
-def flash_attention(dt: DType = F16, g: int = 2, m: int = 32, d: int = 16, n: int = 96, loop: int = 3,
-                    dv: int | None = None) -> KernelGraph:
+def flash_attention(
+    dt: DType = F16,
+    g: int = 2,
+    m: int = 32,
+    d: int = 16,
+    n: int = 96,
+    loop: int = 3,
+    dv: int | None = None,
+) -> KernelGraph:
     """No split: the loop walks all keys and the POST division cancels the running max in-block.
     dv: V's width when it differs from d (MLA's values are wider than one warp's register tile)."""
-    q, k, v = b.input_(0, (g, m, d), dt), b.input_(1, (g, d, n), dt), b.input_(2, (g, n, dv or d), dt)
+    q, k, v = (
+        b.input_(0, (g, m, d), dt),
+        b.input_(1, (g, d, n), dt),
+        b.input_(2, (g, n, dv or d), dt),
+    )
     blk = _Blk((g, 2, 1), loop)
-    bq, bk, bv = blk.it(q, (0, 1, None)), blk.it(k, (0, None, None), 2), blk.it(v, (0, None, None), 1)
+    bq, bk, bv = (
+        blk.it(q, (0, 1, None)),
+        blk.it(k, (0, None, None), 2),
+        blk.it(v, (0, None, None), 1),
+    )
     s = b.matmul(bq, bk)
     o = b.div(b.accumulate(Op.ACC_EXP_WSUM, s, bv), b.accumulate(Op.ACC_EXP_SUM, s))
     (out,) = blk.launch([b.save(o, 0, (0, 1, None), dt)])
     return b.kernel_graph([q, k, v], [out], ["Q", "K", "V"], ["O"])
 
 
-def flash_v_factor(dt: DType = F16, g: int = 2, m: int = 32, d: int = 16, n: int = 96, loop: int = 3) -> KernelGraph:
+def flash_v_factor(
+    dt: DType = F16, g: int = 2, m: int = 32, d: int = 16, n: int = 96, loop: int = 3
+) -> KernelGraph:
     """qknorm-style flash attention: V is RMS-normalised per key inside the loop, a per-key factor
     that code generation may fold into the exp terms instead of rewriting V."""
     q, k, v = b.input_(0, (g, m, d), dt), b.input_(1, (g, d, n), dt), b.input_(2, (g, n, d), dt)
     blk = _Blk((g, 2, 1), loop)
-    bq, bk, bv = blk.it(q, (0, 1, None)), blk.it(k, (0, None, None), 2), blk.it(v, (0, None, None), 1)
+    bq, bk, bv = (
+        blk.it(q, (0, 1, None)),
+        blk.it(k, (0, None, None), 2),
+        blk.it(v, (0, None, None), 1),
+    )
     ms = b.mul(b.reduce(Op.REDUCE_SUM, b.unary(Op.SQUARE, bv), 2), b.const(Fraction(1, d)))
     vn = b.mul(bv, b.unary(Op.RSQRT, b.add(ms, b.const(Fraction(1, 1 << 20)))))
     s = b.matmul(bq, bk)
@@ -147,23 +189,35 @@ def flash_v_factor(dt: DType = F16, g: int = 2, m: int = 32, d: int = 16, n: int
     return b.kernel_graph([q, k, v], [out], ["Q", "K", "V"], ["O"])
 
 
-def partial_outputs(dt: DType = F32, g: int = 2, m: int = 16, d: int = 16, n: int = 64) -> KernelGraph:
+def partial_outputs(
+    dt: DType = F32, g: int = 2, m: int = 16, d: int = 16, n: int = 64
+) -> KernelGraph:
     """Split-KV partials that are graph outputs themselves (saved exact), beside the combine."""
     q, k, v = b.input_(0, (g, m, d), dt), b.input_(1, (g, d, n), dt), b.input_(2, (g, n, d), dt)
     blk = _Blk((g, 1, 2), 2)
     bq, bk, bv = blk.it(q, (0, None, None)), blk.it(k, (0, None, 2), 2), blk.it(v, (0, None, 1), 1)
     s = b.matmul(bq, bk)
-    pnum, pden = blk.launch([b.save(b.accumulate(Op.ACC_EXP_WSUM, s, bv), 0, (0, None, PARTIAL), F32),
-                             b.save(b.accumulate(Op.ACC_EXP_SUM, s), 1, (0, None, PARTIAL), F32)])
+    pnum, pden = blk.launch(
+        [
+            b.save(b.accumulate(Op.ACC_EXP_WSUM, s, bv), 0, (0, None, PARTIAL), F32),
+            b.save(b.accumulate(Op.ACC_EXP_SUM, s), 1, (0, None, PARTIAL), F32),
+        ]
+    )
     out = b.div(b.reduce(Op.REDUCE_SUM, pnum, 0), b.reduce(Op.REDUCE_SUM, pden, 0))
     return b.kernel_graph([q, k, v], [out, pden], ["Q", "K", "V"], ["O", "den_partials"])
 
 
-def rmsnorm_matmul(dt: DType = F16, rows: int = 16, h: int = 64, n: int = 32, grid: int = 2, loop: int = 2) -> KernelGraph:
+def rmsnorm_matmul(
+    dt: DType = F16, rows: int = 16, h: int = 64, n: int = 32, grid: int = 2, loop: int = 2
+) -> KernelGraph:
     """RMSNorm(X) * gamma @ W in one kernel: the loop walks K with two accumulators."""
     x, gamma, w = b.input_(0, (rows, h), dt), b.input_(1, (h,), dt), b.input_(2, (h, n), dt)
     blk = _Blk((grid, 1, 1), loop)
-    bx, bg, bw = blk.it(x, (None, None, None), 1), blk.it(gamma, (None, None, None), 0), blk.it(w, (1, None, None), 0)
+    bx, bg, bw = (
+        blk.it(x, (None, None, None), 1),
+        blk.it(gamma, (None, None, None), 0),
+        blk.it(w, (1, None, None), 0),
+    )
     acc = b.accumulate(Op.ACC_SUM, b.matmul(b.mul(bx, bg), bw))
     ss = b.accumulate(Op.ACC_SUM, b.reduce(Op.REDUCE_SUM, b.unary(Op.SQUARE, bx), 1))
     r = b.unary(Op.RSQRT, b.add(b.mul(ss, b.const(Fraction(1, h))), b.const(Fraction(1, 1 << 20))))
@@ -171,18 +225,26 @@ def rmsnorm_matmul(dt: DType = F16, rows: int = 16, h: int = 64, n: int = 32, gr
     return b.kernel_graph([x, gamma, w], [out], ["X", "gamma", "W"], ["O"])
 
 
-def gated_mlp(dt: DType = F16, rows: int = 8, h: int = 64, f: int = 64, grid: int = 2, loop: int = 2) -> KernelGraph:
+def gated_mlp(
+    dt: DType = F16, rows: int = 8, h: int = 64, f: int = 64, grid: int = 2, loop: int = 2
+) -> KernelGraph:
     """SiLU(X W1) * (X W2): two ACC_SUM accumulators over the same X tile (rows < 16: M padding)."""
     x, w1, w2 = b.input_(0, (rows, h), dt), b.input_(1, (h, f), dt), b.input_(2, (h, f), dt)
     blk = _Blk((grid, 1, 1), loop)
-    bx, b1, b2 = blk.it(x, (None, None, None), 1), blk.it(w1, (1, None, None), 0), blk.it(w2, (1, None, None), 0)
+    bx, b1, b2 = (
+        blk.it(x, (None, None, None), 1),
+        blk.it(w1, (1, None, None), 0),
+        blk.it(w2, (1, None, None), 0),
+    )
     a1 = b.accumulate(Op.ACC_SUM, b.matmul(bx, b1))
     a2 = b.accumulate(Op.ACC_SUM, b.matmul(bx, b2))
     (out,) = blk.launch([b.save(b.mul(b.unary(Op.SILU, a1), a2), 0, (1, None, None), dt)])
     return b.kernel_graph([x, w1, w2], [out], ["X", "W1", "W2"], ["O"])
 
 
-def block_softmax(dt: DType = F16, g: int = 2, m: int = 32, d: int = 16, n: int = 32) -> KernelGraph:
+def block_softmax(
+    dt: DType = F16, g: int = 2, m: int = 32, d: int = 16, n: int = 32
+) -> KernelGraph:
     """A PRE-phase softmax inside a block (no loop): the block-level EXP is stabilised by a row max,
     then P @ V; also a THREAD node (fused elementwise body) on the output."""
     q, k, v = b.input_(0, (g, m, d), dt), b.input_(1, (g, d, n), dt), b.input_(2, (g, n, d), dt)
@@ -204,7 +266,10 @@ def chained(dt: DType = BF16, rows: int = 16, h: int = 32, n: int = 32) -> Kerne
     bx, bw1 = blk1.it(x, (None, None, None)), blk1.it(w1, (1, None, None))
     (y,) = blk1.launch([b.save(b.unary(Op.RELU, b.matmul(bx, bw1)), 0, (1, None, None), dt)])
     blk2 = _Blk((1, 2, 1), 2)
-    by, bw2 = blk2.it(y, (None, 0, None), 1), blk2.it(b.transpose(w2, (1, 0)), (None, None, None), 0)
+    by, bw2 = (
+        blk2.it(y, (None, 0, None), 1),
+        blk2.it(b.transpose(w2, (1, 0)), (None, None, None), 0),
+    )
     acc = b.accumulate(Op.ACC_SUM, b.matmul(by, bw2))
     (z,) = blk2.launch([b.save(acc, 0, (None, 0, None), dt)])
     return b.kernel_graph([x, w1, w2], [z, y], ["X", "W1", "W2"], ["Z", "Y"])
@@ -300,22 +365,41 @@ def rel_error(got: np.ndarray, want: np.ndarray) -> float:
 
 # ---- float64 reference ---------------------------------------------------------------------------
 
+
 def reference(kg: KernelGraph, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """mlso_cli.verify.interpreter.run(mode="float64") when present, else `numpy_reference`."""
     try:
         from mlso_cli.verify.interpreter import run
     except ImportError:
         return numpy_reference(kg, inputs)
-    return [np.asarray(o, dtype=np.float64) for o in run(kg, [np.asarray(x) for x in inputs], mode="float64")]
+    return [
+        np.asarray(o, dtype=np.float64)
+        for o in run(kg, [np.asarray(x) for x in inputs], mode="float64")
+    ]
 
 
 _UNARY = {
-    Op.EXP: np.exp, Op.SQUARE: np.square, Op.SQRT: np.sqrt, Op.RSQRT: lambda x: 1 / np.sqrt(x),
-    Op.RECIPROCAL: lambda x: 1 / x, Op.NEG: np.negative, Op.SIGMOID: lambda x: 1 / (1 + np.exp(-x)),
-    Op.SILU: lambda x: x / (1 + np.exp(-x)), Op.TANH: np.tanh, Op.RELU: lambda x: np.maximum(x, 0),
-    Op.ERF: lambda x: _erf(x), Op.GELU: lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2))), Op.CAST: lambda x: x,
+    Op.EXP: np.exp,
+    Op.SQUARE: np.square,
+    Op.SQRT: np.sqrt,
+    Op.RSQRT: lambda x: 1 / np.sqrt(x),
+    Op.RECIPROCAL: lambda x: 1 / x,
+    Op.NEG: np.negative,
+    Op.SIGMOID: lambda x: 1 / (1 + np.exp(-x)),
+    Op.SILU: lambda x: x / (1 + np.exp(-x)),
+    Op.TANH: np.tanh,
+    Op.RELU: lambda x: np.maximum(x, 0),
+    Op.ERF: lambda x: _erf(x),
+    Op.GELU: lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2))),
+    Op.CAST: lambda x: x,
 }
-_BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide, Op.MAX: np.maximum}
+_BINARY = {
+    Op.ADD: np.add,
+    Op.SUB: np.subtract,
+    Op.MUL: np.multiply,
+    Op.DIV: np.divide,
+    Op.MAX: np.maximum,
+}
 _REDUCE = {Op.REDUCE_SUM: np.sum, Op.REDUCE_MEAN: np.mean, Op.REDUCE_MAX: np.max}
 
 
@@ -377,11 +461,17 @@ def _run_block(bg: BlockGraph, srcs: list[np.ndarray]) -> list[np.ndarray]:
                     env: dict[Node, object] = {}
                     for it in (n for n in bg.nodes() if n.op is Op.ITER):
                         env[it] = _tile(srcs[it.arg], bg.inputs[it.arg], bg, idx, step)
-                    for acc in (n for n in bg.nodes() if n.op in (Op.ACC_SUM, Op.ACC_EXP_SUM, Op.ACC_EXP_WSUM)):
+                    for acc in (
+                        n
+                        for n in bg.nodes()
+                        if n.op in (Op.ACC_SUM, Op.ACC_EXP_SUM, Op.ACC_EXP_WSUM)
+                    ):
                         x = [np.asarray(_eval(s, env)) for s in acc.src]
-                        inc = {Op.ACC_SUM: lambda x: x[0],
-                               Op.ACC_EXP_SUM: lambda x: np.exp(x[0]).sum(-1, keepdims=True),
-                               Op.ACC_EXP_WSUM: lambda x: np.matmul(np.exp(x[0]), x[1])}[acc.op](x)
+                        inc = {
+                            Op.ACC_SUM: lambda x: x[0],
+                            Op.ACC_EXP_SUM: lambda x: np.exp(x[0]).sum(-1, keepdims=True),
+                            Op.ACC_EXP_WSUM: lambda x: np.matmul(np.exp(x[0]), x[1]),
+                        }[acc.op](x)
                         accs[acc] = accs.get(acc, 0) + inc
                 env = dict(accs)
                 for it in (n for n in bg.nodes() if n.op is Op.ITER and n.phase.value == "pre"):
@@ -400,7 +490,9 @@ def _run_block(bg: BlockGraph, srcs: list[np.ndarray]) -> list[np.ndarray]:
     return outs
 
 
-def _tile(x: np.ndarray, im: InputMap, bg: BlockGraph, idx: tuple[int, int, int], step: int) -> np.ndarray:
+def _tile(
+    x: np.ndarray, im: InputMap, bg: BlockGraph, idx: tuple[int, int, int], step: int
+) -> np.ndarray:
     region = [slice(None)] * x.ndim
     starts = [0] * x.ndim
     sizes = list(x.shape)
@@ -418,6 +510,8 @@ def _tile(x: np.ndarray, im: InputMap, bg: BlockGraph, idx: tuple[int, int, int]
 
 
 def numpy_reference(kg: KernelGraph, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    env: dict[Node, object] = {n: np.asarray(x, dtype=np.float64) for n, x in zip(kg.inputs, inputs)}
+    env: dict[Node, object] = {
+        n: np.asarray(x, dtype=np.float64) for n, x in zip(kg.inputs, inputs)
+    }
     with np.errstate(all="ignore"):
         return [np.asarray(_eval(o, env), dtype=np.float64) for o in kg.outputs]

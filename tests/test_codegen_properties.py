@@ -61,7 +61,9 @@ def mismatch(kg: KernelGraph, ins: list[np.ndarray], got: list[np.ndarray]) -> s
     for k, (g, w, f, node) in enumerate(zip(got, want, own, kg.outputs)):
         big = float(np.finfo(np_dtype(node.dtype)).max)
         if not (np.isfinite(w).all() and np.abs(w).max(initial=0) <= big):
-            return f"output {k}: the fp64 reference does not fit {node.dtype.value} (a generator bug)"
+            return (
+                f"output {k}: the fp64 reference does not fit {node.dtype.value} (a generator bug)"
+            )
         e_own = rel_error(f, w)
         if not e_own <= OWN_BOUND * limit:
             return f"output {k}: the float32 mode is {e_own:.2e} from fp64 (bound {OWN_BOUND * limit:.0e})"
@@ -79,7 +81,9 @@ def save_repro(g: graphgen.Generated, seed: int, why: str, where: Path) -> Path:
     return path
 
 
-def emulate(cases: list[tuple[graphgen.Generated, int]], repro_dir: Path, binaries: int = 2) -> list[str]:
+def emulate(
+    cases: list[tuple[graphgen.Generated, int]], repro_dir: Path, binaries: int = 2
+) -> list[str]:
     """Generate, emulate and check every (graph, input seed); one line per failure (repro saved)."""
     failures: list[str] = []
 
@@ -137,10 +141,17 @@ def test_generated_graphs_match_float64_on_the_emulator(emu_cache, tmp_path):
     assert {graphgen.least_precise(g.kg) for g, _ in cases} == {F16, BF16, F32}
     assert any("split=2" in n for n in names) and any(n.startswith("split_k") for n in names)
     assert any("phase=pre" in n for n in names) and any("phase=loop" in n for n in names)
-    assert sum(any(k.layout is not None and k.layout.register_path for k in plan(g.kg).kernels)
-               for g, _ in cases) >= 3
+    assert (
+        sum(
+            any(k.layout is not None and k.layout.register_path for k in plan(g.kg).kernels)
+            for g, _ in cases
+        )
+        >= 3
+    )
     failures = emulate(cases, tmp_path / "repros")
-    assert not failures, f"{len(failures)} of {len(cases)} generated graphs fail:\n" + "\n".join(failures)
+    assert not failures, f"{len(failures)} of {len(cases)} generated graphs fail:\n" + "\n".join(
+        failures
+    )
 
 
 @pytest.mark.slow
@@ -148,8 +159,10 @@ def test_thousands_of_generated_graphs_match_float64_on_the_emulator(emu_cache, 
     cases = _cases(SLOW_SEED, SLOW_COUNT)
     failures: list[str] = []
     for start in range(0, len(cases), SLOW_BATCH):
-        failures += emulate(cases[start:start + SLOW_BATCH], tmp_path / "repros")
-    assert not failures, f"{len(failures)} of {len(cases)} generated graphs fail:\n" + "\n".join(failures)
+        failures += emulate(cases[start : start + SLOW_BATCH], tmp_path / "repros")
+    assert not failures, f"{len(failures)} of {len(cases)} generated graphs fail:\n" + "\n".join(
+        failures
+    )
 
 
 def test_the_check_rejects_wrong_outputs():
@@ -164,7 +177,9 @@ def test_the_check_rejects_wrong_outputs():
             continue  # a random walk may cancel to zero: nothing to scale
         checked += 1
         limit = LIMITS[graphgen.least_precise(g.kg)]
-        assert mismatch(g.kg, ins, [w * (1 + 3 * OWN_BOUND * limit) for w in want]) is not None, g.name
+        assert mismatch(g.kg, ins, [w * (1 + 3 * OWN_BOUND * limit) for w in want]) is not None, (
+            g.name
+        )
         k = max(range(len(want)), key=lambda i: float(np.ptp(want[i])))
         rows = [w.copy() for w in want]
         rows[k] = np.roll(rows[k], 1, axis=0 if rows[k].shape[0] > 1 else -1)
@@ -187,7 +202,9 @@ def _plan_agrees_with_the_spec(kg: KernelGraph) -> dict[str, bool]:
         p = plan(kg, arch)
         layouts = [k.layout for k in p.kernels if k.layout is not None]
         gds = _graph_defs(kg)
-        assert sorted(lay.smem for lay in layouts) == sorted(block_smem(gd.arg, gd.src, arch) for gd in gds)
+        assert sorted(lay.smem for lay in layouts) == sorted(
+            block_smem(gd.arg, gd.src, arch) for gd in gds
+        )
         ok = not problems(kg, arch)
         assert all(lay.fits for lay in layouts) == ok
         assert ok == all(lay.smem <= SMEM_BUDGET[arch] for lay in layouts)
@@ -206,5 +223,7 @@ def test_plan_smem_is_the_spec_figure_and_fits_iff_the_spec_accepts(g):
 
 def test_the_plan_property_sees_both_sides_of_a_budget():
     """Seeded big graphs: some are too big for sm_80 and the plan says so, the rest fit."""
-    seen = Counter(_plan_agrees_with_the_spec(g.kg)["sm_80"] for g in graphgen.seeded(11, 60, small=False))
+    seen = Counter(
+        _plan_agrees_with_the_spec(g.kg)["sm_80"] for g in graphgen.seeded(11, 60, small=False)
+    )
     assert seen[True] > 0 and seen[False] > 0

@@ -34,15 +34,27 @@ PROLOGUE = (Op.EXP, Op.RELU, Op.SQUARE, Op.NEG, Op.SILU, Op.RSQRT, Op.TANH)
 def attention_like(rng: random.Random) -> KernelGraph:
     """softmax-weighted sums of V over Q K scores, in one of the spellings a search may write."""
     dt = rng.choice([F16, BF16, F32])
-    g, m, d, n = rng.choice([1, 2]), rng.choice([8, 16, 32]), rng.choice([8, 16, 32]), rng.choice([16, 32, 64])
+    g, m, d, n = (
+        rng.choice([1, 2]),
+        rng.choice([8, 16, 32]),
+        rng.choice([8, 16, 32]),
+        rng.choice([16, 32, 64]),
+    )
     loop, split = rng.choice([1, 2]), rng.choice([1, 2])
     keys = n * loop * split
-    q, k, v = b.input_(0, (g, m, d), dt), b.input_(1, (g, d, keys), dt), b.input_(2, (g, keys, d), dt)
+    q, k, v = (
+        b.input_(0, (g, m, d), dt),
+        b.input_(1, (g, d, keys), dt),
+        b.input_(2, (g, keys, d), dt),
+    )
     grid = (g, 1, split)
     looped = loop > 1 or rng.random() < 0.5
     steps = loop if looped else 1
-    maps = [InputMap((0, None, None)), InputMap((0, None, 2), 2 if looped else None),
-            InputMap((0, None, 1), 1 if looped else None)]
+    maps = [
+        InputMap((0, None, None)),
+        InputMap((0, None, 2), 2 if looped else None),
+        InputMap((0, None, 1), 1 if looped else None),
+    ]
     bq = b.iter_(0, tile_shape(q.shape, maps[0], grid, steps), dt, False)
     bk = b.iter_(1, tile_shape(k.shape, maps[1], grid, steps), dt, looped)
     bv = b.iter_(2, tile_shape(v.shape, maps[2], grid, steps), dt, looped)
@@ -62,7 +74,10 @@ def attention_like(rng: random.Random) -> KernelGraph:
         o = b.div(b.accumulate(Op.ACC_EXP_WSUM, s, bv), b.accumulate(Op.ACC_EXP_SUM, s))
     elif looped and c < 0.8:
         e = b.unary(Op.EXP, s)
-        o = b.div(b.accumulate(Op.ACC_SUM, b.matmul(e, bv)), b.accumulate(Op.ACC_SUM, b.reduce(Op.REDUCE_SUM, e, 2)))
+        o = b.div(
+            b.accumulate(Op.ACC_SUM, b.matmul(e, bv)),
+            b.accumulate(Op.ACC_SUM, b.reduce(Op.REDUCE_SUM, e, 2)),
+        )
     elif looped:
         o = b.accumulate(Op.ACC_SUM, b.matmul(b.unary(Op.RELU, s), bv))
     elif c < 0.5:
@@ -74,9 +89,13 @@ def attention_like(rng: random.Random) -> KernelGraph:
     else:
         o = b.matmul(b.unary(Op.SILU, s), bv)
     if split > 1:
-        (p,) = b.graph_def([q, k, v], b.block_graph(grid, steps, maps, [b.save(o, 0, (0, None, PARTIAL), F32)]))
+        (p,) = b.graph_def(
+            [q, k, v], b.block_graph(grid, steps, maps, [b.save(o, 0, (0, None, PARTIAL), F32)])
+        )
         return b.kernel_graph([q, k, v], [b.reduce(Op.REDUCE_SUM, p, 0)])
-    (out,) = b.graph_def([q, k, v], b.block_graph(grid, steps, maps, [b.save(o, 0, (0, None, None), dt)]))
+    (out,) = b.graph_def(
+        [q, k, v], b.block_graph(grid, steps, maps, [b.save(o, 0, (0, None, None), dt)])
+    )
     return b.kernel_graph([q, k, v], [out])
 
 

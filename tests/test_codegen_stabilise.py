@@ -39,7 +39,12 @@ class _Blk:
         im = InputMap(imap, fmap)
         self.srcs.append(src)
         self.maps.append(im)
-        return b.iter_(len(self.srcs) - 1, tile_shape(src.shape, im, self.grid, self.loop), src.dtype, fmap is not None)
+        return b.iter_(
+            len(self.srcs) - 1,
+            tile_shape(src.shape, im, self.grid, self.loop),
+            src.dtype,
+            fmap is not None,
+        )
 
     def launch(self, saves: list[Node]) -> list[Node]:
         return b.graph_def(self.srcs, b.block_graph(self.grid, self.loop, self.maps, saves))
@@ -68,7 +73,9 @@ def kernel_level(dt: DType, g: int = 2, m: int = 32, d: int = 16, n: int = 32) -
     return b.kernel_graph([q, k, v], [T._back(o, dt)], ["Q", "K", "V"], ["O"])
 
 
-def loop_sums(dt: DType, g: int = 2, m: int = 32, d: int = 16, n: int = 64, loop: int = 2) -> KernelGraph:
+def loop_sums(
+    dt: DType, g: int = 2, m: int = 32, d: int = 16, n: int = 64, loop: int = 2
+) -> KernelGraph:
     """LOOP phase, written with plain sums: ACC_SUM(exp(s) @ v) / ACC_SUM(rowsum(exp(s)))."""
     q, k, v = _qkv(dt, g, m, d, n)
     blk = _Blk((g, 2, 1), loop)
@@ -80,7 +87,9 @@ def loop_sums(dt: DType, g: int = 2, m: int = 32, d: int = 16, n: int = 64, loop
     return b.kernel_graph([q, k, v], [out], ["Q", "K", "V"], ["O"])
 
 
-def loop_scaled_score(dt: DType, g: int = 2, m: int = 32, d: int = 16, n: int = 64, loop: int = 2) -> KernelGraph:
+def loop_scaled_score(
+    dt: DType, g: int = 2, m: int = 32, d: int = 16, n: int = 64, loop: int = 2
+) -> KernelGraph:
     """LOOP phase with the rescaling accumulators and a score scaled after the matmul."""
     q, k, v = _qkv(dt, g, m, d, n)
     blk = _Blk((g, 2, 1), loop)
@@ -91,24 +100,38 @@ def loop_scaled_score(dt: DType, g: int = 2, m: int = 32, d: int = 16, n: int = 
     return b.kernel_graph([q, k, v], [out], ["Q", "K", "V"], ["O"])
 
 
-def loop_two_terms(dt: DType, g: int = 2, m: int = 32, d: int = 16, n: int = 64, loop: int = 2) -> KernelGraph:
+def loop_two_terms(
+    dt: DType, g: int = 2, m: int = 32, d: int = 16, n: int = 64, loop: int = 2
+) -> KernelGraph:
     """MLA-shaped: s = (q @ k + q2 @ transpose(k2)) / 4 with the value tile shared with no term."""
     q, k, v = _qkv(dt, g, m, d, n)
     q2, k2 = b.input_(3, (g, m, 16), dt), b.input_(4, (g, n, 16), dt)
     blk = _Blk((g, 2, 1), loop)
-    bq, bk, bv = blk.it(q, (0, 1, None)), blk.it(k, (0, None, None), 2), blk.it(v, (0, None, None), 1)
+    bq, bk, bv = (
+        blk.it(q, (0, 1, None)),
+        blk.it(k, (0, None, None), 2),
+        blk.it(v, (0, None, None), 1),
+    )
     bq2, bk2 = blk.it(q2, (0, 1, None)), blk.it(k2, (0, None, None), 1)
-    s = b.mul(b.add(b.matmul(bq, bk), b.matmul(bq2, b.transpose(bk2, (0, 2, 1)))), b.const(Fraction(1, 4)))
+    s = b.mul(
+        b.add(b.matmul(bq, bk), b.matmul(bq2, b.transpose(bk2, (0, 2, 1)))), b.const(Fraction(1, 4))
+    )
     o = b.div(b.accumulate(Op.ACC_EXP_WSUM, s, bv), b.accumulate(Op.ACC_EXP_SUM, s))
     (out,) = blk.launch([b.save(o, 0, (0, 1, None), dt)])
     return b.kernel_graph([q, k, v, q2, k2], [out], ["Q", "K", "V", "Q2", "K2"], ["O"])
 
 
-def loop_key_factor(dt: DType, g: int = 2, m: int = 32, d: int = 16, n: int = 64, loop: int = 2) -> KernelGraph:
+def loop_key_factor(
+    dt: DType, g: int = 2, m: int = 32, d: int = 16, n: int = 64, loop: int = 2
+) -> KernelGraph:
     """qknorm-shaped: s = (q @ k) * rsqrt(mean over d of k^2 + eps), one factor per key."""
     q, k, v = _qkv(dt, g, m, d, n)
     blk = _Blk((g, 2, 1), loop)
-    bq, bk, bv = blk.it(q, (0, 1, None)), blk.it(k, (0, None, None), 2), blk.it(v, (0, None, None), 1)
+    bq, bk, bv = (
+        blk.it(q, (0, 1, None)),
+        blk.it(k, (0, None, None), 2),
+        blk.it(v, (0, None, None), 1),
+    )
     ms = b.mul(b.reduce(Op.REDUCE_SUM, b.unary(Op.SQUARE, bk), 1), b.const(Fraction(1, d)))
     s = b.mul(b.matmul(bq, bk), b.unary(Op.RSQRT, b.add(ms, b.const(Fraction(1, 1 << 20)))))
     o = b.div(b.accumulate(Op.ACC_EXP_WSUM, s, bv), b.accumulate(Op.ACC_EXP_SUM, s))
@@ -117,8 +140,12 @@ def loop_key_factor(dt: DType, g: int = 2, m: int = 32, d: int = 16, n: int = 64
 
 
 BUILDERS: dict[str, Callable[[DType], KernelGraph]] = {
-    "pre": pre_block, "kernel": kernel_level, "loop_sums": loop_sums, "loop_scaled": loop_scaled_score,
-    "loop_two_terms": loop_two_terms, "loop_key_factor": loop_key_factor,
+    "pre": pre_block,
+    "kernel": kernel_level,
+    "loop_sums": loop_sums,
+    "loop_scaled": loop_scaled_score,
+    "loop_two_terms": loop_two_terms,
+    "loop_key_factor": loop_key_factor,
 }
 CASES = {f"{k}_{dt.value}": (f, dt) for k, f in BUILDERS.items() for dt in (F16, BF16, F32)}
 
@@ -212,7 +239,9 @@ def test_float32_mode_reports_the_error_codegen_makes(name, graphs, emulator):
         (want,) = interpreter.run(kg, ins, mode="float64")
         emu = _error(emulator.run(name, ins)[0], want)
         model = _error(interpreter.run(kg, ins, mode="float32")[0], want)
-        assert model / 2 <= emu <= 2 * model, f"{name} at {scale}: emulator {emu:.2e}, float32 mode {model:.2e}"
+        assert model / 2 <= emu <= 2 * model, (
+            f"{name} at {scale}: emulator {emu:.2e}, float32 mode {model:.2e}"
+        )
 
 
 def test_matmul_scale_rule():
@@ -221,12 +250,20 @@ def test_matmul_scale_rule():
     from mlso_cli.codegen.scale import BufferScale, matmul_scale
 
     m = b.input_(0, (2, 8, 1), F32)
-    row = BufferScale(m, 1, (None, (1, 1), None))        # M[0, i, 0] for A (.., i, k)
-    along_k = BufferScale(m, 1, (None, (2, 1), None))    # M depends on k
-    col = BufferScale(m, 1, (None, None, (2, 1)))        # M[0, 0, j] for B (.., k, j)
-    assert matmul_scale(row, None, 3, 3, 3) == (BufferScale(m, 1, (None, (1, 1), None)), True, False)
+    row = BufferScale(m, 1, (None, (1, 1), None))  # M[0, i, 0] for A (.., i, k)
+    along_k = BufferScale(m, 1, (None, (2, 1), None))  # M depends on k
+    col = BufferScale(m, 1, (None, None, (2, 1)))  # M[0, 0, j] for B (.., k, j)
+    assert matmul_scale(row, None, 3, 3, 3) == (
+        BufferScale(m, 1, (None, (1, 1), None)),
+        True,
+        False,
+    )
     assert matmul_scale(along_k, None, 3, 3, 3) == (None, False, False)
-    assert matmul_scale(None, col, 3, 3, 3) == (BufferScale(m, 1, (None, None, (2, 1))), False, True)
+    assert matmul_scale(None, col, 3, 3, 3) == (
+        BufferScale(m, 1, (None, None, (2, 1))),
+        False,
+        True,
+    )
     assert matmul_scale(row, col, 3, 3, 3)[1:] == (True, False)
     # a batch-free B against a batched A: C's dims are A's
     assert matmul_scale(row, None, 3, 2, 3)[0] == row
@@ -239,6 +276,9 @@ def test_repro_programs_compile_with_nvcc(graphs, emulator):
 
     from mlso_cli.codegen import nvcc
 
-    sources = [re.sub(r"\bmlso_k(\d+)\b", rf"r{i}_k\1", generate(kg).source) for i, kg in enumerate(graphs.values())]
+    sources = [
+        re.sub(r"\bmlso_k(\d+)\b", rf"r{i}_k\1", generate(kg).source)
+        for i, kg in enumerate(graphs.values())
+    ]
     fatbin = nvcc.compile_source("\n".join(sources), ("sm_80", "sm_90a"))
     assert fatbin[:4] == (0xBA55ED50).to_bytes(4, "little")

@@ -41,8 +41,22 @@ def test_optimize_measures_then_verify_and_bench_on_gpu(tmp_path, name):
     r = run_cli("verify", str(_small(name)), str(out), "--gpu", "0", "--samples", "1")
     assert r.returncode == 0, r.stderr
     forced = tmp_path / "forced.onnx"
-    assert run_cli("optimize", str(_small(name)), "-o", str(forced), "--min-speedup", "0").returncode == 0
-    r = run_cli("bench", str(_small(name)), str(forced), "--gpu", "0", "--json", "--repeats", "3", "--iters", "20")
+    assert (
+        run_cli("optimize", str(_small(name)), "-o", str(forced), "--min-speedup", "0").returncode
+        == 0
+    )
+    r = run_cli(
+        "bench",
+        str(_small(name)),
+        str(forced),
+        "--gpu",
+        "0",
+        "--json",
+        "--repeats",
+        "3",
+        "--iters",
+        "20",
+    )
     assert r.returncode == 0, r.stderr
     rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
     assert {x["type"] for x in rows} == {"model", "region"}

@@ -16,11 +16,20 @@ from mlso_cli.frontend.load import load_model
 from mlso_cli.search.cost import onnx_region_cost, program_cost
 
 MEASURED = {
-    ("gqa", 1): 0.053, ("gqa", 8): 0.063, ("gqa", 16): 0.094,
-    ("qknorm_gqa", 1): 0.038, ("qknorm_gqa", 8): 0.059, ("qknorm_gqa", 16): 0.077,
-    ("rmsnorm_linear", 1): 0.279, ("rmsnorm_linear", 8): 0.183, ("rmsnorm_linear", 16): 0.136,
-    ("lora", 1): 2.588, ("gated_mlp", 1): 0.372,
-    ("ntrans", 1): 10.66, ("ntrans", 8): 10.825, ("ntrans", 16): 8.71,
+    ("gqa", 1): 0.053,
+    ("gqa", 8): 0.063,
+    ("gqa", 16): 0.094,
+    ("qknorm_gqa", 1): 0.038,
+    ("qknorm_gqa", 8): 0.059,
+    ("qknorm_gqa", 16): 0.077,
+    ("rmsnorm_linear", 1): 0.279,
+    ("rmsnorm_linear", 8): 0.183,
+    ("rmsnorm_linear", 16): 0.136,
+    ("lora", 1): 2.588,
+    ("gated_mlp", 1): 0.372,
+    ("ntrans", 1): 10.66,
+    ("ntrans", 8): 10.825,
+    ("ntrans", 16): 8.71,
 }
 
 

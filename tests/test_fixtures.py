@@ -37,7 +37,7 @@ FP32_LIMIT = 1e-5
 """DESIGN.md: fp32 storage, fp32 accumulation, norm-wise relative error <= 1e-5."""
 MUTANT_GAP = 1e-3
 """A mutant must be at least this far from the reference in float64 to count as wrong."""
-BOUND = 2.0 ** -60
+BOUND = 2.0**-60
 
 Feeds = dict[str, np.ndarray]
 
@@ -64,8 +64,10 @@ def initializers(name: str) -> dict[str, np.ndarray]:
 
 
 def signature(kg: KernelGraph) -> tuple:
-    return (tuple((n, i.shape, i.dtype) for n, i in zip(kg.input_names, kg.inputs)),
-            tuple((n, o.shape, o.dtype) for n, o in zip(kg.output_names, kg.outputs)))
+    return (
+        tuple((n, i.shape, i.dtype) for n, i in zip(kg.input_names, kg.inputs)),
+        tuple((n, o.shape, o.dtype) for n, o in zip(kg.output_names, kg.outputs)),
+    )
 
 
 def unit_feeds(name: str, seed: int = 0) -> Feeds:
@@ -74,19 +76,26 @@ def unit_feeds(name: str, seed: int = 0) -> Feeds:
     kg = lifted_small(name)
     rng = np.random.default_rng(seed)
     inits = initializers(name)
-    return {n: inits[n] if n in inits else rng.standard_normal(i.shape).astype(np.float32)
-            for n, i in zip(kg.input_names, kg.inputs)}
+    return {
+        n: inits[n] if n in inits else rng.standard_normal(i.shape).astype(np.float32)
+        for n, i in zip(kg.input_names, kg.inputs)
+    }
 
 
 def _scaled(x: Feeds, factors: dict[str, float]) -> Feeds:
-    return {k: (v * np.float32(factors[k])).astype(np.float32) if k in factors else v for k, v in x.items()}
+    return {
+        k: (v * np.float32(factors[k])).astype(np.float32) if k in factors else v
+        for k, v in x.items()
+    }
 
 
-def _logits_to(x: Feeds, logits: np.ndarray, powers: dict[str, float], target: float = 100.0) -> Feeds:
+def _logits_to(
+    x: Feeds, logits: np.ndarray, powers: dict[str, float], target: float = 100.0
+) -> Feeds:
     """Scale input k by c**powers[k], where c = target / max|logit|: the powers of the inputs
     on each side of the logits' product sum to one, so the largest |logit| becomes `target`."""
     c = target / float(np.abs(logits).max())
-    return _scaled(x, {k: c ** p for k, p in powers.items()})
+    return _scaled(x, {k: c**p for k, p in powers.items()})
 
 
 def _rms(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -108,7 +117,9 @@ def adversarial(name: str, x: Feeds) -> Feeds:
     if name == "qknorm_real":
         return _scaled(x, {"Q": 1e3, "K": 1e3})
     if name == "mla":
-        s = x64["Q_nope"] @ np.swapaxes(x64["C"], 1, 2) + x64["Q_pe"] @ np.swapaxes(x64["K_pe"], 1, 2)
+        s = x64["Q_nope"] @ np.swapaxes(x64["C"], 1, 2) + x64["Q_pe"] @ np.swapaxes(
+            x64["K_pe"], 1, 2
+        )
         scale = 1.0 / np.sqrt(3 * x64["K_pe"].shape[-1])
         return _logits_to(x, s * scale, {"Q_nope": 1.0, "Q_pe": 1.0})
     if name in ("rmsnorm_linear", "layernorm_linear", "groupnorm_linear", "batchnorm_linear"):
@@ -121,7 +132,9 @@ def adversarial(name: str, x: Feeds) -> Feeds:
 
 
 def reference(name: str, x: Feeds) -> np.ndarray:
-    with np.errstate(over="ignore"):  # gated_mlp's reference sigmoid saturates at x30: exp(-a) = inf is right
+    with np.errstate(
+        over="ignore"
+    ):  # gated_mlp's reference sigmoid saturates at x30: exp(-a) = inf is right
         ref = SPECS[name].reference(x)["O"]
     assert np.all(np.isfinite(ref)), f"{name}: the fp64 reference must stay finite"
     return ref
@@ -198,7 +211,10 @@ def test_small_fixture_is_equivalent_to_its_lifted_region(name):
 
 # ---- floats ------------------------------------------------------------------------------------
 
-SCALES: dict[str, Callable[[str, Feeds], Feeds]] = {"unit": lambda name, x: x, "adversarial": adversarial}
+SCALES: dict[str, Callable[[str, Feeds], Feeds]] = {
+    "unit": lambda name, x: x,
+    "adversarial": adversarial,
+}
 
 
 @pytest.mark.parametrize("scale", sorted(SCALES))
@@ -214,7 +230,9 @@ def test_small_fixture_matches_fp64_reference(name, mode, scale):
 # ---- mutants -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "mutation"), _mutants(), ids=[f"{n}-{m.name}" for n, m in _mutants()])
+@pytest.mark.parametrize(
+    ("name", "mutation"), _mutants(), ids=[f"{n}-{m.name}" for n, m in _mutants()]
+)
 def test_mutant_is_wrong_in_float64_and_rejected_by_the_field_check(name, mutation):
     mutant = mutation(small_fixture(name))
     for arch in ARCHS:
@@ -231,7 +249,9 @@ def _subtle() -> list[tuple[str, Mutation]]:
     return [(name, m) for name, ms in SUBTLE.items() for m in ms]
 
 
-@pytest.mark.parametrize(("name", "mutation"), _subtle(), ids=[f"{n}-{m.name}" for n, m in _subtle()])
+@pytest.mark.parametrize(
+    ("name", "mutation"), _subtle(), ids=[f"{n}-{m.name}" for n, m in _subtle()]
+)
 def test_float_invisible_mutant_is_still_rejected_by_the_field_check(name, mutation):
     """An eps dropped or rounded differently is below every float limit at unit scale; only the
     exact algebra can tell. This is why constants must map to the field by one exact rule."""
@@ -240,6 +260,8 @@ def test_float_invisible_mutant_is_still_rejected_by_the_field_check(name, mutat
         check(mutant, arch=arch)
     x = unit_feeds(name, seed=2)
     err = rel_err(interpret(mutant, x, "float64"), reference(name, x))
-    assert err < FP32_LIMIT, f"{name}/{mutation.name}: float64 error {err:.3g} (meant to be invisible)"
+    assert err < FP32_LIMIT, (
+        f"{name}/{mutation.name}: float64 error {err:.3g} (meant to be invisible)"
+    )
     verdict = check_equivalent(lifted_small(name), mutant, seed=4)
     assert not verdict.equivalent, f"{name}/{mutation.name} was accepted: {verdict.detail}"

@@ -12,15 +12,40 @@ from mlso_cli.frontend.load import load_model, parse_input_shapes
 from mlso_cli.frontend.partition import PartitionBounds, partition
 from tests.helpers import SMALL, TRANSFORMER, attention_model, save
 
-COVERED = {"MatMul", "Gemm", "Softmax", "LayerNormalization", "RMSNormalization", "InstanceNormalization",
-           "GroupNormalization", "BatchNormalization", "Sigmoid", "Tanh", "Erf", "Relu", "Gelu",
-           "ReduceMean", "Sqrt", "Reciprocal", "Pow"}
+COVERED = {
+    "MatMul",
+    "Gemm",
+    "Softmax",
+    "LayerNormalization",
+    "RMSNormalization",
+    "InstanceNormalization",
+    "GroupNormalization",
+    "BatchNormalization",
+    "Sigmoid",
+    "Tanh",
+    "Erf",
+    "Relu",
+    "Gelu",
+    "ReduceMean",
+    "Sqrt",
+    "Reciprocal",
+    "Pow",
+}
 
 
 def test_small_models_exist():
     names = {p.stem for p in SMALL}
-    for want in ("gqa", "qknorm_gqa", "qknorm_real", "rmsnorm_linear", "lora", "gated_mlp", "ntrans", "mla",
-                 "layernorm_linear"):
+    for want in (
+        "gqa",
+        "qknorm_gqa",
+        "qknorm_real",
+        "rmsnorm_linear",
+        "lora",
+        "gated_mlp",
+        "ntrans",
+        "mla",
+        "layernorm_linear",
+    ):
         assert want in names
 
 
@@ -72,7 +97,11 @@ def test_regions_are_convex():
     for r in part.regions:
         members = set(r.nodes)
         # nodes reachable from the region through at least one outside node must not be in it
-        frontier = [j for j, n in enumerate(nodes) if j not in members and any(producer.get(x) in members for x in n.input)]
+        frontier = [
+            j
+            for j, n in enumerate(nodes)
+            if j not in members and any(producer.get(x) in members for x in n.input)
+        ]
         seen = set()
         while frontier:
             j = frontier.pop()
@@ -80,7 +109,9 @@ def test_regions_are_convex():
                 continue
             seen.add(j)
             assert j not in members
-            frontier.extend(k for k, n in enumerate(nodes) if any(producer.get(x) == j for x in n.input))
+            frontier.extend(
+                k for k, n in enumerate(nodes) if any(producer.get(x) == j for x in n.input)
+            )
 
 
 def test_unknown_op_is_reported_not_failed(tmp_path):
@@ -111,7 +142,9 @@ def test_bad_input_shape_flags(tmp_path):
             parse_input_shapes([bad])
 
 
-@pytest.mark.parametrize("content", [b"", b"\x00\x01garbage" * 50, None], ids=["empty", "random", "truncated"])
+@pytest.mark.parametrize(
+    "content", [b"", b"\x00\x01garbage" * 50, None], ids=["empty", "random", "truncated"]
+)
 def test_bad_files(tmp_path, content):
     if content is None:
         good = tmp_path / "good.onnx"
@@ -134,13 +167,24 @@ def test_external_data_model(tmp_path):
     from onnx import TensorProto, helper, numpy_helper
 
     w = numpy_helper.from_array(np.ones((64, 64), np.float32), "W")
-    g = helper.make_graph([helper.make_node("MatMul", ["X", "W"], ["Y"]), helper.make_node("Relu", ["Y"], ["Z"])],
-                          "ext", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 64])],
-                          [helper.make_tensor_value_info("Z", TensorProto.FLOAT, [4, 64])], [w])
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"]), helper.make_node("Relu", ["Y"], ["Z"])],
+        "ext",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("Z", TensorProto.FLOAT, [4, 64])],
+        [w],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     m.ir_version = 10
     path = tmp_path / "ext.onnx"
-    onnx.save(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="ext.data", size_threshold=0)
+    onnx.save(
+        m,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="ext.data",
+        size_threshold=0,
+    )
     loaded = load_model(str(path))
     assert len(analyse(loaded).partition.regions) == 1
     (tmp_path / "ext.data").unlink()
@@ -162,4 +206,6 @@ def test_full_size_fp16_benchmark_models_are_one_region_each(tmp_path):
             a = analyse(loaded)
             assert len(a.partition.regions) == 1 and len(a.lifted) == 1, (name, bs)
             region = a.partition.regions[0]
-            assert sorted(region.nodes) == [i for i, n in enumerate(loaded.graph.node) if n.op_type != "Constant"]
+            assert sorted(region.nodes) == [
+                i for i, n in enumerate(loaded.graph.node) if n.op_type != "Constant"
+            ]

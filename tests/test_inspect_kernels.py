@@ -44,8 +44,16 @@ def _in_if_branch(model: onnx.ModelProto) -> onnx.ModelProto:
     g = out.graph
     del g.node[:], g.value_info[:]
     g.input.append(helper.make_tensor_value_info("cond", TensorProto.BOOL, []))
-    g.node.append(helper.make_node("If", ["cond"], [o.name for o in g.output], name="gate",
-                                   then_branch=body, else_branch=body))
+    g.node.append(
+        helper.make_node(
+            "If",
+            ["cond"],
+            [o.name for o in g.output],
+            name="gate",
+            then_branch=body,
+            else_branch=body,
+        )
+    )
     return out
 
 
@@ -57,18 +65,25 @@ def test_a_good_packaged_model_is_flagged_as_code_and_passes(packaged, tmp_path)
     rows = [json.loads(s) for s in r.stdout.decode().splitlines()]
     kernels = [x for x in rows if x["type"] == "mlso_kernel"]
     assert [k["node"] for k in kernels] == ["mlso_region_0", "mlso_region_1"]
-    assert all(k["valid"] and k["executable_code"] and len(k["binary_sha256"]) == 64 for k in kernels)
+    assert all(
+        k["valid"] and k["executable_code"] and len(k["binary_sha256"]) == 64 for k in kernels
+    )
 
 
 def test_a_bad_plan_or_hash_is_reported_and_exits_1(packaged, tmp_path):
     _edit_plan(packaged.graph.node[0], grid=[2**31, 1, 1])
-    binary = next(t for t in packaged.graph.initializer if t.name == packaged.graph.node[1].input[0])
+    binary = next(
+        t for t in packaged.graph.initializer if t.name == packaged.graph.node[1].input[0]
+    )
     binary.raw_data = b"binary-X"
     r = run_cli("inspect", str(save(packaged, tmp_path / "m.onnx")), "--json")
     assert r.returncode == 1
     err = r.stderr.decode()
     assert "carries executable GPU code" in err
-    assert "mlso_region_0" in err and "launches[0].grid[0] must be an integer in [1, 2147483647]" in err
+    assert (
+        "mlso_region_0" in err
+        and "launches[0].grid[0] must be an integer in [1, 2147483647]" in err
+    )
     assert "does not match attribute binary_sha256" in err
     assert "2 of 2 MlsoKernel node(s)" in err and "failed their plan or hash check" in err
     kernels = [json.loads(s) for s in r.stdout.decode().splitlines()]

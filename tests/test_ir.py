@@ -43,8 +43,12 @@ def split_kv_attention(g=2, m=16, d=8, n=64, row_tiles=2, splits=4, loop=2, dtyp
     s = b.matmul(bq, bk)
     num = b.save(b.accumulate(Op.ACC_EXP_WSUM, s, bv), 0, (0, 1, PARTIAL), DType.F32)
     den = b.save(b.accumulate(Op.ACC_EXP_SUM, s), 1, (0, 1, PARTIAL), DType.F32)
-    bg = b.block_graph((g, row_tiles, splits), loop,
-                       [InputMap((0, 1, None)), InputMap((0, None, 2), 2), InputMap((0, None, 1), 1)], [num, den])
+    bg = b.block_graph(
+        (g, row_tiles, splits),
+        loop,
+        [InputMap((0, 1, None)), InputMap((0, None, 2), 2), InputMap((0, None, 1), 1)],
+        [num, den],
+    )
     pnum, pden = b.graph_def([Q, K, V], bg)
     out = b.div(b.reduce(Op.REDUCE_SUM, pnum, 0), b.reduce(Op.REDUCE_SUM, pden, 0))
     out = b.reshape(b.cast(out, dtype), (g, m, d))
@@ -81,7 +85,9 @@ def test_hash_ignores_order_of_independent_ops():
 def test_spec_rejects_bad_maps():
     kg = split_kv_attention()
     gd = next(n for n in kg.nodes() if n.op is Op.GRAPH_DEF)
-    bad_imap = gd.arg.replace(inputs=(InputMap((0, 1, None)), InputMap((0, None, 2), 2), InputMap((0, None, 2), 1)))
+    bad_imap = gd.arg.replace(
+        inputs=(InputMap((0, 1, None)), InputMap((0, None, 2), 2), InputMap((0, None, 2), 1))
+    )
     from mlso_cli.ir.spec import block_problems
 
     assert block_problems(bad_imap, gd.src)  # V's dim 2 is 8, not divisible by 4 / tile mismatch
@@ -99,7 +105,12 @@ def test_spec_rejects_saving_loop_values_and_fp16_partials():
     probs = block_problems(bg, (x,))
     assert any("loop-phase" in p for p in probs)
     acc = b.accumulate(Op.ACC_SUM, q)
-    bg2 = b.block_graph((2, 1, 1), 2, [InputMap((0, None, None), 2)], [b.save(acc, 0, (PARTIAL, None, None), DType.F16)])
+    bg2 = b.block_graph(
+        (2, 1, 1),
+        2,
+        [InputMap((0, None, None), 2)],
+        [b.save(acc, 0, (PARTIAL, None, None), DType.F16)],
+    )
     assert any("fp32" in p for p in block_problems(bg2, (x,)))
 
 
@@ -111,7 +122,9 @@ def test_spec_rejects_wrong_shape_and_smem():
     big = b.input_(0, (1, 512, 512), DType.F32)
     t = b.iter_(0, (1, 512, 512), DType.F32, False)
     s = b.matmul(t, t)
-    bg = b.block_graph((1, 1, 1), 1, [InputMap((None, None, None))], [b.save(s, 0, (None, None, None), DType.F32)])
+    bg = b.block_graph(
+        (1, 1, 1), 1, [InputMap((None, None, None))], [b.save(s, 0, (None, None, None), DType.F32)]
+    )
     (o,) = b.graph_def([big], bg)
     with pytest.raises(SpecError, match="shared memory"):
         check(b.kernel_graph([big], [o]), arch="sm_80")

@@ -65,9 +65,10 @@ def test_a_good_entry_is_served_from_the_cache(fake_nvcc, tmp_path):
     first = nvcc_mod.compile_source(SOURCE, ("sm_90a",))
     assert nvcc_mod.compile_source(SOURCE, ("sm_90a",)) == first and _calls(fake_nvcc) == 1
     entry = _entry(tmp_path)
-    assert entry.with_name(entry.name + ".sha256").read_text().strip() == nvcc_mod.hashlib.sha256(
-        first
-    ).hexdigest()
+    assert (
+        entry.with_name(entry.name + ".sha256").read_text().strip()
+        == nvcc_mod.hashlib.sha256(first).hexdigest()
+    )
 
 
 def test_a_truncated_entry_is_detected_and_rebuilt(fake_nvcc, tmp_path, capsys):

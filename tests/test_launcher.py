@@ -34,6 +34,7 @@ def test_dtypes_and_timing_result():
 
 # ---- on a GPU ---------------------------------------------------------------------------------------
 
+
 def _program(name: str):
     from mlso_cli.codegen import compile_program
 

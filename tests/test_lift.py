@@ -84,7 +84,10 @@ def test_lifted_transformer_regions_match_ort(tmp_path):
 
     consts = constant_values(loaded.model, limit=1 << 30)
     for lr in a.lifted:
-        ins = [values[n] if n in values else consts[n] if n in consts else lr.extra_inputs[n] for n in lr.graph.input_names]
+        ins = [
+            values[n] if n in values else consts[n] if n in consts else lr.extra_inputs[n]
+            for n in lr.graph.input_names
+        ]
         outs = interpreter.run(lr.graph, ins, mode="float64")
         for name, got in zip(lr.graph.output_names, outs):
             assert _rel(got, values[name].astype(np.float64)) < 1e-5, (lr.region.id, name)
@@ -92,13 +95,25 @@ def test_lifted_transformer_regions_match_ort(tmp_path):
 
 def test_gelu_spellings_lift_to_the_same_graph(tmp_path):
     x = _vi("x", [4, 8])
-    common = [helper.make_node("Erf", ["u"], ["e"]), helper.make_node("Add", ["e", "one"], ["f"]),
-              helper.make_node("Mul", ["x", "f"], ["g"]), helper.make_node("Mul", ["g", "half"], ["y"])]
+    common = [
+        helper.make_node("Erf", ["u"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["f"]),
+        helper.make_node("Mul", ["x", "f"], ["g"]),
+        helper.make_node("Mul", ["g", "half"], ["y"]),
+    ]
     inits = [_scalar("one", 1.0), _scalar("half", 0.5)]
-    by_mul = _model([helper.make_node("Mul", ["x", "c"], ["u"]), *common], [x], [_vi("y", [4, 8])],
-                    inits + [_scalar("c", 0.70710677)])
-    by_div = _model([helper.make_node("Div", ["x", "c"], ["u"]), *common], [x], [_vi("y", [4, 8])],
-                    inits + [_scalar("c", 1.4142135)])
+    by_mul = _model(
+        [helper.make_node("Mul", ["x", "c"], ["u"]), *common],
+        [x],
+        [_vi("y", [4, 8])],
+        inits + [_scalar("c", 0.70710677)],
+    )
+    by_div = _model(
+        [helper.make_node("Div", ["x", "c"], ["u"]), *common],
+        [x],
+        [_vi("y", [4, 8])],
+        inits + [_scalar("c", 1.4142135)],
+    )
     g1 = lift_model(str(save(by_mul, tmp_path / "a.onnx")))[0]
     g2 = lift_model(str(save(by_div, tmp_path / "b.onnx")))[0]
     assert graph_hash(g1) == graph_hash(g2)
@@ -110,16 +125,27 @@ def test_gelu_spellings_lift_to_the_same_graph(tmp_path):
 def test_pow_canonical_forms(tmp_path):
     x = _vi("x", [4, 8])
     for exp, op in ((2.0, Op.SQUARE), (0.5, Op.SQRT), (-0.5, Op.RSQRT), (-1.0, Op.RECIPROCAL)):
-        m = _model([helper.make_node("Pow", ["x", "e"], ["y"])], [x], [_vi("y", [4, 8])], [_scalar("e", exp)])
+        m = _model(
+            [helper.make_node("Pow", ["x", "e"], ["y"])],
+            [x],
+            [_vi("y", [4, 8])],
+            [_scalar("e", exp)],
+        )
         (kg,) = lift_model(str(save(m, tmp_path / f"p{exp}.onnx")))
         assert kg.outputs[0].op is op
 
 
 def test_where_mask_becomes_multiplicative(tmp_path):
     mask = numpy_helper.from_array(np.tril(np.ones((8, 8), bool)), "keep")
-    m = _model([helper.make_node("Where", ["keep", "x", "ninf"], ["w"]),
-                helper.make_node("Softmax", ["w"], ["y"], axis=-1)],
-               [_vi("x", [2, 8, 8])], [_vi("y", [2, 8, 8])], [mask, _scalar("ninf", -np.inf)])
+    m = _model(
+        [
+            helper.make_node("Where", ["keep", "x", "ninf"], ["w"]),
+            helper.make_node("Softmax", ["w"], ["y"], axis=-1),
+        ],
+        [_vi("x", [2, 8, 8])],
+        [_vi("y", [2, 8, 8])],
+        [mask, _scalar("ninf", -np.inf)],
+    )
     path = save(m, tmp_path / "mask.onnx")
     loaded = load_model(str(path))
     (lr,) = analyse(loaded).lifted
@@ -133,8 +159,15 @@ def test_where_mask_becomes_multiplicative(tmp_path):
 
 def test_masked_value_used_elsewhere_is_not_lifted(tmp_path):
     mask = numpy_helper.from_array(np.tril(np.ones((8, 8), bool)), "keep")
-    m = _model([helper.make_node("Where", ["keep", "x", "ninf"], ["w"]), helper.make_node("Relu", ["w"], ["y"])],
-               [_vi("x", [8, 8])], [_vi("y", [8, 8])], [mask, _scalar("ninf", -np.inf)])
+    m = _model(
+        [
+            helper.make_node("Where", ["keep", "x", "ninf"], ["w"]),
+            helper.make_node("Relu", ["w"], ["y"]),
+        ],
+        [_vi("x", [8, 8])],
+        [_vi("y", [8, 8])],
+        [mask, _scalar("ninf", -np.inf)],
+    )
     loaded = load_model(str(save(m, tmp_path / "m.onnx")))
     a = analyse(loaded)
     assert not a.lifted and any("could not be lifted" in e.reason for e in a.partition.excluded)
@@ -143,9 +176,14 @@ def test_masked_value_used_elsewhere_is_not_lifted(tmp_path):
 
 # ---- random small regions: lifted + interpreted == ONNX Runtime --------------------------------
 
-UNARY = {"Exp": lambda: [("Tanh", {}), ("Exp", {})], "Sigmoid": lambda: [("Sigmoid", {})],
-         "Relu": lambda: [("Relu", {})], "Neg": lambda: [("Neg", {})], "Tanh": lambda: [("Tanh", {})],
-         "Erf": lambda: [("Erf", {})]}
+UNARY = {
+    "Exp": lambda: [("Tanh", {}), ("Exp", {})],
+    "Sigmoid": lambda: [("Sigmoid", {})],
+    "Relu": lambda: [("Relu", {})],
+    "Neg": lambda: [("Neg", {})],
+    "Tanh": lambda: [("Tanh", {})],
+    "Erf": lambda: [("Erf", {})],
+}
 
 
 @st.composite
@@ -160,7 +198,11 @@ def random_region(draw):
         return f"t{k}"
 
     for _ in range(draw(st.integers(1, 6))):
-        kind = draw(st.sampled_from(["unary", "binary", "matmul", "softmax", "reduce", "norm", "sqrt", "transpose"]))
+        kind = draw(
+            st.sampled_from(
+                ["unary", "binary", "matmul", "softmax", "reduce", "norm", "sqrt", "transpose"]
+            )
+        )
         out = fresh()
         if kind == "unary":
             for op, attrs in UNARY[draw(st.sampled_from(sorted(UNARY)))]():
@@ -176,26 +218,46 @@ def random_region(draw):
         elif kind == "matmul":
             w = f"w{k}"
             n = draw(st.sampled_from([4, 8]))
-            inits.append(numpy_helper.from_array(
-                np.random.default_rng(k).standard_normal((shape[-1], n)).astype(np.float32) / 3, w))
+            inits.append(
+                numpy_helper.from_array(
+                    np.random.default_rng(k).standard_normal((shape[-1], n)).astype(np.float32) / 3,
+                    w,
+                )
+            )
             nodes.append(helper.make_node("MatMul", [cur, w], [out]))
             shape = [shape[0], n]
         elif kind == "softmax":
-            nodes.append(helper.make_node("Softmax", [cur], [out], axis=draw(st.sampled_from([-1, 0]))))
+            nodes.append(
+                helper.make_node("Softmax", [cur], [out], axis=draw(st.sampled_from([-1, 0])))
+            )
         elif kind == "reduce":
             axes = f"a{k}"
             inits.append(numpy_helper.from_array(np.array([-1], np.int64), axes))
-            nodes.append(helper.make_node(draw(st.sampled_from(["ReduceMean", "ReduceSum"])), [cur, axes], [out], keepdims=1))
+            nodes.append(
+                helper.make_node(
+                    draw(st.sampled_from(["ReduceMean", "ReduceSum"])),
+                    [cur, axes],
+                    [out],
+                    keepdims=1,
+                )
+            )
             shape = [shape[0], 1]
         elif kind == "norm" and shape[-1] > 1:
             g = f"g{k}"
-            inits.append(numpy_helper.from_array(np.linspace(0.5, 1.5, shape[-1]).astype(np.float32), g))
-            nodes.append(helper.make_node("LayerNormalization", [cur, g], [out], axis=-1, epsilon=1e-5))
+            inits.append(
+                numpy_helper.from_array(np.linspace(0.5, 1.5, shape[-1]).astype(np.float32), g)
+            )
+            nodes.append(
+                helper.make_node("LayerNormalization", [cur, g], [out], axis=-1, epsilon=1e-5)
+            )
         elif kind == "sqrt":
             sq, one = fresh(), f"one{k}"
             inits.append(_scalar(one, 1.0))
-            nodes += [helper.make_node("Mul", [cur, cur], [sq]), helper.make_node("Add", [sq, one], [out + "p"]),
-                      helper.make_node("Sqrt", [out + "p"], [out])]
+            nodes += [
+                helper.make_node("Mul", [cur, cur], [sq]),
+                helper.make_node("Add", [sq, one], [out + "p"]),
+                helper.make_node("Sqrt", [out + "p"], [out]),
+            ]
         else:
             nodes.append(helper.make_node("Transpose", [cur], [out], perm=[1, 0]))
             shape = shape[::-1]
@@ -203,7 +265,9 @@ def random_region(draw):
     return _model(nodes, [_vi("x", [rows, cols])], [_vi(cur, shape)], inits), (rows, cols)
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(random_region(), st.integers(0, 2**31 - 1))
 def test_random_regions_lifted_agree_with_ort(tmp_path_factory, case, seed):
     model, (rows, cols) = case
@@ -217,8 +281,12 @@ def test_random_regions_lifted_agree_with_ort(tmp_path_factory, case, seed):
         return
     (lr,) = a.lifted
     check(lr.graph)
-    ins = [x if n == "x" else numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == n))
-           for n in lr.graph.input_names]
+    ins = [
+        x
+        if n == "x"
+        else numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == n))
+        for n in lr.graph.input_names
+    ]
     (got,) = interpreter.run(lr.graph, ins, mode="float64")
     assert got.shape == want.shape
     # ORT computes in fp32: its own error against exact arithmetic grows along random chains, and
@@ -236,8 +304,12 @@ def test_softmax_axis_semantics_follow_the_opset(tmp_path, opset, axis):
     from mlso_cli.verify.reference64 import reference_outputs
 
     attrs = {} if axis is None else {"axis": axis}
-    m = _model([helper.make_node("Softmax", ["x"], ["y"], **attrs)], [_vi("x", [2, 3, 5])], [_vi("y", [2, 3, 5])],
-               opset=opset)
+    m = _model(
+        [helper.make_node("Softmax", ["x"], ["y"], **attrs)],
+        [_vi("x", [2, 3, 5])],
+        [_vi("y", [2, 3, 5])],
+        opset=opset,
+    )
     m.ir_version = 8
     (kg,) = lift_model(str(save(m, tmp_path / "s.onnx")))
     check(kg)
@@ -258,15 +330,19 @@ def test_two_masks_on_one_tensor_are_both_kept(tmp_path, layout):
     m2 = numpy_helper.from_array(rng.random((8, 8)) < 0.7, "m2")
     ninf = _scalar("ninf", -np.inf)
     if layout == "two_softmaxes":
-        nodes = [helper.make_node("Where", ["m1", "x", "ninf"], ["w1"]),
-                 helper.make_node("Where", ["m2", "x", "ninf"], ["w2"]),
-                 helper.make_node("Softmax", ["w1"], ["s1"], axis=-1),
-                 helper.make_node("Softmax", ["w2"], ["s2"], axis=-1),
-                 helper.make_node("Add", ["s1", "s2"], ["y"])]
+        nodes = [
+            helper.make_node("Where", ["m1", "x", "ninf"], ["w1"]),
+            helper.make_node("Where", ["m2", "x", "ninf"], ["w2"]),
+            helper.make_node("Softmax", ["w1"], ["s1"], axis=-1),
+            helper.make_node("Softmax", ["w2"], ["s2"], axis=-1),
+            helper.make_node("Add", ["s1", "s2"], ["y"]),
+        ]
     else:
-        nodes = [helper.make_node("Where", ["m1", "x", "ninf"], ["w1"]),
-                 helper.make_node("Where", ["m2", "w1", "ninf"], ["w2"]),
-                 helper.make_node("Softmax", ["w2"], ["y"], axis=-1)]
+        nodes = [
+            helper.make_node("Where", ["m1", "x", "ninf"], ["w1"]),
+            helper.make_node("Where", ["m2", "w1", "ninf"], ["w2"]),
+            helper.make_node("Softmax", ["w2"], ["y"], axis=-1),
+        ]
     m = _model(nodes, [_vi("x", [2, 8, 8])], [_vi("y", [2, 8, 8])], [m1, m2, ninf])
     m.ir_version = 8
     loaded = load_model(str(save(m, tmp_path / "masks.onnx")))
@@ -293,8 +369,10 @@ def test_causal_attention_mask_is_top_left_when_lengths_differ(tmp_path):
     loaded = load_model(str(save(m, tmp_path / "attn.onnx")))
     (lr,) = analyse(loaded).lifted
     rng = np.random.default_rng(2)
-    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in
-             (("q", (1, 2, sq, d)), ("k", (1, 2, skv, d)), ("v", (1, 2, skv, d)))}
+    feeds = {
+        n: rng.standard_normal(s).astype(np.float32)
+        for n, s in (("q", (1, 2, sq, d)), ("k", (1, 2, skv, d)), ("v", (1, 2, skv, d)))
+    }
     (want,) = ReferenceEvaluator(m).run(None, feeds)
     ins = [feeds[n] if n in feeds else lr.extra_inputs[n] for n in lr.graph.input_names]
     (got,) = interpreter.run(lr.graph, ins, mode="float64")

@@ -11,7 +11,16 @@ from tests.helpers import SMALL, TRANSFORMER, TRANSFORMER_SHAPE, run_cli
 
 BUDGET = ("--max-states", "20000")
 """A deterministic state budget that keeps each search to seconds on CI's two cores."""
-EVERY = ["gqa", "rmsnorm_linear", "gated_mlp", "lora", "ntrans", "qknorm_real", "mla", "layernorm_linear"]
+EVERY = [
+    "gqa",
+    "rmsnorm_linear",
+    "gated_mlp",
+    "lora",
+    "ntrans",
+    "qknorm_real",
+    "mla",
+    "layernorm_linear",
+]
 
 
 @pytest.mark.parametrize("name", EVERY)
@@ -22,11 +31,15 @@ def test_optimize_then_verify(tmp_path, name):
     assert r.returncode == 0, r.stderr
     rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
     summary = rows[-1]
-    assert {k: summary[k] for k in ("type", "output", "regions", "packaged")} == \
-        {"type": "summary", "output": str(out), "regions": 1, "packaged": 1}
+    assert {k: summary[k] for k in ("type", "output", "regions", "packaged")} == {
+        "type": "summary",
+        "output": str(out),
+        "regions": 1,
+        "packaged": 1,
+    }
     # Honest about the search: "searched" is false exactly when the notes say no search ran.
     assert rows[0]["searched"] == (not any(n.startswith("no search") for n in rows[0]["notes"]))
-    assert 0.0 <= summary["bound"] <= 2.0 ** -60 and rows[0]["kernels"] >= 1
+    assert 0.0 <= summary["bound"] <= 2.0**-60 and rows[0]["kernels"] >= 1
     m = onnx.load(str(out))
     onnx.checker.check_model(m)
     assert sum(n.domain == "ai.mlso" for n in m.graph.node) == 1
@@ -38,12 +51,24 @@ def test_optimize_then_verify(tmp_path, name):
 
 def test_optimize_transformer_all_regions(tmp_path):
     out = tmp_path / "t.onnx"
-    r = run_cli("optimize", str(TRANSFORMER), *TRANSFORMER_SHAPE, "-o", str(out), "--min-speedup", "0", "--json",
-                "--max-states", "4000")
+    r = run_cli(
+        "optimize",
+        str(TRANSFORMER),
+        *TRANSFORMER_SHAPE,
+        "-o",
+        str(out),
+        "--min-speedup",
+        "0",
+        "--json",
+        "--max-states",
+        "4000",
+    )
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout.decode().splitlines()[-1])
     assert summary["packaged"] == summary["regions"] >= 4
-    r = run_cli("verify", str(TRANSFORMER), str(out), *TRANSFORMER_SHAPE, "--samples", "1", "--scales", "1")
+    r = run_cli(
+        "verify", str(TRANSFORMER), str(out), *TRANSFORMER_SHAPE, "--samples", "1", "--scales", "1"
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -73,8 +98,15 @@ def test_optimize_refuses_to_overwrite(tmp_path):
 def test_missing_nvcc_is_an_environment_problem(tmp_path):
     src = next(p for p in SMALL if p.stem == "lora")
     out = tmp_path / "o.onnx"
-    r = run_cli("optimize", str(src), "-o", str(out), "--min-speedup", "0",
-                env={"MLSO_NVCC": "/nonexistent/nvcc", "MLSO_CACHE_DIR": str(tmp_path / "cache")})
+    r = run_cli(
+        "optimize",
+        str(src),
+        "-o",
+        str(out),
+        "--min-speedup",
+        "0",
+        env={"MLSO_NVCC": "/nonexistent/nvcc", "MLSO_CACHE_DIR": str(tmp_path / "cache")},
+    )
     assert r.returncode == 4, r.stderr
     assert len(r.stderr.decode().strip().splitlines()) == 1 and b"nvcc" in r.stderr
     assert not out.exists() and not list(tmp_path.glob("o.onnx*"))
@@ -102,10 +134,16 @@ def test_optimize_external_data_model(tmp_path):
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
-    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32), "W")
-    g = helper.make_graph([helper.make_node("MatMul", ["X", "W"], ["Y"]), helper.make_node("Relu", ["Y"], ["Z"])],
-                          "ext", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 64])],
-                          [helper.make_tensor_value_info("Z", TensorProto.FLOAT, [4, 64])], [w])
+    w = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32), "W"
+    )
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"]), helper.make_node("Relu", ["Y"], ["Z"])],
+        "ext",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("Z", TensorProto.FLOAT, [4, 64])],
+        [w],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     m.ir_version = 10
     src = tmp_path / "in" / "ext.onnx"
@@ -117,3 +155,32 @@ def test_optimize_external_data_model(tmp_path):
     assert r.returncode == 0, r.stderr
     r = run_cli("verify", str(src), str(out), "--samples", "1")
     assert r.returncode == 0, r.stderr
+
+
+def test_a_fixed_seed_and_state_budget_give_byte_identical_models(tmp_path):
+    """The real search (not a stand-in), run twice from empty caches with two workers: the same
+    seed and --max-states give the same output file, byte for byte."""
+    import os
+
+    src = next(p for p in SMALL if p.stem == "ntrans")
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"o{i}.onnx"
+        env = {**os.environ, "MLSO_CACHE_DIR": str(tmp_path / f"cache{i}")}
+        r = run_cli(
+            "optimize",
+            str(src),
+            "-o",
+            str(out),
+            "--min-speedup",
+            "0",
+            "--seed",
+            "5",
+            "--jobs",
+            "2",
+            *BUDGET,
+            env=env,
+        )
+        assert r.returncode == 0, r.stderr
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1] and b"ai.mlso" in outs[0]

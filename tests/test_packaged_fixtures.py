@@ -27,15 +27,21 @@ def test_packaged_fixture_runs_in_stock_ort(name):
     from models.build_models import random_inputs
 
     orig = onnx.load(str(_small(name)))
-    packed = package_fixture(_small(name), SMALL_FIXTURES[name](), placeholder(SMALL_FIXTURES[name]()))
+    packed = package_fixture(
+        _small(name), SMALL_FIXTURES[name](), placeholder(SMALL_FIXTURES[name]())
+    )
     onnx.checker.check_model(packed)
     assert 10 <= packed.ir_version <= 13
     kinds = [n for n in packed.graph.node if n.domain == "ai.mlso"]
     assert len(kinds) == 1 and kinds[0].op_type == "MlsoKernel"
     assert {p.key for p in packed.metadata_props} >= {"mlso.version", "mlso.executable_code"}
     feeds = random_inputs(orig, seed=3)
-    want = ort.InferenceSession(orig.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-    got = ort.InferenceSession(packed.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    want = ort.InferenceSession(orig.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    got = ort.InferenceSession(packed.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
     for w, g in zip(want, got):
         np.testing.assert_array_equal(w, g)
 
@@ -66,6 +72,7 @@ def test_verify_rejects_a_wrong_kernel_whose_fallback_is_right(tmp_path):
 
 # ---- the chain from μGraph to binary: spliced parts are refused -----------------------------------
 
+
 def _mlso_node(model):
     return next(n for n in model.graph.node if n.domain == "ai.mlso")
 
@@ -90,7 +97,9 @@ def _splice_binary(model, fatbin: bytes) -> None:
     _set_attr(node, "binary_sha256", hashlib.sha256(fatbin).hexdigest())
 
 
-@pytest.mark.parametrize("attack", ["binary_of_another_program", "random_binary", "source_hash", "plan_grid"])
+@pytest.mark.parametrize(
+    "attack", ["binary_of_another_program", "random_binary", "source_hash", "plan_grid"]
+)
 def test_verify_refuses_parts_not_made_from_the_ugraph(tmp_path, attack):
     """A binary, hash or plan spliced in (with binary_sha256 updated to match) passed verify before:
     the field check proves only the μGraph. verify now regenerates and recompiles it."""
@@ -126,7 +135,16 @@ def test_verify_without_nvcc_says_binary_not_checked(tmp_path):
     env = {"MLSO_NVCC": str(tmp_path / "no-nvcc"), "MLSO_CACHE_DIR": str(tmp_path / "cache")}
     r = run_cli("verify", str(_small(name)), str(path), "--samples", "1", env=env)
     assert r.returncode == 4 and b"binary not checked" in r.stderr and b"--trust-binary" in r.stderr
-    r = run_cli("verify", str(_small(name)), str(path), "--samples", "1", "--trust-binary", "--json", env=env)
+    r = run_cli(
+        "verify",
+        str(_small(name)),
+        str(path),
+        "--samples",
+        "1",
+        "--trust-binary",
+        "--json",
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout.decode().splitlines()[-1])
     assert summary["binaries_trusted"] == 1 and summary["binaries_checked"] == 0
@@ -147,7 +165,9 @@ def test_verify_float_checks_a_ugraph_that_rounds_its_row_sums(tmp_path):
 
     name = "gqa"
     rounded = rewrite(SMALL_FIXTURES[name](), round_denominator)
-    assert any(n.op is Op.CAST for k in rounded.kernels() if k.op is Op.GRAPH_DEF for n in k.arg.nodes())
+    assert any(
+        n.op is Op.CAST for k in rounded.kernels() if k.op is Op.GRAPH_DEF for n in k.arg.nodes()
+    )
     path = tmp_path / "rounded.onnx"
     onnx.save(package_fixture(_small(name), rounded), str(path))
     r = run_cli("verify", str(_small(name)), str(path), "--samples", "1", "--json")

@@ -37,7 +37,9 @@ def _fused():
 class FakeSearch:
     """Returns the hand-written fused program and the target; counts its calls."""
 
-    def __init__(self, partial: bool = False, bound: float = 2.0 ** -62, fused_first: bool = True) -> None:
+    def __init__(
+        self, partial: bool = False, bound: float = 2.0**-62, fused_first: bool = True
+    ) -> None:
         self.calls = 0
         self.partial, self.bound, self.fused_first = partial, bound, fused_first
         self.__qualname__ = "FakeSearch"
@@ -46,20 +48,40 @@ class FakeSearch:
         self.calls += 1
         if progress:
             progress(SearchProgress("r", 10, 2, 1, 1.0, 0.01))
-        fused = Candidate(_fused(), program_cost(_fused()).us, program_cost(_fused()).launches, self.bound)
+        fused = Candidate(
+            _fused(), program_cost(_fused()).us, program_cost(_fused()).launches, self.bound
+        )
         lifted = Candidate(target, program_cost(target).us, program_cost(target).launches, 0.0)
         cands = (fused, lifted) if self.fused_first else (lifted, fused)
-        return SearchResult(cands, states=10, pruned=2, verified=1, seconds=0.01, bound=self.bound,
-                            partial=self.partial, notes=())
+        return SearchResult(
+            cands,
+            states=10,
+            pruned=2,
+            verified=1,
+            seconds=0.01,
+            bound=self.bound,
+            partial=self.partial,
+            notes=(),
+        )
 
 
 def _opts(tmp_path: Path, **kw) -> PipelineOptions:
-    return PipelineOptions(search=SearchOptions(max_states=10, seed=0), min_speedup=0.0,
-                           cache_dir=tmp_path / "search-cache", **kw)
+    return PipelineOptions(
+        search=SearchOptions(max_states=10, seed=0),
+        min_speedup=0.0,
+        cache_dir=tmp_path / "search-cache",
+        **kw,
+    )
 
 
 def _ugraphs(model: onnx.ModelProto) -> list[str]:
-    return [a.s.decode() for n in model.graph.node if n.domain == "ai.mlso" for a in n.attribute if a.name == "ugraph"]
+    return [
+        a.s.decode()
+        for n in model.graph.node
+        if n.domain == "ai.mlso"
+        for a in n.attribute
+        if a.name == "ugraph"
+    ]
 
 
 def test_the_chosen_candidate_is_the_one_packaged(tmp_path):
@@ -76,7 +98,9 @@ def test_the_chosen_candidate_is_the_one_packaged(tmp_path):
 
 
 def test_never_slower_rule_keeps_the_original(tmp_path):
-    out = optimize(str(SRC), None, PipelineOptions(min_speedup=1e6, use_cache=False), search=FakeSearch())
+    out = optimize(
+        str(SRC), None, PipelineOptions(min_speedup=1e6, use_cache=False), search=FakeSearch()
+    )
     (rep,) = out.regions
     assert not rep.choice.packaged and "kept original" in rep.choice.why
     assert _ugraphs(out.model) == []
@@ -99,7 +123,14 @@ def test_cli_dry_run_writes_nothing(tmp_path):
     cache_dir = tmp_path / "cache"
     out = tmp_path / "o.onnx"
     for extra in ([], ["-o", str(out)]):
-        r = run_cli("optimize", str(SRC), "--dry-run", "--json", *extra, env={"MLSO_CACHE_DIR": str(cache_dir)})
+        r = run_cli(
+            "optimize",
+            str(SRC),
+            "--dry-run",
+            "--json",
+            *extra,
+            env={"MLSO_CACHE_DIR": str(cache_dir)},
+        )
         assert r.returncode == 0, r.stderr
         rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
         assert rows[-1]["output"] is None and rows[-1]["regions"] == 1
@@ -120,8 +151,11 @@ def test_second_run_is_a_cache_hit(tmp_path):
 def test_options_that_change_the_result_miss_the_cache(tmp_path):
     fake = FakeSearch()
     optimize(str(SRC), None, _opts(tmp_path), search=fake, dry_run=True)
-    other = PipelineOptions(search=SearchOptions(max_states=11, seed=0), min_speedup=0.0,
-                            cache_dir=tmp_path / "search-cache")
+    other = PipelineOptions(
+        search=SearchOptions(max_states=11, seed=0),
+        min_speedup=0.0,
+        cache_dir=tmp_path / "search-cache",
+    )
     optimize(str(SRC), None, other, search=fake, dry_run=True)
     assert fake.calls == 2
 
@@ -194,7 +228,9 @@ def test_gpu_path_keeps_the_fastest_measured_candidate(tmp_path, monkeypatch):
         fused = _ugraphs(model)[0] == dumps(_fused())
         return [RegionTiming(node.name, node.overload, 50.0, 40.0 if fused else 20.0)]
 
-    out = optimize(str(SRC), None, _opts(tmp_path, gpu=0, top_k=2), search=FakeSearch(), measure=fake_measure)
+    out = optimize(
+        str(SRC), None, _opts(tmp_path, gpu=0, top_k=2), search=FakeSearch(), measure=fake_measure
+    )
     (rep,) = out.regions
     assert len(seen) == 2 and seen[0] == dumps(_fused())
     assert rep.choice.measured and rep.choice.after_us == 20.0 and rep.choice.before_us == 50.0
@@ -215,26 +251,64 @@ def test_cli_json_lines_carry_the_search_fields(tmp_path, monkeypatch):
         out = tmp_path / "o.onnx"
         rows = []
         for _ in range(2):
-            res = CliRunner().invoke(main, ["-q", "optimize", str(SRC), "-o", str(out), "--force", "--json",
-                                            "--min-speedup", "0", "--max-states", "10", "--jobs", "1"])
+            res = CliRunner().invoke(
+                main,
+                [
+                    "-q",
+                    "optimize",
+                    str(SRC),
+                    "-o",
+                    str(out),
+                    "--force",
+                    "--json",
+                    "--min-speedup",
+                    "0",
+                    "--max-states",
+                    "10",
+                    "--jobs",
+                    "1",
+                ],
+            )
             assert res.exit_code == 0, res.output
             rows.append([json.loads(x) for x in res.stdout.splitlines()])
     finally:
         knobs.cache_clear()
     first, second = rows[0][0], rows[1][0]
-    for key in ("kernels", "states", "verified", "search_s", "bound", "estimate_us", "us_before", "us_after",
-                "packaged", "why", "searched", "cached", "partial", "pruned"):
+    for key in (
+        "kernels",
+        "states",
+        "verified",
+        "search_s",
+        "bound",
+        "estimate_us",
+        "us_before",
+        "us_after",
+        "packaged",
+        "why",
+        "searched",
+        "cached",
+        "partial",
+        "pruned",
+    ):
         assert key in first, key
-    assert first["searched"] and first["states"] == 10 and first["verified"] == 1 and first["bound"] == 2.0 ** -62
+    assert (
+        first["searched"]
+        and first["states"] == 10
+        and first["verified"] == 1
+        and first["bound"] == 2.0**-62
+    )
     assert first["kernels"] == program_cost(_fused()).launches and not first["cached"]
     assert second["cached"] and fake.calls == 1
-    assert rows[1][-1]["bound"] == 2.0 ** -62 and rows[1][-1]["packaged"] == 1
+    assert rows[1][-1]["bound"] == 2.0**-62 and rows[1][-1]["packaged"] == 1
 
 
 def test_nothing_in_the_package_imports_tests():
     root = Path(__file__).resolve().parent.parent / "mlso_cli"
-    offenders = [str(p) for p in root.rglob("*.py")
-                 if any(s in p.read_text() for s in ("from tests", "import tests", "examples import"))]
+    offenders = [
+        str(p)
+        for p in root.rglob("*.py")
+        if any(s in p.read_text() for s in ("from tests", "import tests", "examples import"))
+    ]
     assert offenders == []
     assert not (root / "verify" / "examples.py").exists()
 
@@ -250,14 +324,31 @@ def test_cli_outputs_are_byte_identical_across_processes(tmp_path):
     for seed, cache_dir in (("1", "c1"), ("2", "c2"), ("3", "c1")):
         out = tmp_path / f"t{seed}" / "t.onnx"
         out.parent.mkdir()
-        r = run_cli("optimize", str(SRC), "-o", str(out), "--min-speedup", "0", "--json", "--seed", "5",
-                    "--max-states", "20000", env={"PYTHONHASHSEED": seed, "MLSO_CACHE_DIR": str(tmp_path / cache_dir)})
+        r = run_cli(
+            "optimize",
+            str(SRC),
+            "-o",
+            str(out),
+            "--min-speedup",
+            "0",
+            "--json",
+            "--seed",
+            "5",
+            "--max-states",
+            "20000",
+            env={"PYTHONHASHSEED": seed, "MLSO_CACHE_DIR": str(tmp_path / cache_dir)},
+        )
         assert r.returncode == 0, r.stderr
         rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
         outs.append((out.read_bytes(), rows[0]))
     assert outs[0][0] == outs[1][0] == outs[2][0]
     first = outs[0][1]
-    assert first["verified"] >= 1 and first["kernels"] == 1 and not first["cached"] and not outs[1][1]["cached"]
+    assert (
+        first["verified"] >= 1
+        and first["kernels"] == 1
+        and not first["cached"]
+        and not outs[1][1]["cached"]
+    )
     assert outs[2][1]["cached"]
 
 
@@ -271,10 +362,17 @@ def test_equal_regions_are_searched_once_and_bound_once(tmp_path):
     def fake(target, options, progress=None):
         calls.append(target)
         c = program_cost(target)
-        return SearchResult((Candidate(target, c.us, c.launches, 1e-20),), 1, 0, 1, 0.0, 1e-20, False)
+        return SearchResult(
+            (Candidate(target, c.us, c.launches, 1e-20),), 1, 0, 1, 0.0, 1e-20, False
+        )
 
-    out = optimize(str(TRANSFORMER), {"hidden": (1, 16, 64)}, _opts(tmp_path, use_cache=False), search=fake,
-                   dry_run=True)
+    out = optimize(
+        str(TRANSFORMER),
+        {"hidden": (1, 16, 64)},
+        _opts(tmp_path, use_cache=False),
+        search=fake,
+        dry_run=True,
+    )
     hashes = [r.searched.region_hash for r in out.regions]
     assert len(calls) == len(set(hashes)) < len(hashes)
     assert out.bound == pytest.approx(1e-20 * len(set(hashes)))

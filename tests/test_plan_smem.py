@@ -119,7 +119,10 @@ def block_graphs(draw) -> KernelGraph:
     rows = m * grid
     x, w = b.input_(0, (rows, k * loop), dt), b.input_(1, (k * loop, n), dt)
     looped = loop > 1
-    maps = [InputMap((0, None, None), 1 if looped else None), InputMap((None, None, None), 0 if looped else None)]
+    maps = [
+        InputMap((0, None, None), 1 if looped else None),
+        InputMap((None, None, None), 0 if looped else None),
+    ]
     g = (grid, 1, 1)
     bx = b.iter_(0, tile_shape(x.shape, maps[0], g, loop), dt, looped)
     bw = b.iter_(1, tile_shape(w.shape, maps[1], g, loop), dt, looped)
@@ -158,6 +161,7 @@ def _generate_unchecked(kg: KernelGraph):
 
 # ---- the lowering plan -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", sorted(GRAPHS))
 def test_lowering_plan_is_what_generate_does(name):
     import json
@@ -167,9 +171,13 @@ def test_lowering_plan_is_what_generate_does(name):
     kg = GRAPHS[name]
     p = plan(kg)
     gp = generate(kg)
-    assert [k.kind == "graph_def" for k in p.kernels] == [k.what.startswith("graph-defined") for k in gp.kernels]
+    assert [k.kind == "graph_def" for k in p.kernels] == [
+        k.what.startswith("graph-defined") for k in gp.kernels
+    ]
     for kp, k in zip(p.kernels, gp.kernels):
         if kp.layout is not None:
             assert (kp.layout.smem, kp.layout.threads) == (k.smem, k.block[0])
-    assert p.smem_max == max((k.smem for k in gp.kernels if k.what.startswith("graph-defined")), default=0)
+    assert p.smem_max == max(
+        (k.smem for k in gp.kernels if k.what.startswith("graph-defined")), default=0
+    )
     assert json.loads(json.dumps(p.to_json())) == p.to_json() == plan(kg).to_json()

@@ -133,8 +133,21 @@ def test_the_table_is_large_and_covers_every_rule():
     for c in CASES.values():
         assert (c["verdict"] == "ok") == (c["reason"] == "ok"), c["name"]
     reasons = {c["reason"] for c in CASES.values()}
-    for rule in ("declared", "grid", "block", "smem", "scratch_total", "too_large", "ref",
-                 "kernel", "kernel_missing", "unknown_field", "json", "shape", "dtype"):
+    for rule in (
+        "declared",
+        "grid",
+        "block",
+        "smem",
+        "scratch_total",
+        "too_large",
+        "ref",
+        "kernel",
+        "kernel_missing",
+        "unknown_field",
+        "json",
+        "shape",
+        "dtype",
+    ):
         assert rule in reasons, rule
 
 
@@ -153,21 +166,45 @@ def cpp_verdicts(tmp_path_factory) -> dict[str, tuple[str, str]]:
     src = tmp / "driver.cc"
     src.write_text(DRIVER)
     exe = tmp / "driver"
-    cmd = ["g++", "-std=c++17", "-g", "-O1", "-fsanitize=address,undefined",
-           "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", f"-I{build.CSRC}",
-           str(src), "-o", str(exe)]
+    cmd = [
+        "g++",
+        "-std=c++17",
+        "-g",
+        "-O1",
+        "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=all",
+        "-fno-omit-frame-pointer",
+        f"-I{build.CSRC}",
+        str(src),
+        "-o",
+        str(exe),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     rows = []
     for case in TABLE["cases"]:
         declared = case_declared(case)
-        rows.append({"name": case["name"], "text": case_text(case), **declared,
-                     "kernels": case.get("kernels", TABLE["base_kernels"])})
+        rows.append(
+            {
+                "name": case["name"],
+                "text": case_text(case),
+                **declared,
+                "kernels": case.get("kernels", TABLE["base_kernels"]),
+            }
+        )
     data = tmp / "cases.json"
     data.write_text(json.dumps(rows))
-    run = subprocess.run([str(exe), str(data)], capture_output=True, text=True, timeout=120,
-                         env={"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0",
-                              "UBSAN_OPTIONS": "print_stacktrace=1", "PATH": "/usr/bin:/bin"})
+    run = subprocess.run(
+        [str(exe), str(data)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0",
+            "UBSAN_OPTIONS": "print_stacktrace=1",
+            "PATH": "/usr/bin:/bin",
+        },
+    )
     assert run.returncode == 0 and not run.stderr, run.stderr[-4000:]
     out = {}
     for line in run.stdout.splitlines():

@@ -386,9 +386,10 @@ def test_a_wrong_dtype_fails_without_a_launch(results):
     assert not r["ok"] and r["launches"] == 0
     # The graph declares x as float64, so kernel creation already refuses the node (the
     # compute-time check, shown by the wrong shape above, is the last line).
-    assert "inputs[0] is float32 [4,64] in the plan, but the node declares float64 [?,64]" in r[
-        "error"
-    ]
+    assert (
+        "inputs[0] is float32 [4,64] in the plan, but the node declares float64 [?,64]"
+        in r["error"]
+    )
 
 
 def test_scratch_is_zeroed_launches_run_in_order_and_smem_is_raised(results):
@@ -427,12 +428,18 @@ def test_fake_driver_source_is_not_shipped():
 
 def test_kernel_creation_refuses_plans_that_disagree_with_the_graph(results):
     for name, expected in (
-        ("plan_output_float64", "outputs[0] is float64 [4,64] in the plan, but the node declares "
-                                "float32 [4,64]"),
-        ("plan_output_shape_1", "outputs[0] is float32 [1] in the plan, but the node declares "
-                                "float32 [4,64]"),
-        ("plan_input_dtype", "inputs[0] is float16 [4,64] in the plan, but the node declares "
-                             "float32 [4,64]"),
+        (
+            "plan_output_float64",
+            "outputs[0] is float64 [4,64] in the plan, but the node declares float32 [4,64]",
+        ),
+        (
+            "plan_output_shape_1",
+            "outputs[0] is float32 [1] in the plan, but the node declares float32 [4,64]",
+        ),
+        (
+            "plan_input_dtype",
+            "inputs[0] is float16 [4,64] in the plan, but the node declares float32 [4,64]",
+        ),
         ("plan_smem_over_cuda", "launches[0].smem must be an integer in [0, 232448]"),
         ("plan_grid_over_cuda", "launches[0].grid[0] must be an integer in [1, 2147483647]"),
     ):

@@ -29,8 +29,16 @@ def _pair():
 
 def _result(partial: bool = False, bound: float = 3.5e-19) -> SearchResult:
     ref, fused = _pair()
-    return SearchResult((Candidate(fused, 1.25, 1, bound), Candidate(ref, 4.5, 2, 0.0)), states=321, pruned=12,
-                        verified=7, seconds=0.75, bound=bound, partial=partial, notes=("a note",))
+    return SearchResult(
+        (Candidate(fused, 1.25, 1, bound), Candidate(ref, 4.5, 2, 0.0)),
+        states=321,
+        pruned=12,
+        verified=7,
+        seconds=0.75,
+        bound=bound,
+        partial=partial,
+        notes=("a note",),
+    )
 
 
 def _fake_search(target, options, progress=None):  # only its name matters for a key
@@ -40,8 +48,12 @@ def _fake_search(target, options, progress=None):  # only its name matters for a
 def _key(**changes):
     ref, _ = _pair()
     opts = SearchOptions(max_states=100, seed=0)
-    args = {"region_hash": graph_hash(ref), "cache_fields": opts.cache_fields(), "targets": ("sm_80", "sm_90a"),
-            "search_fn": _fake_search}
+    args = {
+        "region_hash": graph_hash(ref),
+        "cache_fields": opts.cache_fields(),
+        "targets": ("sm_80", "sm_90a"),
+        "search_fn": _fake_search,
+    }
     args.update(changes)
     return make_key(**args)
 
@@ -61,7 +73,9 @@ def test_get_returns_what_put_stored(tmp_path):
     assert store.get(k) is None
     assert store.put(k, _result())
     assert store.get(k) == _result()
-    assert not list(tmp_path.rglob("*.tmp")), "the temporary file of an atomic write was left behind"
+    assert not list(tmp_path.rglob("*.tmp")), (
+        "the temporary file of an atomic write was left behind"
+    )
 
 
 def test_every_key_part_changes_the_digest():
@@ -84,7 +98,9 @@ def test_every_key_part_changes_the_digest():
 
 def test_jobs_and_budget_do_not_change_the_key():
     a = _key(cache_fields=SearchOptions(max_states=100, seed=0, jobs=1).cache_fields())
-    b = _key(cache_fields=SearchOptions(max_states=100, seed=0, jobs=8, budget_s=5.0).cache_fields())
+    b = _key(
+        cache_fields=SearchOptions(max_states=100, seed=0, jobs=8, budget_s=5.0).cache_fields()
+    )
     assert a.digest == b.digest
 
 
@@ -101,9 +117,12 @@ def test_damaged_entries_are_misses(tmp_path, damage):
     store.put(k, _result())
     path = store.path(k)
     data = path.read_bytes()
-    mangled = {"truncate": data[: len(data) // 2], "empty": b"",
-               "flip": data[:-10] + bytes([data[-10] ^ 0x01]) + data[-9:],
-               "garbage": b"not a cache entry\n{}"}[damage]
+    mangled = {
+        "truncate": data[: len(data) // 2],
+        "empty": b"",
+        "flip": data[:-10] + bytes([data[-10] ^ 0x01]) + data[-9:],
+        "garbage": b"not a cache entry\n{}",
+    }[damage]
     path.write_bytes(mangled)
     assert store.get(k) is None
     store.put(k, _result())  # a new final result replaces the damaged entry

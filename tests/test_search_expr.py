@@ -101,7 +101,9 @@ swapped imap/fmap puts a grid or loop digit in the wrong index position."""
 
 
 def _mutants() -> list[tuple[str, object]]:
-    return [(n, m) for n in sorted(SMALL_FIXTURES) for m in MUTATIONS.get(n, ()) + SUBTLE.get(n, ())]
+    return [
+        (n, m) for n in sorted(SMALL_FIXTURES) for m in MUTATIONS.get(n, ()) + SUBTLE.get(n, ())
+    ]
 
 
 @pytest.mark.parametrize(("name", "mutation"), _mutants(), ids=lambda x: getattr(x, "name", x))
@@ -142,9 +144,13 @@ def test_attention_spelled_differently_is_equal_and_wrong_candidates_are_pruned(
     stable = b.matmul(_softmax(b.sub(s, m), 2), v)
     wrong_axis = b.matmul(_softmax(s, 1), v)
     wrong_arg = b.matmul(_softmax(b.mul(s, b.const(Fraction(1, 4))), 2), v)
-    wrong_exp = b.matmul(b.div(b.unary(Op.EXP, q), b.reduce(Op.REDUCE_SUM, b.unary(Op.EXP, q), 2)),
-                         b.transpose(q, (0, 2, 1)))
-    env = abstract_graph(_graph((q, k, v), b.add(b.add(right, stable), b.add(wrong_axis, wrong_arg))))
+    wrong_exp = b.matmul(
+        b.div(b.unary(Op.EXP, q), b.reduce(Op.REDUCE_SUM, b.unary(Op.EXP, q), 2)),
+        b.transpose(q, (0, 2, 1)),
+    )
+    env = abstract_graph(
+        _graph((q, k, v), b.add(b.add(right, stable), b.add(wrong_axis, wrong_arg)))
+    )
     out = target.outputs[0]
     assert expr_equal(env[right], out) and target.admits(env[right])
     assert expr_equal(env[stable], out) and target.admits(env[stable])
@@ -192,15 +198,23 @@ def _exprs(inputs: list[Node], *outs: Node) -> list[Expr]:
 
 def test_axiom_commutativity_and_associativity():
     x, y, z = _vec_inputs()
-    e = _exprs([x, y, z], b.add(b.add(x, y), z), b.add(z, b.add(y, x)),
-               b.mul(b.mul(x, y), z), b.mul(z, b.mul(y, x)), b.sub(x, y))
+    e = _exprs(
+        [x, y, z],
+        b.add(b.add(x, y), z),
+        b.add(z, b.add(y, x)),
+        b.mul(b.mul(x, y), z),
+        b.mul(z, b.mul(y, x)),
+        b.sub(x, y),
+    )
     assert expr_equal(e[0], e[1]) and expr_equal(e[2], e[3])
     assert not expr_equal(e[0], e[2]) and not expr_equal(e[4], _exprs([x, y, z], b.sub(y, x))[0])
 
 
 def test_axiom_distributivity():
     x, y, z = _vec_inputs()
-    e = _exprs([x, y, z], b.mul(x, b.add(y, z)), b.add(b.mul(x, y), b.mul(x, z)), b.add(b.mul(x, y), z))
+    e = _exprs(
+        [x, y, z], b.mul(x, b.add(y, z)), b.add(b.mul(x, y), b.mul(x, z)), b.add(b.mul(x, y), z)
+    )
     assert expr_equal(e[0], e[1]) and not expr_equal(e[0], e[2])
     target = Target([e[1].poly])
     assert target.admits(e[0]) and target.admits(_exprs([x, y, z], b.add(y, z))[0])
@@ -209,8 +223,14 @@ def test_axiom_distributivity():
 def test_axiom_linearity_of_sum():
     x, y, _ = _vec_inputs()
     s = lambda t: b.reduce(Op.REDUCE_SUM, t, 1)  # noqa: E731
-    e = _exprs([x, y], s(b.add(x, y)), b.add(s(x), s(y)), s(b.mul(x, b.const(3))), b.mul(s(x), b.const(3)),
-               s(b.mul(x, y)))
+    e = _exprs(
+        [x, y],
+        s(b.add(x, y)),
+        b.add(s(x), s(y)),
+        s(b.mul(x, b.const(3))),
+        b.mul(s(x), b.const(3)),
+        s(b.mul(x, y)),
+    )
     assert expr_equal(e[0], e[1]) and expr_equal(e[2], e[3])
     assert not expr_equal(e[4], _exprs([x, y], b.mul(s(x), s(y)))[0])
 
@@ -237,8 +257,10 @@ def _split_k_matmul(splits: int, loop: int, partial_dim: bool = True) -> tuple[K
     xt = b.iter_(0, tile_shape(x.shape, im_x, grid, loop), F32, True)
     wt = b.iter_(1, tile_shape(w.shape, im_w, grid, loop), F32, True)
     acc = b.accumulate(Op.ACC_SUM, b.matmul(xt, wt))
-    (part,) = b.graph_def([x, w], b.block_graph(grid, loop, [im_x, im_w],
-                                                [b.save(acc, 0, (PARTIAL, None, None), F32)]))
+    (part,) = b.graph_def(
+        [x, w],
+        b.block_graph(grid, loop, [im_x, im_w], [b.save(acc, 0, (PARTIAL, None, None), F32)]),
+    )
     out = b.reshape(b.reduce(Op.REDUCE_SUM, part, 0), (4, 8))
     return check(b.kernel_graph([x, w], [out])), part
 
@@ -258,25 +280,38 @@ def test_axiom_split_k_partials_combine_to_the_full_contraction():
 
 def test_axiom_sum_of_a_constant_is_n_times_it():
     (x,) = _vec_inputs((4, 1), 1)
-    e = _exprs([x], b.reduce(Op.REDUCE_SUM, b.broadcast_to(x, (4, 8)), 1), b.mul(x, b.const(8)),
-               b.mul(x, b.const(7)))
+    e = _exprs(
+        [x],
+        b.reduce(Op.REDUCE_SUM, b.broadcast_to(x, (4, 8)), 1),
+        b.mul(x, b.const(8)),
+        b.mul(x, b.const(7)),
+    )
     assert expr_equal(e[0], e[1]) and not expr_equal(e[0], e[2])
 
 
 def test_axiom_independent_factor_moves_out_of_a_sum():
     x, r = b.input_(0, (4, 8), F32), b.input_(1, (4, 1), F32)
-    e = _exprs([x, r], b.reduce(Op.REDUCE_SUM, b.mul(x, r), 1), b.mul(b.reduce(Op.REDUCE_SUM, x, 1), r))
+    e = _exprs(
+        [x, r], b.reduce(Op.REDUCE_SUM, b.mul(x, r), 1), b.mul(b.reduce(Op.REDUCE_SUM, x, 1), r)
+    )
     assert expr_equal(e[0], e[1])
     y = b.input_(1, (1, 8), F32)  # depends on the summed index: it may not move out
-    f = _exprs([x, y], b.reduce(Op.REDUCE_SUM, b.mul(x, y), 1), b.mul(b.reduce(Op.REDUCE_SUM, x, 1),
-                                                                     b.reduce(Op.REDUCE_SUM, y, 1)))
+    f = _exprs(
+        [x, y],
+        b.reduce(Op.REDUCE_SUM, b.mul(x, y), 1),
+        b.mul(b.reduce(Op.REDUCE_SUM, x, 1), b.reduce(Op.REDUCE_SUM, y, 1)),
+    )
     assert not expr_equal(f[0], f[1])
 
 
 def test_axiom_exp_of_a_sum_is_a_product_of_exps():
     x, y, _ = _vec_inputs()
-    e = _exprs([x, y], b.unary(Op.EXP, b.add(x, y)), b.mul(b.unary(Op.EXP, x), b.unary(Op.EXP, y)),
-               b.unary(Op.EXP, b.mul(x, y)))
+    e = _exprs(
+        [x, y],
+        b.unary(Op.EXP, b.add(x, y)),
+        b.mul(b.unary(Op.EXP, x), b.unary(Op.EXP, y)),
+        b.unary(Op.EXP, b.mul(x, y)),
+    )
     assert expr_equal(e[0], e[1]) and not expr_equal(e[0], e[2])
     assert Target([e[0].poly]).admits(_exprs([x], b.unary(Op.EXP, x))[0])
 
@@ -319,8 +354,9 @@ def test_thread_graph_epilogue_has_the_expression_of_its_body():
 
     fx = SMALL_FIXTURES["gated_mlp"]()
     fused = check(rewrite(fx, fuse))
-    assert fused != fx and any(n.op is Op.THREAD for gd in fused.nodes() if gd.op is Op.GRAPH_DEF
-                               for n in gd.arg.nodes())
+    assert fused != fx and any(
+        n.op is Op.THREAD for gd in fused.nodes() if gd.op is Op.GRAPH_DEF for n in gd.arg.nodes()
+    )
     _, target = small_target("gated_mlp")
     assert_fixture_reachable(fused, target)
 
@@ -331,7 +367,9 @@ _TWINS = {
     Op.ADD: lambda x, y: b.add(y, x),
     Op.MUL: lambda x, y: b.mul(y, x),
     Op.DIV: lambda x, y: b.mul(x, b.unary(Op.RECIPROCAL, y)),
-    Op.MATMUL: lambda x, y: b.transpose(b.matmul(b.transpose(y, (1, 0)), b.transpose(x, (1, 0))), (1, 0)),
+    Op.MATMUL: lambda x, y: b.transpose(
+        b.matmul(b.transpose(y, (1, 0)), b.transpose(x, (1, 0))), (1, 0)
+    ),
 }
 """A valid rewrite per op: the twin must have the same normal form."""
 
@@ -346,8 +384,19 @@ def _random_program(seed: int, count: int) -> tuple[KernelGraph, list[tuple[Node
     pairs: list[tuple[Node, Node]] = []
     while len(pairs) < count:
         x, y = rng.choice(pool), rng.choice(pool)
-        op = rng.choice((Op.ADD, Op.MUL, Op.DIV, Op.MATMUL, Op.EXP, Op.SQUARE, Op.RSQRT, Op.REDUCE_SUM,
-                         Op.TRANSPOSE))
+        op = rng.choice(
+            (
+                Op.ADD,
+                Op.MUL,
+                Op.DIV,
+                Op.MATMUL,
+                Op.EXP,
+                Op.SQUARE,
+                Op.RSQRT,
+                Op.REDUCE_SUM,
+                Op.TRANSPOSE,
+            )
+        )
         try:
             if op in _TWINS:
                 n = b.matmul(x, y) if op is Op.MATMUL else b.binary(op, x, y)
@@ -356,7 +405,10 @@ def _random_program(seed: int, count: int) -> tuple[KernelGraph, list[tuple[Node
                 axis = rng.randrange(len(x.shape))
                 n, twin = b.reduce(op, x, axis), b.reduce(op, b.mul(x, b.const(1)), axis)
             elif op is Op.TRANSPOSE:
-                n, twin = b.transpose(x, (1, 0)), b.transpose(b.transpose(b.transpose(x, (1, 0)), (1, 0)), (1, 0))
+                n, twin = (
+                    b.transpose(x, (1, 0)),
+                    b.transpose(b.transpose(b.transpose(x, (1, 0)), (1, 0)), (1, 0)),
+                )
             elif op is Op.SQUARE:
                 n, twin = b.unary(op, x), b.mul(x, x)
             elif op is Op.EXP:
@@ -384,16 +436,28 @@ def test_normal_form_is_complete_on_rewrites_and_sound_against_float64(seed):
     rng = np.random.default_rng(seed)
     feeds = [rng.uniform(0.5, 1.5, i.shape) for i in kg.inputs]
     values = dict(zip(kg.outputs, run(kg, feeds)))
-    assert all(expr_equal(env[n], env[t]) for n, t in pairs), "a valid rewrite changed the normal form"
+    assert all(expr_equal(env[n], env[t]) for n, t in pairs), (
+        "a valid rewrite changed the normal form"
+    )
     nodes = [n for n, _ in pairs]
-    equal_pairs = [(m, n) for i, m in enumerate(nodes) for n in nodes[i + 1:]
-                   if m.shape == n.shape and expr_equal(env[m], env[n])]
+    equal_pairs = [
+        (m, n)
+        for i, m in enumerate(nodes)
+        for n in nodes[i + 1 :]
+        if m.shape == n.shape and expr_equal(env[m], env[n])
+    ]
     for m, n in equal_pairs:
-        assert np.allclose(values[m], values[n], rtol=1e-9, atol=0), "equal normal forms, different values"
+        assert np.allclose(values[m], values[n], rtol=1e-9, atol=0), (
+            "equal normal forms, different values"
+        )
     # (the converse does not hold, by design: sqrt is uninterpreted, as in the field check, so
     # square(rsqrt(rsqrt(x^2))) and x are equal numbers for positive x but different forms)
-    differ = [(m, n) for i, m in enumerate(nodes) for n in nodes[i + 1:]
-              if m.shape == n.shape and not expr_equal(env[m], env[n])]
+    differ = [
+        (m, n)
+        for i, m in enumerate(nodes)
+        for n in nodes[i + 1 :]
+        if m.shape == n.shape and not expr_equal(env[m], env[n])
+    ]
     assert differ, "the random program must contain distinguishable tensors"
 
 
@@ -432,7 +496,9 @@ def test_target_of_an_exported_attention_block_is_built_whole(monkeypatch):
     from mlso_cli.search.shrink import shrink
     from tests.helpers import TRANSFORMER
 
-    monkeypatch.setattr(tg, "MAX_BUILD_S", 1e9)  # the visit count is the measure here, not the clock
+    monkeypatch.setattr(
+        tg, "MAX_BUILD_S", 1e9
+    )  # the visit count is the measure here, not the clock
     lifted = lift(str(TRANSFORMER), {"hidden": (1, 16, 64)})
     (lr,) = [r for r in lifted.regions if r.region.label == "qk-norm-attention"][:1]
     small, _ = shrink(lr.graph)

@@ -68,15 +68,29 @@ def test_attention_classes_split_keys_as_a_summed_index(tmp_path):
     group = dc.classes[_cls(dc, 0, 0)]
     assert group.spatial and set(group.inputs) == {(0, 0), (1, 0), (2, 0)}
     sigs = signatures(dc)
-    assert any(s.partial() is not None and s.partial().cls == keys.id and s.loop == keys.id for s in sigs)
+    assert any(
+        s.partial() is not None and s.partial().cls == keys.id and s.loop == keys.id for s in sigs
+    )
     assert len(set(sigs)) == len(sigs)
 
 
 def _gated_recipe(dc) -> Recipe:
     cols, k = _cls(dc, 1, 1), _cls(dc, 0, 1)
-    return Recipe(Signature((Axis(cols, False),), k), (0, 1, 2),
-                  (Step(Op.MATMUL, (0, 1)), Step(Op.ACC_SUM, (3,)), Step(Op.MATMUL, (0, 2)),
-                   Step(Op.ACC_SUM, (5,)), Step(Op.SILU, (4,)), Step(Op.MUL, (7, 6))), (8,), (), (3,))
+    return Recipe(
+        Signature((Axis(cols, False),), k),
+        (0, 1, 2),
+        (
+            Step(Op.MATMUL, (0, 1)),
+            Step(Op.ACC_SUM, (3,)),
+            Step(Op.MATMUL, (0, 2)),
+            Step(Op.ACC_SUM, (5,)),
+            Step(Op.SILU, (4,)),
+            Step(Op.MUL, (7, 6)),
+        ),
+        (8,),
+        (),
+        (3,),
+    )
 
 
 def test_recipe_replays_equivalent_at_reduced_and_chosen_full_sizes(tmp_path):
@@ -101,8 +115,14 @@ def test_a_wrong_recipe_is_rejected_and_a_misfit_size_raises(tmp_path):
     small, _ = shrink(target)
     dcs = dim_classes(small)
     good = _gated_recipe(dcs)
-    wrong = good.__class__(good.signature, good.feeds, good.block_steps[:4] + (Step(Op.SIGMOID, (4,)), Step(Op.MUL, (7, 6))),
-                           good.saves, good.kernel_steps, good.outputs)
+    wrong = good.__class__(
+        good.signature,
+        good.feeds,
+        good.block_steps[:4] + (Step(Op.SIGMOID, (4,)), Step(Op.MUL, (7, 6))),
+        good.saves,
+        good.kernel_steps,
+        good.outputs,
+    )
     kg = instantiate(small, dcs, wrong, Dims((2,), 2), (0,))
     assert not check_equivalent(small, kg, seed=3).equivalent
     with pytest.raises(RecipeError):

@@ -49,12 +49,16 @@ def _abc():
 
 def _distributive():
     a, c, w = _abc()
-    return _kg([a, c, w], [b.matmul(b.add(a, c), w)]), _kg([a, c, w], [b.add(b.matmul(a, w), b.matmul(c, w))])
+    return _kg([a, c, w], [b.matmul(b.add(a, c), w)]), _kg(
+        [a, c, w], [b.add(b.matmul(a, w), b.matmul(c, w))]
+    )
 
 
 def _exp_sum():
     a, c, _ = _abc()
-    return _kg([a, c], [b.unary(Op.EXP, b.add(a, c))]), _kg([a, c], [b.mul(b.unary(Op.EXP, a), b.unary(Op.EXP, c))])
+    return _kg([a, c], [b.unary(Op.EXP, b.add(a, c))]), _kg(
+        [a, c], [b.mul(b.unary(Op.EXP, a), b.unary(Op.EXP, c))]
+    )
 
 
 def _stabilised_softmax():
@@ -84,18 +88,30 @@ EQUIVALENT = {
     "split_kv_attention": lambda: ex.gqa_pair(2, 8, 4, 32, 2, 2, 2),
     "split_kv_attention_fp16": lambda: ex.gqa_pair(2, 8, 4, 32, 2, 2, 2, DType.F16),
     "square": lambda: _unary_pair(lambda x: b.mul(x, x), lambda x: b.unary(Op.SQUARE, x)),
-    "rsqrt": lambda: _unary_pair(lambda x: b.unary(Op.RSQRT, x),
-                                 lambda x: b.unary(Op.RECIPROCAL, b.unary(Op.SQRT, x))),
-    "silu": lambda: _unary_pair(lambda x: b.unary(Op.SILU, x), lambda x: b.mul(x, b.unary(Op.SIGMOID, x))),
+    "rsqrt": lambda: _unary_pair(
+        lambda x: b.unary(Op.RSQRT, x), lambda x: b.unary(Op.RECIPROCAL, b.unary(Op.SQRT, x))
+    ),
+    "silu": lambda: _unary_pair(
+        lambda x: b.unary(Op.SILU, x), lambda x: b.mul(x, b.unary(Op.SIGMOID, x))
+    ),
     "sigmoid": lambda: _unary_pair(lambda x: b.unary(Op.SIGMOID, x), _sigmoid_prims),
-    "silu_prims": lambda: _unary_pair(lambda x: b.unary(Op.SILU, x), lambda x: b.mul(x, _sigmoid_prims(x))),
-    "tanh": lambda: _unary_pair(lambda x: b.unary(Op.TANH, x), lambda x: b.sub(
-        b.mul(b.const(2), _sigmoid_prims(b.mul(b.const(2), x))), b.const(1))),
-    "relu": lambda: _unary_pair(lambda x: b.unary(Op.RELU, x), lambda x: b.binary(Op.MAX, b.const(0), x)),
-    "mean": lambda: _unary_pair(lambda x: b.reduce(Op.REDUCE_MEAN, x, 1),
-                                lambda x: b.mul(b.reduce(Op.REDUCE_SUM, x, 1), b.const(Fraction(1, 6)))),
-    "div_is_mul_inverse": lambda: _unary_pair(lambda x: b.div(x, b.const(3)),
-                                              lambda x: b.mul(x, b.const(Fraction(1, 3)))),
+    "silu_prims": lambda: _unary_pair(
+        lambda x: b.unary(Op.SILU, x), lambda x: b.mul(x, _sigmoid_prims(x))
+    ),
+    "tanh": lambda: _unary_pair(
+        lambda x: b.unary(Op.TANH, x),
+        lambda x: b.sub(b.mul(b.const(2), _sigmoid_prims(b.mul(b.const(2), x))), b.const(1)),
+    ),
+    "relu": lambda: _unary_pair(
+        lambda x: b.unary(Op.RELU, x), lambda x: b.binary(Op.MAX, b.const(0), x)
+    ),
+    "mean": lambda: _unary_pair(
+        lambda x: b.reduce(Op.REDUCE_MEAN, x, 1),
+        lambda x: b.mul(b.reduce(Op.REDUCE_SUM, x, 1), b.const(Fraction(1, 6))),
+    ),
+    "div_is_mul_inverse": lambda: _unary_pair(
+        lambda x: b.div(x, b.const(3)), lambda x: b.mul(x, b.const(Fraction(1, 3)))
+    ),
     "distributive_matmul": _distributive,
     "exp_of_sum": _exp_sum,
     "rmsnorm_linear": lambda: ex.rmsnorm_linear_pair(4, 32, 16, 2, 4),
@@ -131,7 +147,9 @@ def _missing_normalisation():
 
 
 def _wrong_constant():
-    return _unary_pair(lambda x: b.mul(x, b.const(Fraction(1, 3))), lambda x: b.mul(x, b.const(0.333333)))
+    return _unary_pair(
+        lambda x: b.mul(x, b.const(Fraction(1, 3))), lambda x: b.mul(x, b.const(0.333333))
+    )
 
 
 def _wrong_eps():
@@ -146,11 +164,15 @@ def _exp_not_additive():
 
 
 def _wrong_imap():
-    return ex.attention(2, 8, 4, 32), ex.split_kv_attention(2, 8, 4, 32, 2, 2, 2, imap_q=(1, 0, None))
+    return ex.attention(2, 8, 4, 32), ex.split_kv_attention(
+        2, 8, 4, 32, 2, 2, 2, imap_q=(1, 0, None)
+    )
 
 
 def _wrong_omap():
-    return ex.attention(2, 8, 4, 32), ex.split_kv_attention(2, 8, 4, 32, 2, 2, 2, omap=(1, 0, PARTIAL))
+    return ex.attention(2, 8, 4, 32), ex.split_kv_attention(
+        2, 8, 4, 32, 2, 2, 2, omap=(1, 0, PARTIAL)
+    )
 
 
 def _wrong_combine():
@@ -165,7 +187,10 @@ def _wrong_combine():
 def _walk(n):
     from mlso_cli.ir.node import toposort
 
-    return sorted((x for x in toposort([n])), key=lambda x: (x.op.value, x.arg if isinstance(x.arg, int) else 0))
+    return sorted(
+        (x for x in toposort([n])),
+        key=lambda x: (x.op.value, x.arg if isinstance(x.arg, int) else 0),
+    )
 
 
 def _silu_vs_sigmoid():
@@ -177,6 +202,7 @@ def _wrong_softmax_scale():
         q, k = _x(0, (4, 3)), _x(1, (3, 6))
         e = b.unary(Op.EXP, b.mul(b.matmul(q, k), b.const(scale)))
         return _kg([q, k], [b.div(e, b.reduce(Op.REDUCE_SUM, e, 1))])
+
     return attn(Fraction(1, 8)), attn(Fraction(1, 4))
 
 
@@ -246,7 +272,7 @@ def test_degree_analysis_of_attention():
     ref, cand = ex.gqa_pair(2, 8, 4, 32, 2, 2, 2)
     pr, pc = analyse(ref), analyse(cand)
     (o_ref,), (o_cand,) = pr.outputs, pc.outputs
-    assert (o_ref.n, o_ref.d) == (2, 1)    # (E V) / s with a common row denominator
+    assert (o_ref.n, o_ref.d) == (2, 1)  # (E V) / s with a common row denominator
     assert (o_cand.n, o_cand.d) == (2, 1)  # sum of partial numerators / sum of partial denominators
     assert pr.has_exp and pr.exp_args.degree == 2 and not o_ref.q
     assert pr.risk == 2 * 8 and pc.risk == 2 * 8  # one inverted row sum per (batch, row), degree 1
@@ -265,7 +291,9 @@ def test_degree_grows_for_sums_of_different_denominators():
 
 
 def test_zero_denominators_resample_the_inputs(monkeypatch):
-    a, c = _unary_pair(lambda x: b.unary(Op.RECIPROCAL, x), lambda x: b.div(b.const(1), x), shape=(3,))
+    a, c = _unary_pair(
+        lambda x: b.unary(Op.RECIPROCAL, x), lambda x: b.div(b.const(1), x), shape=(3,)
+    )
     calls = {"n": 0}
     real = field_mod.Field.random
 
@@ -296,11 +324,14 @@ def test_fp16_and_fp32_inputs_are_different_interfaces():
 
 def test_wrong_fmap_is_rejected():
     """A split-K matmul whose loop walks A's rows instead of its K dim."""
+
     def graph(a_map):
         a, w = b.input_(0, (8, 8), F32), b.input_(1, (8, 3), F32)
         ta, tw = b.iter_(0, (4, 4), F32, True), b.iter_(1, (4, 3), F32, True)
         out = b.save(b.accumulate(Op.ACC_SUM, b.matmul(ta, tw)), 0, (0, None, None), F32)
-        (o,) = b.graph_def([a, w], b.block_graph((2, 1, 1), 2, [a_map, InputMap((None, None, None), 0)], [out]))
+        (o,) = b.graph_def(
+            [a, w], b.block_graph((2, 1, 1), 2, [a_map, InputMap((None, None, None), 0)], [out])
+        )
         return _kg([a, w], [o])
 
     a, w = b.input_(0, (8, 8), F32), b.input_(1, (8, 3), F32)
@@ -337,7 +368,9 @@ def test_oracle_outputs_keep_q_residues():
     x = _x(0, (4, 32))
     ref = _kg([x], [ex.rmsnorm(x, eps)])
     ss = b.reduce(Op.REDUCE_SUM, b.mul(x, x), 1)
-    cand = _kg([x], [b.mul(x, b.unary(Op.RSQRT, b.add(b.mul(ss, b.const(Fraction(1, 32))), b.const(eps))))])
+    cand = _kg(
+        [x], [b.mul(x, b.unary(Op.RSQRT, b.add(b.mul(ss, b.const(Fraction(1, 32))), b.const(eps))))]
+    )
     pr, pc = analyse(ref), analyse(cand)
     assert pr.outputs[0].q and pc.outputs[0].q
     eps = trial_bound(pr, pc, field_mod.Field.draw(np.random.default_rng(0)))
@@ -359,8 +392,10 @@ def test_fused_gelu_meets_its_erf_spelling(spelling):
         one_plus = b.add(b.unary(Op.ERF, arg), b.const(Fraction(1)))
         return check(b.kernel_graph([x], [b.mul(b.mul(x, b.const(Fraction(1, 2))), one_plus)]))
 
-    k = {"div_sqrt2_fp32": (Op.DIV, float(np.float32(2**0.5))),
-         "mul_inv_sqrt2_fp32": (Op.MUL, float(np.float32(0.5**0.5))),
-         "mul_inv_sqrt2_fp16": (Op.MUL, float(np.float16(0.5**0.5)))}[spelling]
+    k = {
+        "div_sqrt2_fp32": (Op.DIV, float(np.float32(2**0.5))),
+        "mul_inv_sqrt2_fp32": (Op.MUL, float(np.float32(0.5**0.5))),
+        "mul_inv_sqrt2_fp16": (Op.MUL, float(np.float16(0.5**0.5))),
+    }[spelling]
     assert check_equivalent(fused, erf_form(*k), seed=3).equivalent
     assert not check_equivalent(fused, erf_form(Op.MUL, 0.75), seed=3).equivalent

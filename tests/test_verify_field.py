@@ -53,6 +53,7 @@ def test_primes_are_drawn_from_the_documented_ranges():
 def test_is_prime_agrees_with_trial_division():
     def slow(n):
         return n > 1 and all(n % d for d in range(2, int(n**0.5) + 1))
+
     assert [n for n in range(2000) if is_prime(n)] == [n for n in range(2000) if slow(n)]
     assert is_prime(2**31 - 1) and not is_prime(2**31 + 1) and not is_prime(3215031751)
 
@@ -65,7 +66,7 @@ def test_eligible_prime_count():
     for i in range(1, int(limit**0.5) // 2 + 1):
         if odd[i]:
             n = 2 * i + 1
-            odd[n * n // 2::n] = False
+            odd[n * n // 2 :: n] = False
     q = np.arange(Q_LO + 1, Q_HI, 2)
     ok = np.zeros(q.shape, dtype=bool)
     for k in K_CHOICES:
@@ -110,7 +111,9 @@ def test_matmul_is_exact(fld, k):
         c = rng.integers(r - 1000, r, size=(k, 2), dtype=np.int64)
         want = (a.astype(object) @ c.astype(object)) % r
         np.testing.assert_array_equal(matmul_mod(a, c, r), want.astype(np.int64))
-        np.testing.assert_array_equal(matmul_mod(c.T.copy(), a.T.copy(), r), want.T.astype(np.int64))
+        np.testing.assert_array_equal(
+            matmul_mod(c.T.copy(), a.T.copy(), r), want.T.astype(np.int64)
+        )
 
 
 def test_batched_matmul_and_reductions_are_exact(fld):
@@ -141,7 +144,9 @@ def test_constants_map_by_one_rule(fld):
     third = fld.const(Fraction(1, 3))
     assert int(fld.mul(third, fld.const(Fraction(3))).p) == 1
     eps = fld.const(Fraction(1e-6))
-    assert int(eps.p) == Fraction(1e-6).numerator * pow(Fraction(1e-6).denominator, -1, fld.p) % fld.p
+    assert (
+        int(eps.p) == Fraction(1e-6).numerator * pow(Fraction(1e-6).denominator, -1, fld.p) % fld.p
+    )
     assert int(fld.const(Fraction(-1)).q) == fld.q - 1
     with pytest.raises(BadPrime):
         fld.const(Fraction(1, fld.q))
@@ -149,7 +154,12 @@ def test_constants_map_by_one_rule(fld):
 
 def test_views_and_tiles_are_numpy_views(fld):
     a = _rand(fld, (4, 6), 8)
-    for v in (a[1:3, 2:], fld.transpose(a, (1, 0)), fld.reshape(a, (6, 4)), fld.broadcast(a[:1], (3, 6))):
+    for v in (
+        a[1:3, 2:],
+        fld.transpose(a, (1, 0)),
+        fld.reshape(a, (6, 4)),
+        fld.broadcast(a[:1], (3, 6)),
+    ):
         assert np.shares_memory(v.p, a.p) and np.shares_memory(v.q, a.q)
 
 
@@ -163,11 +173,15 @@ def test_run_field_on_a_block_graph_matches_the_kernel_graph(fld):
 
 def test_run_field_keeps_q_residues_of_polynomial_programs(fld):
     x, w = b.input_(0, (3, 4), DType.F32), b.input_(1, (4, 2), DType.F32)
-    kg = check(b.kernel_graph([x, w], [b.reduce(Op.REDUCE_MEAN, b.matmul(b.unary(Op.SQUARE, x), w), 0)]))
+    kg = check(
+        b.kernel_graph([x, w], [b.reduce(Op.REDUCE_MEAN, b.matmul(b.unary(Op.SQUARE, x), w), 0)])
+    )
     rng = np.random.default_rng(10)
     xs = [fld.random((3, 4), rng), fld.random((4, 2), rng)]
     (o,) = run_field(kg, xs, fld)
     for r, res in ((fld.p, o.p), (fld.q, o.q)):
         xv, wv = (xs[0].p if r == fld.p else xs[0].q), (xs[1].p if r == fld.p else xs[1].q)
-        want = ((xv.astype(object) ** 2) @ wv.astype(object)).sum(0, keepdims=True) * pow(3, -1, r) % r
+        want = (
+            ((xv.astype(object) ** 2) @ wv.astype(object)).sum(0, keepdims=True) * pow(3, -1, r) % r
+        )
         np.testing.assert_array_equal(res, want.astype(np.int64))

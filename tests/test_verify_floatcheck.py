@@ -30,7 +30,11 @@ def test_relative_error_is_normwise():
 
 @pytest.mark.parametrize("graph", ["plain", "split"])
 def test_logit_inputs_reach_about_100(graph):
-    kg = ex.attention(2, 8, 4, 32) if graph == "plain" else ex.split_kv_attention(2, 8, 4, 32, 2, 2, 2)
+    kg = (
+        ex.attention(2, 8, 4, 32)
+        if graph == "plain"
+        else ex.split_kv_attention(2, 8, 4, 32, 2, 2, 2)
+    )
     xs = adversarial_inputs(kg, 0, "logits")
     peak = np.abs(xs[0] @ xs[1]).max()
     assert 90 < peak < 110
@@ -63,7 +67,11 @@ def _unstabilisable_attention(g: int, m: int, d: int, n: int) -> object:
     from mlso_cli.ir import build as b
     from mlso_cli.ir.spec import check
 
-    q, k, v = b.input_(0, (g, m, d), DType.F32), b.input_(1, (g, d, n), DType.F32), b.input_(2, (g, n, d), DType.F32)
+    q, k, v = (
+        b.input_(0, (g, m, d), DType.F32),
+        b.input_(1, (g, d, n), DType.F32),
+        b.input_(2, (g, n, d), DType.F32),
+    )
     e = b.unary(Op.SQUARE, b.unary(Op.EXP, b.mul(b.matmul(q, k), b.const(0.5))))
     o = b.matmul(b.div(e, b.reduce(Op.REDUCE_SUM, e, 2)), v)
     return check(b.kernel_graph([q, k, v], [o], ["Q", "K", "V"], ["o"]))
@@ -100,7 +108,10 @@ def test_norms_pass_at_scale_1e3_and_references_can_be_arrays():
 
 
 def test_ntrans_and_gated_mlp_within_bf16_limits():
-    for ref, cand in (ex.ntrans_pair(4, 32, 2, DType.BF16), ex.gated_mlp_pair(4, 32, 16, 2, 4, DType.BF16)):
+    for ref, cand in (
+        ex.ntrans_pair(4, 32, 2, DType.BF16),
+        ex.gated_mlp_pair(4, 32, 16, 2, 4, DType.BF16),
+    ):
         for kind in ("unit", "scale"):
             rep = float_check(ref, cand, adversarial_inputs(ref, 5, kind), DType.BF16)
             assert rep.ok, (kind, rep.detail)

@@ -37,19 +37,35 @@ def _softmax_v(q, k, v):
 _erf = np.vectorize(math.erf)
 
 UNARY_REF = {
-    Op.EXP: np.exp, Op.SQUARE: np.square, Op.SQRT: np.sqrt, Op.RSQRT: lambda x: 1 / np.sqrt(x),
-    Op.RECIPROCAL: lambda x: 1 / x, Op.NEG: np.negative, Op.SILU: lambda x: x / (1 + np.exp(-x)),
-    Op.SIGMOID: lambda x: 1 / (1 + np.exp(-x)), Op.TANH: np.tanh, Op.ERF: _erf,
-    Op.GELU: lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2))), Op.RELU: lambda x: np.maximum(x, 0),
+    Op.EXP: np.exp,
+    Op.SQUARE: np.square,
+    Op.SQRT: np.sqrt,
+    Op.RSQRT: lambda x: 1 / np.sqrt(x),
+    Op.RECIPROCAL: lambda x: 1 / x,
+    Op.NEG: np.negative,
+    Op.SILU: lambda x: x / (1 + np.exp(-x)),
+    Op.SIGMOID: lambda x: 1 / (1 + np.exp(-x)),
+    Op.TANH: np.tanh,
+    Op.ERF: _erf,
+    Op.GELU: lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2))),
+    Op.RELU: lambda x: np.maximum(x, 0),
 }
-BINARY_REF = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide, Op.MAX: np.maximum}
+BINARY_REF = {
+    Op.ADD: np.add,
+    Op.SUB: np.subtract,
+    Op.MUL: np.multiply,
+    Op.DIV: np.divide,
+    Op.MAX: np.maximum,
+}
 
 
 @pytest.mark.parametrize("op", list(UNARY_REF), ids=lambda o: o.value)
 def test_unary_ops_match_numpy(op):
     x = b.input_(0, (3, 5), DType.F32)
     kg = _kg([x], [b.unary(op, x)])
-    xv = RNG.uniform(0.1, 2.0, (3, 5)) * (1 if op in (Op.SQRT, Op.RSQRT) else RNG.choice([-1, 1], (3, 5)))
+    xv = RNG.uniform(0.1, 2.0, (3, 5)) * (
+        1 if op in (Op.SQRT, Op.RSQRT) else RNG.choice([-1, 1], (3, 5))
+    )
     np.testing.assert_allclose(run(kg, [xv])[0], UNARY_REF[op](xv), rtol=1e-12)
 
 
@@ -64,14 +80,31 @@ def test_binary_ops_broadcast_like_numpy(op):
 def test_matmul_reductions_views_and_consts():
     a, w = b.input_(0, (2, 3, 4), DType.F32), b.input_(1, (4, 5), DType.F32)
     mm = b.matmul(a, w)
-    outs = [mm, b.reduce(Op.REDUCE_SUM, mm, 2), b.reduce(Op.REDUCE_MEAN, mm, 1), b.reduce(Op.REDUCE_MAX, mm, 0),
-            b.transpose(mm, (2, 0, 1)), b.reshape(mm, (6, 5)), b.broadcast_to(b.reduce(Op.REDUCE_SUM, mm, 2), (2, 3, 5)),
-            b.mul(mm, b.const(Fraction(1, 3))), b.cast(mm, DType.F16)]
+    outs = [
+        mm,
+        b.reduce(Op.REDUCE_SUM, mm, 2),
+        b.reduce(Op.REDUCE_MEAN, mm, 1),
+        b.reduce(Op.REDUCE_MAX, mm, 0),
+        b.transpose(mm, (2, 0, 1)),
+        b.reshape(mm, (6, 5)),
+        b.broadcast_to(b.reduce(Op.REDUCE_SUM, mm, 2), (2, 3, 5)),
+        b.mul(mm, b.const(Fraction(1, 3))),
+        b.cast(mm, DType.F16),
+    ]
     kg = _kg([a, w], outs)
     av, wv = RNG.standard_normal((2, 3, 4)), RNG.standard_normal((4, 5))
     m = av @ wv
-    want = [m, m.sum(2, keepdims=True), m.mean(1, keepdims=True), m.max(0, keepdims=True), m.transpose(2, 0, 1),
-            m.reshape(6, 5), np.broadcast_to(m.sum(2, keepdims=True), (2, 3, 5)), m / 3, m]
+    want = [
+        m,
+        m.sum(2, keepdims=True),
+        m.mean(1, keepdims=True),
+        m.max(0, keepdims=True),
+        m.transpose(2, 0, 1),
+        m.reshape(6, 5),
+        np.broadcast_to(m.sum(2, keepdims=True), (2, 3, 5)),
+        m / 3,
+        m,
+    ]
     for got, exp in zip(run(kg, [av, wv]), want):
         np.testing.assert_allclose(got, exp, rtol=1e-12)
 
@@ -91,6 +124,7 @@ def test_thread_graph_body_is_evaluated_elementwise():
 
 # ---- block graphs -------------------------------------------------------------------------------
 
+
 def test_fmap_on_a_grid_split_dim_walks_the_blocks_chunk():
     """X (8, 4): grid x splits rows in 2; the loop walks each block's 4 rows in 2 steps of 2."""
     x = b.input_(0, (8, 4), DType.F32)
@@ -109,14 +143,18 @@ def test_partial_outputs_are_leading_dims_in_grid_order():
     x, w = b.input_(0, (4, 12), DType.F32), b.input_(1, (12, 3), DType.F32)
     tx, tw = b.iter_(0, (2, 2), DType.F32, True), b.iter_(1, (2, 3), DType.F32, True)
     acc = b.save(b.accumulate(Op.ACC_SUM, b.matmul(tx, tw)), 0, (0, None, PARTIAL), DType.F32)
-    bg = b.block_graph((2, 1, 3), 2, [InputMap((0, None, 1), 1), InputMap((None, None, 0), 0)], [acc])
+    bg = b.block_graph(
+        (2, 1, 3), 2, [InputMap((0, None, 1), 1), InputMap((None, None, 0), 0)], [acc]
+    )
     (part,) = b.graph_def([x, w], bg)
     kg = _kg([x, w], [part, b.reduce(Op.REDUCE_SUM, part, 0)])
     xv, wv = RNG.standard_normal((4, 12)), RNG.standard_normal((12, 3))
     got_part, got = run(kg, [xv, wv])
     assert got_part.shape == (3, 4, 3)
     for z in range(3):
-        np.testing.assert_allclose(got_part[z], xv[:, 4 * z:4 * z + 4] @ wv[4 * z:4 * z + 4], rtol=1e-12)
+        np.testing.assert_allclose(
+            got_part[z], xv[:, 4 * z : 4 * z + 4] @ wv[4 * z : 4 * z + 4], rtol=1e-12
+        )
     np.testing.assert_allclose(got[0], xv @ wv, rtol=1e-12)
 
 
@@ -124,7 +162,11 @@ SMALL = dict(g=2, m=8, d=4, n=32, rows=2, splits=2, loop=2)
 
 
 def _qkv(g=2, m=8, d=4, n=32, scale=1.0):
-    return [RNG.standard_normal((g, m, d)) * scale, RNG.standard_normal((g, d, n)) * scale, RNG.standard_normal((g, n, d))]
+    return [
+        RNG.standard_normal((g, m, d)) * scale,
+        RNG.standard_normal((g, d, n)) * scale,
+        RNG.standard_normal((g, n, d)),
+    ]
 
 
 @pytest.mark.parametrize("mode,tol", [("float64", 1e-13), ("simulate", 1e-13), ("float32", 1e-5)])
@@ -237,13 +279,22 @@ def test_bad_mode_and_bad_inputs_are_rejected():
 def test_in_block_normalisation_at_logits_of_100():
     """One kernel: the POST phase divides the two rescaling accumulators (FlashAttention form)."""
     g, m, d, n, loop = 2, 8, 4, 32, 4
-    q, k, v = b.input_(0, (g, m, d), DType.F16), b.input_(1, (g, d, n), DType.F16), b.input_(2, (g, n, d), DType.F16)
+    q, k, v = (
+        b.input_(0, (g, m, d), DType.F16),
+        b.input_(1, (g, d, n), DType.F16),
+        b.input_(2, (g, n, d), DType.F16),
+    )
     bq = b.iter_(0, (1, m // 2, d), DType.F16, False)
-    bk, bv = b.iter_(1, (1, d, n // loop), DType.F16, True), b.iter_(2, (1, n // loop, d), DType.F16, True)
+    bk, bv = (
+        b.iter_(1, (1, d, n // loop), DType.F16, True),
+        b.iter_(2, (1, n // loop, d), DType.F16, True),
+    )
     s = b.matmul(bq, bk)
     o = b.div(b.accumulate(Op.ACC_EXP_WSUM, s, bv), b.accumulate(Op.ACC_EXP_SUM, s))
     maps = [InputMap((0, 1, None)), InputMap((0, None, None), 2), InputMap((0, None, None), 1)]
-    (out,) = b.graph_def([q, k, v], b.block_graph((g, 2, 1), loop, maps, [b.save(o, 0, (0, 1, None), DType.F16)]))
+    (out,) = b.graph_def(
+        [q, k, v], b.block_graph((g, 2, 1), loop, maps, [b.save(o, 0, (0, 1, None), DType.F16)])
+    )
     kg = _kg([q, k, v], [out])
     xs = _qkv()
     s_max = np.abs(xs[0] @ xs[1]).max()

@@ -24,8 +24,20 @@ from mlso_cli.verify import check_equivalent, run
 F32 = DType.F32
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-UNARY = [Op.EXP, Op.SQUARE, Op.SQRT, Op.RSQRT, Op.RECIPROCAL, Op.NEG, Op.SILU, Op.SIGMOID, Op.TANH,
-         Op.ERF, Op.GELU, Op.RELU]
+UNARY = [
+    Op.EXP,
+    Op.SQUARE,
+    Op.SQRT,
+    Op.RSQRT,
+    Op.RECIPROCAL,
+    Op.NEG,
+    Op.SILU,
+    Op.SIGMOID,
+    Op.TANH,
+    Op.ERF,
+    Op.GELU,
+    Op.RELU,
+]
 BINARY = [Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX]
 REDUCE = [Op.REDUCE_SUM, Op.REDUCE_MEAN, Op.REDUCE_MAX]
 
@@ -45,7 +57,7 @@ def _shape_after(step: Step, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
     if step.kind == "matmul":
         return a[:-1] + shapes[step.args[1]][-1:]
     if step.kind == "reduce":
-        return a[:step.param[1]] + (1,) + a[step.param[1] + 1:]
+        return a[: step.param[1]] + (1,) + a[step.param[1] + 1 :]
     if step.kind == "transpose":
         return a[::-1]
     if step.kind == "binary":
@@ -72,7 +84,11 @@ def kernel_recipes(draw):
                 continue
             step = Step(kind, (a, draw(st.sampled_from(ok))))
         elif kind == "reduce":
-            step = Step(kind, (a,), (draw(st.sampled_from(REDUCE)), draw(st.integers(0, len(shapes[a]) - 1))))
+            step = Step(
+                kind,
+                (a,),
+                (draw(st.sampled_from(REDUCE)), draw(st.integers(0, len(shapes[a]) - 1))),
+            )
         elif kind == "transpose":
             step = Step(kind, (a,))
         else:
@@ -116,7 +132,9 @@ def build_kernel(recipe, reverse: bool = False):
     if reverse:
         order, pending = [], set(range(len(steps)))
         while pending:
-            ready = [i for i in pending if all(a < k or a - k not in pending for a in steps[i].args)]
+            ready = [
+                i for i in pending if all(a < k or a - k not in pending for a in steps[i].args)
+            ]
             order.append(max(ready))
             pending.remove(max(ready))
     for i in order:
@@ -145,22 +163,40 @@ ROLES = ("row", "col", "ksplit")
 @st.composite
 def block_specs(draw):
     m, k, n = (draw(st.sampled_from([2, 4, 8])) for _ in range(3))
-    sizes = {"row": draw(st.sampled_from([d for d in (1, 2, 4) if m % d == 0])),
-             "col": draw(st.sampled_from([d for d in (1, 2, 4) if n % d == 0])),
-             "ksplit": draw(st.sampled_from([d for d in (1, 2) if k % d == 0]))}
+    sizes = {
+        "row": draw(st.sampled_from([d for d in (1, 2, 4) if m % d == 0])),
+        "col": draw(st.sampled_from([d for d in (1, 2, 4) if n % d == 0])),
+        "ksplit": draw(st.sampled_from([d for d in (1, 2) if k % d == 0])),
+    }
     perm = draw(st.permutations(ROLES))  # grid dim g plays role perm[g]
     loop = draw(st.sampled_from([d for d in (1, 2, 4) if (k // sizes["ksplit"]) % d == 0]))
     loop_op = draw(st.sampled_from([None, Op.SQUARE, Op.EXP, Op.NEG]))
     post = draw(st.sampled_from([None, "scale", "square"]))
     two_accs = draw(st.booleans())
-    return dict(m=m, k=k, n=n, sizes=sizes, perm=tuple(perm), loop=loop, loop_op=loop_op, post=post,
-                two_accs=two_accs)
+    return dict(
+        m=m,
+        k=k,
+        n=n,
+        sizes=sizes,
+        perm=tuple(perm),
+        loop=loop,
+        loop_op=loop_op,
+        post=post,
+        two_accs=two_accs,
+    )
 
 
 def build_block(spec, reverse: bool = False):
     """out = post(acc(loop_op(X_tile @ W_tile))) [+ acc(X_tile @ W_tile)], saved per block; split-K
     partials along a PARTIAL dim are summed by a kernel-level reduce."""
-    m, k, n, sz, perm, loop = spec["m"], spec["k"], spec["n"], spec["sizes"], spec["perm"], spec["loop"]
+    m, k, n, sz, perm, loop = (
+        spec["m"],
+        spec["k"],
+        spec["n"],
+        spec["sizes"],
+        spec["perm"],
+        spec["loop"],
+    )
     grid = tuple(sz[r] for r in perm)
     gdim = {r: g for g, r in enumerate(perm)}
     x, w = b.input_(0, (m, k), F32), b.input_(1, (k, n), F32)
@@ -208,17 +244,21 @@ def _numpy_reference(spec, xv, wv):
     steps = spec["sizes"]["ksplit"] * spec["loop"]
     tk = k // steps
     total = np.zeros((m, wv.shape[1]))
-    fn = {None: lambda v: v, Op.SQUARE: np.square, Op.EXP: np.exp, Op.NEG: np.negative}[spec["loop_op"]]
+    fn = {None: lambda v: v, Op.SQUARE: np.square, Op.EXP: np.exp, Op.NEG: np.negative}[
+        spec["loop_op"]
+    ]
     for split in range(spec["sizes"]["ksplit"]):
         acc = np.zeros_like(total)
         for s in range(spec["loop"]):
             j = (split * spec["loop"] + s) * tk
-            acc += fn(xv[:, j:j + tk] @ wv[j:j + tk])
+            acc += fn(xv[:, j : j + tk] @ wv[j : j + tk])
         acc = {None: acc, "scale": acc * 1.5, "square": acc * acc}[spec["post"]]
         if spec["two_accs"]:
-            acc = acc + sum(xv[:, (split * spec["loop"] + s) * tk:(split * spec["loop"] + s + 1) * tk]
-                            @ wv[(split * spec["loop"] + s) * tk:(split * spec["loop"] + s + 1) * tk]
-                            for s in range(spec["loop"]))
+            acc = acc + sum(
+                xv[:, (split * spec["loop"] + s) * tk : (split * spec["loop"] + s + 1) * tk]
+                @ wv[(split * spec["loop"] + s) * tk : (split * spec["loop"] + s + 1) * tk]
+                for s in range(spec["loop"])
+            )
         total += acc
     return total
 
@@ -228,8 +268,13 @@ def _numpy_reference(spec, xv, wv):
 def test_random_block_graphs_match_numpy_round_trip_and_are_self_equivalent(spec, seed):
     kg = build_block(spec)
     rng = np.random.default_rng(seed)
-    xv, wv = rng.standard_normal((spec["m"], spec["k"])), rng.standard_normal((spec["k"], spec["n"]))
-    np.testing.assert_allclose(run(kg, [xv, wv])[0], _numpy_reference(spec, xv, wv), rtol=1e-10, atol=1e-10)
+    xv, wv = (
+        rng.standard_normal((spec["m"], spec["k"])),
+        rng.standard_normal((spec["k"], spec["n"])),
+    )
+    np.testing.assert_allclose(
+        run(kg, [xv, wv])[0], _numpy_reference(spec, xv, wv), rtol=1e-10, atol=1e-10
+    )
     again = loads(dumps(kg))
     assert again == kg and graph_hash(again) == graph_hash(kg)
     other = build_block(spec, reverse=True)
@@ -246,7 +291,9 @@ def test_random_linear_block_graphs_are_field_equivalent_to_the_matmul(spec):
     kg = build_block(spec)
     x, w = b.input_(0, (spec["m"], spec["k"]), F32), b.input_(1, (spec["k"], spec["n"]), F32)
     y = b.matmul(x, w)
-    y = {None: y, "scale": b.mul(y, b.const(Fraction(3, 2))), "square": b.unary(Op.SQUARE, y)}[spec["post"]]
+    y = {None: y, "scale": b.mul(y, b.const(Fraction(3, 2))), "square": b.unary(Op.SQUARE, y)}[
+        spec["post"]
+    ]
     if spec["two_accs"]:
         y = b.add(y, b.matmul(x, w))
     ref = check(b.kernel_graph([x, w], [y]))

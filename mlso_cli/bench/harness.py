@@ -27,12 +27,21 @@ class Timing:
 
 def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {n: rng.standard_normal(s).astype(dt) if np.dtype(dt).kind == "f" else np.ones(s, dt)
-            for n, s, dt in input_specs(model)}
+    return {
+        n: rng.standard_normal(s).astype(dt) if np.dtype(dt).kind == "f" else np.ones(s, dt)
+        for n, s, dt in input_specs(model)
+    }
 
 
-def time_session(sess, feeds: dict[str, np.ndarray], gpu: int, *, warmup: int = 10, repeats: int = 5,
-                 iters: int = 100) -> Timing:
+def time_session(
+    sess,
+    feeds: dict[str, np.ndarray],
+    gpu: int,
+    *,
+    warmup: int = 10,
+    repeats: int = 5,
+    iters: int = 100,
+) -> Timing:
     import onnxruntime as ort
 
     io = sess.io_binding()
@@ -63,7 +72,12 @@ def region_model(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.ModelProt
     if fn is None:
         raise ValueError(f"no function body for node {node.name}")
     inferred = onnx.shape_inference.infer_shapes(model)
-    infos = {vi.name: vi for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output)}
+    infos = {
+        vi.name: vi
+        for vi in list(inferred.graph.input)
+        + list(inferred.graph.value_info)
+        + list(inferred.graph.output)
+    }
     inits = {t.name: t for t in model.graph.initializer}
     rename = dict(zip(fn.input, node.input))
     rename.update(zip(fn.output, node.output))
@@ -85,7 +99,9 @@ def region_model(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.ModelProt
             graph_inputs.append(infos[x])
     outputs = [infos[o] for o in node.output if o in infos]
     g = helper.make_graph(body, f"region_{node.name}", graph_inputs, outputs, graph_inits)
-    m = helper.make_model(g, opset_imports=[o for o in model.opset_import if o.domain in ("", "ai.onnx")])
+    m = helper.make_model(
+        g, opset_imports=[o for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    )
     m.ir_version = model.ir_version
     return m
 
@@ -105,7 +121,9 @@ class RegionTiming:
         return self.orig_us / self.kernel_us if self.kernel_us else 0.0
 
 
-def time_regions(model: onnx.ModelProto, gpu: int, *, repeats: int = 5, iters: int = 100) -> list[RegionTiming]:
+def time_regions(
+    model: onnx.ModelProto, gpu: int, *, repeats: int = 5, iters: int = 100
+) -> list[RegionTiming]:
     """Each MlsoKernel of a packaged model: its original region vs its program, on one GPU."""
     from mlso_cli import runtime
     from mlso_cli.runtime.launcher import Program
@@ -114,9 +132,16 @@ def time_regions(model: onnx.ModelProto, gpu: int, *, repeats: int = 5, iters: i
     providers = [("CUDAExecutionProvider", {"device_id": gpu})]
     for checked in runtime.check_model(model):
         sub = region_model(model, checked.node)
-        t_orig = time_session(runtime.session(sub.SerializeToString(), providers=providers), random_feeds(sub), gpu,
-                              repeats=repeats, iters=iters)
+        t_orig = time_session(
+            runtime.session(sub.SerializeToString(), providers=providers),
+            random_feeds(sub),
+            gpu,
+            repeats=repeats,
+            iters=iters,
+        )
         with Program(checked.binary, checked.plan, device=gpu) as prog:
             t_fast = prog.time(warmup=10, repeats=repeats, iters=iters)
-        out.append(RegionTiming(checked.node.name, checked.overload, t_orig.median_us, t_fast.median_us))
+        out.append(
+            RegionTiming(checked.node.name, checked.overload, t_orig.median_us, t_fast.median_us)
+        )
     return out

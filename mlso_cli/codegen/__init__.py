@@ -46,4 +46,11 @@ def compile_program(kg: KernelGraph, arch_targets: tuple[str, ...] = DEFAULT_TAR
     return compile_generated(generate(kg, arch_targets), tuple(arch_targets))
 
 
-__all__ = ["DEFAULT_TARGETS", "CodegenError", "CompileError", "GeneratedProgram", "compile_program", "generate"]
+__all__ = [
+    "DEFAULT_TARGETS",
+    "CodegenError",
+    "CompileError",
+    "GeneratedProgram",
+    "compile_program",
+    "generate",
+]

@@ -37,7 +37,9 @@ def _cast(x: Node, dt: DType) -> Node:
     return Node(Op.CAST, (x,), dt, x.shape, DType.F32, x.phase)
 
 
-def _rebuild(nodes: list[Node], roots: tuple[Node, ...], rounded: dict[Node, DType]) -> dict[Node, Node]:
+def _rebuild(
+    nodes: list[Node], roots: tuple[Node, ...], rounded: dict[Node, DType]
+) -> dict[Node, Node]:
     """node -> node as computed, bottom-up."""
     stab = stabilised(nodes, consumers_of(nodes))
     done: dict[Node, Node] = {}
@@ -45,15 +47,25 @@ def _rebuild(nodes: list[Node], roots: tuple[Node, ...], rounded: dict[Node, DTy
         src = tuple(done[s] for s in n.src)
         if n in rounded:
             dt = rounded[n]
-            src = tuple(_cast(s, dt) if i in MMA_OPERANDS.get(n.op, ()) else s for i, s in enumerate(src))
+            src = tuple(
+                _cast(s, dt) if i in MMA_OPERANDS.get(n.op, ()) else s for i, s in enumerate(src)
+            )
         if n in stab:
             axis, factors = stab[n]
-            done[n] = Node(Op.EXP, src + tuple(done[f] for f in factors), synthetic.Stabilised(axis), n.shape,
-                           n.dtype, n.phase)
+            done[n] = Node(
+                Op.EXP,
+                src + tuple(done[f] for f in factors),
+                synthetic.Stabilised(axis),
+                n.shape,
+                n.dtype,
+                n.phase,
+            )
         elif n.op is Op.GRAPH_DEF:
             bg = normalise(n.arg)
             bdone = _rebuild(bg.nodes(), bg.outputs, _rounded_operands(n.arg))
-            done[n] = n.replace(src=src, arg=bg.replace(outputs=tuple(bdone[s] for s in bg.outputs)))
+            done[n] = n.replace(
+                src=src, arg=bg.replace(outputs=tuple(bdone[s] for s in bg.outputs))
+            )
         else:
             done[n] = n if src == n.src else n.replace(src=src)
     return done
@@ -62,4 +74,6 @@ def _rebuild(nodes: list[Node], roots: tuple[Node, ...], rounded: dict[Node, DTy
 def as_computed(kg: KernelGraph) -> KernelGraph:
     """kg rewritten so that its literal float32 evaluation makes codegen's decisions."""
     done = _rebuild(kg.nodes(), tuple(kg.inputs) + tuple(kg.outputs), {})
-    return kg.replace(inputs=tuple(done[n] for n in kg.inputs), outputs=tuple(done[n] for n in kg.outputs))
+    return kg.replace(
+        inputs=tuple(done[n] for n in kg.inputs), outputs=tuple(done[n] for n in kg.outputs)
+    )

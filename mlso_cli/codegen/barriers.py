@@ -15,8 +15,9 @@ Touched = Callable[[], tuple[set[str], set[str]]]
 """After a pass ran: (shared buffers it read, shared buffers it wrote)."""
 
 
-def emit_with_barriers(code: Code, passes: list[Callable[[Code], None]], touched: Callable[[], None],
-                       last: Touched) -> None:
+def emit_with_barriers(
+    code: Code, passes: list[Callable[[Code], None]], touched: Callable[[], None], last: Touched
+) -> None:
     """Emit passes in order with a barrier only where a pass reads or writes shared memory that an
     earlier pass since the last barrier wrote, or writes what one read (RAW, WAW, WAR).
     `touched()` resets the tracker before each pass, `last()` reports what the pass touched."""

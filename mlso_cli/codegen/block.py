@@ -108,36 +108,53 @@ class BlockKernel(BlockLayout):
             self._factor_pass(code, self.flash_f, self.flash_fbuf, "weighted operand")
             vs = f", {self.flash_fbuf}"
         if self.flash_red is not None:
-            vs = (f"{vs or ', nullptr'}, {self.flash_red} + (warp % {self.flash_strips}) * "
-                  f"{self.flash_ksplit * 16 * g.s.shape[-1]}")
+            vs = (
+                f"{vs or ', nullptr'}, {self.flash_red} + (warp % {self.flash_strips}) * "
+                f"{self.flash_ksplit * 16 * g.s.shape[-1]}"
+            )
         if self.flash_kbuf is not None:
             self._factor_pass(code, form.key_factor, self.flash_kbuf, "scores")
-        ab = [f"{self._flash_args(sp, sp.a, sp.a_kmajor)}, {self._flash_args(sp, sp.b, not sp.b_kmajor)}" for sp in sps]
+        ab = [
+            f"{self._flash_args(sp, sp.a, sp.a_kmajor)}, {self._flash_args(sp, sp.b, not sp.b_kmajor)}"
+            for sp in sps
+        ]
         v = self._flash_args(wp, vop, not vk)
         if len(sps) == 1 and form.scale == 1 and self.flash_kbuf is None:
-            code("// online softmax in registers: s = matmul, m, l and exp(s - m) @ v per 16-row warp strip")
+            code(
+                "// online softmax in registers: s = matmul, m, l and exp(s - m) @ v per 16-row warp strip"
+            )
             code(f"flash.step({ab[0]}, {v}, {self._flash_rows()}{vs});")
             return
         second = ab[1] if len(ab) > 1 else "nullptr, 0, nullptr, 0"
-        code(f"// online softmax in registers: s = {' + '.join('matmul' for _ in sps)} (times "
-             f"{float(form.scale)}{' and a per-key factor' if self.flash_kbuf else ''}), m, l and exp(s - m) @ v")
-        code(f"flash.step2({ab[0]}, {second}, {c_float(form.scale)}, {self.flash_kbuf or 'nullptr'}, {v}, "
-             f"{self._flash_rows()}{vs});")
+        code(
+            f"// online softmax in registers: s = {' + '.join('matmul' for _ in sps)} (times "
+            f"{float(form.scale)}{' and a per-key factor' if self.flash_kbuf else ''}), m, l and exp(s - m) @ v"
+        )
+        code(
+            f"flash.step2({ab[0]}, {second}, {c_float(form.scale)}, {self.flash_kbuf or 'nullptr'}, {v}, "
+            f"{self._flash_rows()}{vs});"
+        )
 
     def _flash_rows(self) -> str:
         """This warp's first row and first value column: warps split rows into 16-row strips,
         then (flash_split > 1) the value columns of a strip."""
         if self.flash_split == 1:
             return "warp * 16, 0"
-        return f"(warp % {self.flash_strips}) * 16, (warp / {self.flash_strips}) * {self.flash_width}"
+        return (
+            f"(warp % {self.flash_strips}) * 16, (warp / {self.flash_strips}) * {self.flash_width}"
+        )
 
     def _flash_decl(self) -> str:
         g = self.flash
         sps = [self.plans[t] for t in self.flash_form.terms]
         sp = sps[0]
-        second = "".join(f", {p.a.shape[-1]}, {_bool(p.a_kmajor)}, {_bool(p.b_kmajor)}" for p in sps[1:])
-        return (f"mlso::FlashRows<{CTYPE[sp.dtype]}, {g.s.shape[-1]}, {sp.a.shape[-1]}, {self.flash_width}, "
-                f"{_bool(sp.a_kmajor)}, {_bool(sp.b_kmajor)}, {_bool(self.flash_v[1])}, {self.flash_ksplit}{second}> flash;")
+        second = "".join(
+            f", {p.a.shape[-1]}, {_bool(p.a_kmajor)}, {_bool(p.b_kmajor)}" for p in sps[1:]
+        )
+        return (
+            f"mlso::FlashRows<{CTYPE[sp.dtype]}, {g.s.shape[-1]}, {sp.a.shape[-1]}, {self.flash_width}, "
+            f"{_bool(sp.a_kmajor)}, {_bool(sp.b_kmajor)}, {_bool(self.flash_v[1])}, {self.flash_ksplit}{second}> flash;"
+        )
 
     def _flash_flush(self, code: Code) -> None:
         g = self.flash
@@ -146,8 +163,10 @@ class BlockKernel(BlockLayout):
         code("// the register state to the shared-memory accumulators")
         if sums:
             code(f"float* const flash_l[] = {{{', '.join(sums)}}};")
-        code(f"flash.flush({w.ptr}, {g.wsums[0].shape[-1]}, {'flash_l' if sums else 'nullptr'}, {len(sums)}, "
-             f"{self.storage[g.m].ptr}, {self._flash_rows()});")
+        code(
+            f"flash.flush({w.ptr}, {g.wsums[0].shape[-1]}, {'flash_l' if sums else 'nullptr'}, {len(sums)}, "
+            f"{self.storage[g.m].ptr}, {self._flash_rows()});"
+        )
         code("__syncthreads();")
 
     # ---- emission helpers --------------------------------------------------------------------
@@ -166,7 +185,9 @@ class BlockKernel(BlockLayout):
     def kernel_emitter(self) -> Emitter:
         return self.lw.emitter(self.uses, self.names)
 
-    def _elementwise(self, code: Code, shape: tuple[int, ...], body: Callable[[Emitter, Coords], list[str]]) -> None:
+    def _elementwise(
+        self, code: Code, shape: tuple[int, ...], body: Callable[[Emitter, Coords], list[str]]
+    ) -> None:
         """for every element e of `shape`, with threads striding: body(emitter, coords)."""
         em = self.emitter()
         coords = decompose("e", shape)
@@ -175,8 +196,15 @@ class BlockKernel(BlockLayout):
             code.extend(em.lines)
             code.extend(tail)
 
-    def _team(self, code: Code, out_shape: tuple[int, ...], length: int, op: str,
-              body: Callable[[Emitter, Coords], str], finish: Callable[[Emitter, Coords, str], list[str]]) -> None:
+    def _team(
+        self,
+        code: Code,
+        out_shape: tuple[int, ...],
+        length: int,
+        op: str,
+        body: Callable[[Emitter, Coords], str],
+        finish: Callable[[Emitter, Coords, str], list[str]],
+    ) -> None:
         """Reduce `length` values per element of out_shape; tokens are over `o`, the axis is rr."""
         count = numel(out_shape)
         mode = choose_mode(length, count, True, self.nw)
@@ -220,13 +248,18 @@ class BlockKernel(BlockLayout):
             else:
                 val = em.value(st.src, coords)
                 if val.scale is None or structural(val.scale, coords) != st.scale:
-                    raise CodegenError(f"staged operand {st.src.op.value}{list(st.src.shape)}: emitted scale "
-                                       "differs from the planned one", "Report this as a codegen bug.")
+                    raise CodegenError(
+                        f"staged operand {st.src.op.value}{list(st.src.shape)}: emitted scale "
+                        "differs from the planned one",
+                        "Report this as a codegen bug.",
+                    )
                 v = val.code
             return [f"{s.ptr}[{offset(coords, s.strides)}] = mlso::from_f32<{ctype}>({v});"]
 
-        code(f"// stage {st.src.op.value}{list(st.src.shape)} as {s.dtype.value}"
-             + (" (scaled by a row max)" if st.scale is not None else ""))
+        code(
+            f"// stage {st.src.op.value}{list(st.src.shape)} as {s.dtype.value}"
+            + (" (scaled by a row max)" if st.scale is not None else "")
+        )
         self._elementwise(code, st.src.shape, body)
         self._w(s.ptr)
 
@@ -237,22 +270,31 @@ class BlockKernel(BlockLayout):
 
     def _pass_matmul(self, code: Code, plan: MatmulPlan, what: str) -> None:
         a, b, c = plan.a, plan.b, plan.c
-        self._r(a.ptr, b.ptr, *([c.ptr] if plan.accumulate else []), *([plan.row_scale] if plan.row_scale else []))
+        self._r(
+            a.ptr,
+            b.ptr,
+            *([c.ptr] if plan.accumulate else []),
+            *([plan.row_scale] if plan.row_scale else []),
+        )
         self._w(c.ptr)
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         out_batch = c.shape[:-2]
         batch = numel(out_batch)
-        code(f"// {what}: ({list(a.shape)} x {list(b.shape)}), {plan.kind}{' accumulate' if plan.accumulate else ''}")
+        code(
+            f"// {what}: ({list(a.shape)} x {list(b.shape)}), {plan.kind}{' accumulate' if plan.accumulate else ''}"
+        )
         if plan.kind == "mma":
             mp = _ceil_to(m, 16)
             strips = lambda nb: batch * (mp // 16) * (n // (8 * nb))  # noqa: E731
             cands = [nb for nb in (8, 4, 2, 1) if n % (8 * nb) == 0]
             nb = next((x for x in cands if strips(x) >= self.nw), cands[-1])
             lda, ldb = a.ld(plan.a_kmajor), b.ld(not plan.b_kmajor)
-            code(f"mlso::block_mma<{CTYPE[plan.dtype]}, {batch}, {mp}, {m}, {n}, {k}, {nb}, {_bool(plan.a_kmajor)}, "
-                 f"{_bool(plan.b_kmajor)}, {_bool(plan.accumulate)}, {self.nw}>({a.ptr}, {lda}, "
-                 f"{self._batch_offset(a, out_batch)}, {b.ptr}, {ldb}, {self._batch_offset(b, out_batch)}, "
-                 f"{c.ptr}, {n}, {m * n}{', ' + plan.row_scale if plan.row_scale else ''});")
+            code(
+                f"mlso::block_mma<{CTYPE[plan.dtype]}, {batch}, {mp}, {m}, {n}, {k}, {nb}, {_bool(plan.a_kmajor)}, "
+                f"{_bool(plan.b_kmajor)}, {_bool(plan.accumulate)}, {self.nw}>({a.ptr}, {lda}, "
+                f"{self._batch_offset(a, out_batch)}, {b.ptr}, {ldb}, {self._batch_offset(b, out_batch)}, "
+                f"{c.ptr}, {n}, {m * n}{', ' + plan.row_scale if plan.row_scale else ''});"
+            )
             return
         bt = decompose("bt", out_batch)
         ca = canon(a.shape, bcast(a.shape[:-2], bt) + ("mm", "kk"))
@@ -263,7 +305,11 @@ class BlockKernel(BlockLayout):
         init = f"{c.ptr}[o]" if plan.accumulate else "0.0f"
         if plan.accumulate and plan.row_scale:
             init = f"{c.ptr}[o] * {plan.row_scale}[o / {n}]"
-        head = [f"const int bt = o / {m * n};", f"const int mm = (o / {n}) % {m};", f"const int nn = o % {n};"]
+        head = [
+            f"const int bt = o / {m * n};",
+            f"const int mm = (o / {n}) % {m};",
+            f"const int nn = o % {n};",
+        ]
         if plan.kind == "simt":
             with code.block(f"for (int o = threadIdx.x; o < {total}; o += {self.nt})"):
                 code.extend(head)
@@ -295,6 +341,7 @@ class BlockKernel(BlockLayout):
         axis = n.arg.axis if isinstance(n.arg, synthetic.RowMax) else n.arg
         length = x.shape[axis]
         op = "max" if n.op is Op.REDUCE_MAX else "sum"
+
         def inner(tokens: Coords) -> Coords:
             c = list(tokens)
             c[axis] = LOOP_VAR
@@ -313,8 +360,10 @@ class BlockKernel(BlockLayout):
             val = f"{acc} / {float(length)}f" if n.op is Op.REDUCE_MEAN else acc
             return [f"{st.ptr}[o] {'+=' if into is not None else '='} {val};"]
 
-        code(f"// {n.op.value} axis {axis} of {list(x.shape)}" + (" (softmax stabiliser)" if weighted or
-                                                                  isinstance(n.arg, synthetic.RowMax) else ""))
+        code(
+            f"// {n.op.value} axis {axis} of {list(x.shape)}"
+            + (" (softmax stabiliser)" if weighted or isinstance(n.arg, synthetic.RowMax) else "")
+        )
         self._team(code, n.shape, length, op, body, finish)
 
     def _pass_acc_sum(self, code: Code, n: Node) -> None:
@@ -353,12 +402,15 @@ class BlockKernel(BlockLayout):
         code("#pragma unroll")
         if team < 32 and length % team == 0:
             n = length // team
-            return (f"for (int ri = 0; ri < {n}; ++ri)",
-                    [f"const int {LOOP_VAR} = ((ri + lane / {team}) % {n}) * {team} + tl;"])
+            return (
+                f"for (int ri = 0; ri < {n}; ++ri)",
+                [f"const int {LOOP_VAR} = ((ri + lane / {team}) % {n}) * {team} + tl;"],
+            )
         return f"for (int {LOOP_VAR} = tl; {LOOP_VAR} < {length}; {LOOP_VAR} += {team})", []
 
-    def _row_loop(self, code: Code, warp_mode: bool, team: int, length: int, start: str,
-                  step: str) -> tuple[str, list[str]]:
+    def _row_loop(
+        self, code: Code, warp_mode: bool, team: int, length: int, start: str, step: str
+    ) -> tuple[str, list[str]]:
         if warp_mode:
             return self._team_loop(code, team, length)
         code("#pragma unroll 4")
@@ -380,11 +432,16 @@ class BlockKernel(BlockLayout):
         self._w(m.ptr, *(self.storage[a].ptr for a in g.sums))
         if g.wsums:
             self._w(g.alpha)
-        code(f"// rescaling accumulators over s{list(s.shape)}: row max, rescale, exp(s - m), row sums"
-             + (f" ({team} lanes per row)" if warp_mode else ""))
+        code(
+            f"// rescaling accumulators over s{list(s.shape)}: row max, rescale, exp(s - m), row sums"
+            + (f" ({team} lanes per row)" if warp_mode else "")
+        )
         per = 32 // team
-        head = f"for (int ob = warp * {per}; ob < {rows}; ob += {self.nw * per})" if warp_mode else \
-            f"for (int o = threadIdx.x; o < {rows}; o += {self.nt})"
+        head = (
+            f"for (int ob = warp * {per}; ob < {rows}; ob += {self.nw * per})"
+            if warp_mode
+            else f"for (int o = threadIdx.x; o < {rows}; o += {self.nt})"
+        )
         with code.block(head):
             if warp_mode:
                 code(f"const int o = ob + (lane / {team}), tl = lane % {team};")
@@ -397,8 +454,12 @@ class BlockKernel(BlockLayout):
                 code(f"mx = fmaxf(mx, {v});")
             if warp_mode:
                 code(f"mx = mlso::warp_allreduce<mlso::MaxOp, {team}>(mx);")
-            code(f"const float mo = {m.ptr}[o];", "const float mn = fmaxf(mo, mx);",
-                 "const float alpha = mlso::rescale(mo, mn);", "float sm = 0.0f;")
+            code(
+                f"const float mo = {m.ptr}[o];",
+                "const float mn = fmaxf(mo, mx);",
+                "const float alpha = mlso::rescale(mo, mn);",
+                "float sm = 0.0f;",
+            )
             em = self.emitter()
             v = em.plain(s, sc)
             head, first = self._row_loop(code, warp_mode, team, length, start, step)
@@ -413,8 +474,9 @@ class BlockKernel(BlockLayout):
                 code(f"sm = mlso::warp_allreduce<mlso::SumOp, {team}>(sm);")
             if warp_mode:
                 code("__syncwarp();")
-            tail = [f"{m.ptr}[o] = mn;"] + [f"{self.storage[a].ptr}[o] = {self.storage[a].ptr}[o] * alpha + sm;"
-                                            for a in g.sums]
+            tail = [f"{m.ptr}[o] = mn;"] + [
+                f"{self.storage[a].ptr}[o] = {self.storage[a].ptr}[o] * alpha + sm;" for a in g.sums
+            ]
             if g.wsums:
                 tail.append(f"{g.alpha}[o] = alpha;")
             if warp_mode:
@@ -427,21 +489,29 @@ class BlockKernel(BlockLayout):
         """General form (weighted sums whose rows do not align with s's rows): separate passes."""
         m, s = self.storage[g.m], g.s
         length = s.shape[-1]
-        touched = [m.ptr, g.alpha, *(self.storage[a].ptr for a in g.sums + g.wsums)] + ([g.p.ptr] if g.p else [])
+        touched = [m.ptr, g.alpha, *(self.storage[a].ptr for a in g.sums + g.wsums)] + (
+            [g.p.ptr] if g.p else []
+        )
         self._r(*touched)
         self._w(*touched)
 
         def s_coords(tokens: Coords) -> Coords:
             return canon(s.shape, tokens[:-1] + (LOOP_VAR,))
 
-        code(f"// rescaling accumulators over s{list(s.shape)}: running max, rescale, add exp(s - m)")
+        code(
+            f"// rescaling accumulators over s{list(s.shape)}: running max, rescale, add exp(s - m)"
+        )
 
         def rowmax(em: Emitter, tokens: Coords) -> str:
             return em.plain(s, s_coords(tokens))
 
         def raise_max(em: Emitter, tokens: Coords, acc: str) -> list[str]:
-            return [f"const float mo = {m.ptr}[o];", f"const float mn = fmaxf(mo, {acc});",
-                    f"{g.alpha}[o] = mlso::rescale(mo, mn);", f"{m.ptr}[o] = mn;"]
+            return [
+                f"const float mo = {m.ptr}[o];",
+                f"const float mn = fmaxf(mo, {acc});",
+                f"{g.alpha}[o] = mlso::rescale(mo, mn);",
+                f"{m.ptr}[o] = mn;",
+            ]
 
         self._team(code, g.m.shape, length, "max", rowmax, raise_max)
         code("__syncthreads();")
@@ -480,7 +550,10 @@ class BlockKernel(BlockLayout):
         lead = len(shape) - len(ms)
 
         def index(coords: Coords) -> str:
-            mc = tuple("0" if (j == len(ms) - 1 or ms[j] == 1) else coords[j + lead] for j in range(len(ms)))
+            mc = tuple(
+                "0" if (j == len(ms) - 1 or ms[j] == 1) else coords[j + lead]
+                for j in range(len(ms))
+            )
             return offset(mc, contiguous(ms))
 
         return index
@@ -517,7 +590,9 @@ class BlockKernel(BlockLayout):
                 with code.block(f"for (int e = threadIdx.x; e < {m_node.numel}; e += {self.nt})"):
                     code(f"{mst.ptr}[{offset(g2, mst.strides)}] = {self.storage[m_node].ptr}[e];")
 
-    def _global_coords(self, tokens: Coords, tile: tuple[int, ...], om, partial_dims: list[int]) -> Coords:
+    def _global_coords(
+        self, tokens: Coords, tile: tuple[int, ...], om, partial_dims: list[int]
+    ) -> Coords:
         out = [f"(int)blockIdx.{XYZ[g]}" for g in partial_dims]
         for d, t in enumerate(tokens):
             terms = [t] if t != "0" else []
@@ -535,12 +610,16 @@ class BlockKernel(BlockLayout):
         if bs is None or m_node not in self.storage or len(m_node.shape) != len(tile):
             return None
         for j, f in enumerate(bs.mfunc):
-            if not (f == (j, 1) and m_node.shape[j] == tile[j]) and not (f is None and m_node.shape[j] == 1):
+            if not (f == (j, 1) and m_node.shape[j] == tile[j]) and not (
+                f is None and m_node.shape[j] == 1
+            ):
                 return None
         om = save.arg.omap
         grid = self.bg.grid
         full = tuple(grid[g] for g in partial_dims) + tuple(
-            m_node.shape[j] * next((grid[g] for g in range(3) if om[g] == j), 1) for j in range(len(tile)))
+            m_node.shape[j] * next((grid[g] for g in range(3) if om[g] == j), 1)
+            for j in range(len(tile))
+        )
         mbuf = synthetic.partial_max(self.gd, m_node, om, full)
         mst = self.lw.scratch_storage(mbuf)
         self.uses.write(mst.buffer)
@@ -567,8 +646,11 @@ class BlockKernel(BlockLayout):
         ctype = CTYPE[it.dtype]
         base = []
         for d in range(len(tile)):
-            terms = [f"(int)blockIdx.{XYZ[g]} * {src.shape[d] // self.bg.grid[g]}"
-                     for g in range(3) if im.imap[g] == d and self.bg.grid[g] > 1]
+            terms = [
+                f"(int)blockIdx.{XYZ[g]} * {src.shape[d] // self.bg.grid[g]}"
+                for g in range(3)
+                if im.imap[g] == d and self.bg.grid[g] > 1
+            ]
             if im.fmap == d and step is not None and self.bg.loop > 1:
                 terms.append(f"({step}) * {tile[d]}")
             base.append(terms)
@@ -579,36 +661,53 @@ class BlockKernel(BlockLayout):
         view = strided(src, self.lw.storage)
         gst = self.lw.storage[view.leaf] if view is not None else None
         vec = 16 // it.dtype.itemsize
-        if (view is not None and tile and gst.dtype == it.dtype and gst.scale is None
-                and view.strides[-1] == 1 and tile[-1] % vec == 0 and view.base % vec == 0
-                and all(s % vec == 0 for s in view.strides[:-1]) and st.strides[-1] == 1
-                and all(s % vec == 0 for s in st.strides[:-1])):
+        if (
+            view is not None
+            and tile
+            and gst.dtype == it.dtype
+            and gst.scale is None
+            and view.strides[-1] == 1
+            and tile[-1] % vec == 0
+            and view.base % vec == 0
+            and all(s % vec == 0 for s in view.strides[:-1])
+            and st.strides[-1] == 1
+            and all(s % vec == 0 for s in st.strides[:-1])
+        ):
             self.uses.read(view.leaf)
             per_row = tile[-1] // vec
             rows = "c" if per_row == 1 else f"(c / {per_row})"
             t = decompose(rows, tile[:-1]) + ("0" if per_row == 1 else f"(c % {per_row}) * {vec}",)
-            code(f"mlso::copy_chunks<{_bool(asynchronous)}, {self.nt}, {numel(tile) // vec}>("
-                 f"[&](int c) -> const {ctype}* {{ return {gst.ptr} + {offset(gcoords(t), view.strides, view.base)}; }}, "
-                 f"[&](int c) -> {ctype}* {{ return {dst} + {offset(t, st.strides)}; }});")
+            code(
+                f"mlso::copy_chunks<{_bool(asynchronous)}, {self.nt}, {numel(tile) // vec}>("
+                f"[&](int c) -> const {ctype}* {{ return {gst.ptr} + {offset(gcoords(t), view.strides, view.base)}; }}, "
+                f"[&](int c) -> {ctype}* {{ return {dst} + {offset(t, st.strides)}; }});"
+            )
             return
         em = self.kernel_emitter()
         t = decompose("e", tile)
         val = em.plain(src, gcoords(t))
         body = " ".join(em.lines)
-        code(f"mlso::copy_elements<{self.nt}, {numel(tile)}>([&](int e) {{ {body} "
-             f"{dst}[{offset(t, st.strides)}] = mlso::from_f32<{ctype}>({val}); }});")
+        code(
+            f"mlso::copy_elements<{self.nt}, {numel(tile)}>([&](int e) {{ {body} "
+            f"{dst}[{offset(t, st.strides)}] = mlso::from_f32<{ctype}>({val}); }});"
+        )
 
     # ---- the kernel --------------------------------------------------------------------------
     def build(self) -> Kernel:
         layout = self.plan()
         if not layout.fits:
-            raise CodegenError(f"graph-defined kernel needs {layout.smem} bytes of shared memory "
-                               f"(limit {SMEM_BUDGET[CODEGEN_ARCH]})",
-                               "Choose smaller tiles (a larger grid or loop) for this block graph; "
-                               "mlso_cli.ir.spec.check rejects this graph for the same reason.")
+            raise CodegenError(
+                f"graph-defined kernel needs {layout.smem} bytes of shared memory "
+                f"(limit {SMEM_BUDGET[CODEGEN_ARCH]})",
+                "Choose smaller tiles (a larger grid or loop) for this block graph; "
+                "mlso_cli.ir.spec.check rejects this graph for the same reason.",
+            )
         self.proj_storage: dict[int, Storage] = {}
-        projs = {n.arg: n for n in self.lw.order
-                 if n.op is Op.PROJ and isinstance(n.arg, int) and n.src[0] == self.gd}
+        projs = {
+            n.arg: n
+            for n in self.lw.order
+            if n.op is Op.PROJ and isinstance(n.arg, int) and n.src[0] == self.gd
+        }
         for idx, save in enumerate(self.bg.outputs):
             proj = projs.get(idx)
             if proj is None:
@@ -623,7 +722,15 @@ class BlockKernel(BlockLayout):
         code.lines.extend(body.lines)
         code("}")
         what = f"graph-defined kernel, grid {list(self.bg.grid)}, loop {self.bg.loop}"
-        return Kernel(self.name, code.text(), self.bg.grid, (self.nt, 1, 1), self.smem, self.uses.params(), what)
+        return Kernel(
+            self.name,
+            code.text(),
+            self.bg.grid,
+            (self.nt, 1, 1),
+            self.smem,
+            self.uses.params(),
+            what,
+        )
 
     def _stage_ptr(self, i: int, step: str) -> str:
         """The buffer of loop tile i that holds step `step` (a C expression)."""
@@ -665,7 +772,9 @@ class BlockKernel(BlockLayout):
                 if last_of_group[g.s] is n:
                     plans = [self.plans[w] for w in g.wsums]
                     if not (g is self.flash and self.flash_f is not None):
-                        stage(plans)  # (a scaled weighted operand is read unscaled by the register pass)
+                        stage(
+                            plans
+                        )  # (a scaled weighted operand is read unscaled by the register pass)
                     if g is self.flash:
                         passes[Phase.LOOP].append(lambda c, g=g: self._pass_flash(c, g))
                         continue
@@ -674,7 +783,9 @@ class BlockKernel(BlockLayout):
                     else:
                         passes[Phase.LOOP].append(lambda c, g=g: self._pass_group(c, g))
                     for plan in plans:
-                        passes[Phase.LOOP].append(lambda c, plan=plan: self._pass_matmul(c, plan, "exp(s - m) @ v"))
+                        passes[Phase.LOOP].append(
+                            lambda c, plan=plan: self._pass_matmul(c, plan, "exp(s - m) @ v")
+                        )
                 continue
             if n.op in ACCUMULATORS:
                 if n.src[0] in self.fused_reduce:
@@ -725,10 +836,14 @@ class BlockKernel(BlockLayout):
         for acc in inits:
             if acc is self.flash_alias:
                 continue  # shares the loop tiles' memory; written once, by the register pass's flush
-            code(f"for (int e = threadIdx.x; e < {acc.numel}; e += {self.nt}) {self.storage[acc].ptr}[e] = 0.0f;")
+            code(
+                f"for (int e = threadIdx.x; e < {acc.numel}; e += {self.nt}) {self.storage[acc].ptr}[e] = 0.0f;"
+            )
         for g in self.groups.values():
-            code(f"for (int e = threadIdx.x; e < {g.m.numel}; e += {self.nt}) "
-                 f"{self.storage[g.m].ptr}[e] = mlso::neg_inf();")
+            code(
+                f"for (int e = threadIdx.x; e < {g.m.numel}; e += {self.nt}) "
+                f"{self.storage[g.m].ptr}[e] = mlso::neg_inf();"
+            )
         if inits:
             code("__syncthreads();")
         if self.flash is not None:
@@ -740,8 +855,18 @@ class BlockKernel(BlockLayout):
                 if loop_iters:
                     with code.block(f"if (it + {ns - 1} < {loop})"):
                         for it in loop_iters:
-                            self._load(code, it, f"it + {ns - 1}", self._stage_ptr(it.arg, f"it + {ns - 1}"), True)
-                    code("mlso::cp_async_commit();", f"mlso::cp_async_wait<{ns - 1}>();", "__syncthreads();")
+                            self._load(
+                                code,
+                                it,
+                                f"it + {ns - 1}",
+                                self._stage_ptr(it.arg, f"it + {ns - 1}"),
+                                True,
+                            )
+                    code(
+                        "mlso::cp_async_commit();",
+                        f"mlso::cp_async_wait<{ns - 1}>();",
+                        "__syncthreads();",
+                    )
                 self._emit_passes(code, passes[Phase.LOOP])
                 code("__syncthreads();")
         if self.flash is not None:
@@ -751,7 +876,6 @@ class BlockKernel(BlockLayout):
         written: set[Node] = set()
         for s in saves:
             self._pass_save(code, s, written)
-
 
 
 PASSES: dict[Op, Callable[[BlockKernel, Code, Node], None]] = {
@@ -768,8 +892,8 @@ def emit_graph_def(lw: Lowering, gd: Node) -> Kernel:
         raise CodegenError("GRAPH_DEF without a block graph")
     gx, gy, gz = gd.arg.grid
     if gx > 2**31 - 1 or gy > 65535 or gz > 65535:
-        raise CodegenError(f"grid {gd.arg.grid} exceeds CUDA's limits (x < 2^31, y and z <= 65535)",
-                           "Map the largest grid dimension to x.")
+        raise CodegenError(
+            f"grid {gd.arg.grid} exceeds CUDA's limits (x < 2^31, y and z <= 65535)",
+            "Map the largest grid dimension to x.",
+        )
     return BlockKernel(lw, gd).build()
-
-

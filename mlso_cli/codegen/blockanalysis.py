@@ -62,7 +62,9 @@ class BlockAnalysis:
         self.groups: dict[Node, Group] = {}
         for n in self.nodes:
             if n.op in (Op.ACC_EXP_SUM, Op.ACC_EXP_WSUM):
-                g = self.groups.setdefault(n.src[0], Group(n.src[0], synthetic.running_max(n.src[0])))
+                g = self.groups.setdefault(
+                    n.src[0], Group(n.src[0], synthetic.running_max(n.src[0]))
+                )
                 (g.sums if n.op is Op.ACC_EXP_SUM else g.wsums).append(n)
         self.group_of = {a: g for g in self.groups.values() for a in g.sums + g.wsums}
         self.fused: dict[Node, Node] = {}
@@ -72,7 +74,12 @@ class BlockAnalysis:
         self.fused_reduce: dict[Node, Node] = {}
         for n in self.nodes:
             r = n.src[0] if n.op is Op.ACC_SUM else None
-            if r is not None and r.op in REDUCE and isinstance(r.arg, int) and self.consumers[r] == [n]:
+            if (
+                r is not None
+                and r.op in REDUCE
+                and isinstance(r.arg, int)
+                and self.consumers[r] == [n]
+            ):
                 self.fused_reduce[r] = n
         self.flash_form: ScoreForm | None = None
         self.flash_split = 1
@@ -80,8 +87,11 @@ class BlockAnalysis:
         self.nt = 32 * self.flash_strips * self.flash_split if self.flash else 256
         self.nw = self.nt // 32
         self.materialised: set[Node] = set(self.iters) | set(self.stab.values())
-        self.materialised |= {n for n in self.nodes if (n.op in REDUCE and n not in self.fused_reduce)
-                              or n.op in ACCUMULATORS}
+        self.materialised |= {
+            n
+            for n in self.nodes
+            if (n.op in REDUCE and n not in self.fused_reduce) or n.op in ACCUMULATORS
+        }
         self.materialised |= {n for n in self.nodes if n.op is Op.MATMUL and n not in self.fused}
         self.materialised |= {g.m for g in self.groups.values()}
         self.order = self._schedule()
@@ -113,7 +123,13 @@ class BlockAnalysis:
                 continue
             w = g.wsums[0]
             rows, keys = s.shape[-2], s.shape[-1]
-            if numel(s.shape[:-2]) != 1 or rows % 16 or not 16 <= rows <= 128 or keys % 16 or keys > 128:
+            if (
+                numel(s.shape[:-2]) != 1
+                or rows % 16
+                or not 16 <= rows <= 128
+                or keys % 16
+                or keys > 128
+            ):
                 continue
             split = column_split(w.shape[-1], rows // 16)
             if split is None or w.shape[:-1] != g.m.shape[:-1] or w.src[1].phase is not Phase.LOOP:

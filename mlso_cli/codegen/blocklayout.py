@@ -79,10 +79,21 @@ class BlockLayout(MatmulPlanning):
         self.flash_alias = None
         for n in self.order:
             if n in self.materialised and n.op is not Op.ITER:
-                if fl is not None and n in self.flash_form.terms:  # never stored: S lives in registers
-                    self.storage[n] = Storage(self._unbacked("float", self.names.new("sm")), DType.F32, n.shape,
-                                              contiguous(n.shape))
-                elif fl is not None and n is fl.wsums[0] and self.loop_iters and n.numel * 4 <= region_end - region:
+                if (
+                    fl is not None and n in self.flash_form.terms
+                ):  # never stored: S lives in registers
+                    self.storage[n] = Storage(
+                        self._unbacked("float", self.names.new("sm")),
+                        DType.F32,
+                        n.shape,
+                        contiguous(n.shape),
+                    )
+                elif (
+                    fl is not None
+                    and n is fl.wsums[0]
+                    and self.loop_iters
+                    and n.numel * 4 <= region_end - region
+                ):
                     name = self.names.new("sm")
                     self.ptrs.append(("float", name, region))
                     self.storage[n] = Storage(name, DType.F32, n.shape, contiguous(n.shape))
@@ -92,7 +103,11 @@ class BlockLayout(MatmulPlanning):
         for g in self.groups.values():
             self._fp32(g.m)
             name = self.names.new("alpha")
-            g.alpha = self._unbacked("float", name) if g is fl else self._alloc("float", name, g.m.numel * 4)
+            g.alpha = (
+                self._unbacked("float", name)
+                if g is fl
+                else self._alloc("float", name, g.m.numel * 4)
+            )
         for acc in self.group_of:
             self.storage[acc].scale = self._acc_scale(acc)
         # which stored values are scaled is decided here, in dependency order, before any emission
@@ -101,18 +116,25 @@ class BlockLayout(MatmulPlanning):
                 self.storage[n].scale = self._reduce_scale(n)
             if n.op is Op.MATMUL:
                 out = self.fused.get(n, n)
-                self.plans[n] = self._plan_matmul(n.src[0], n.src[1], self.storage[out], n in self.fused)
+                self.plans[n] = self._plan_matmul(
+                    n.src[0], n.src[1], self.storage[out], n in self.fused
+                )
         for g in self.groups.values():
             if g.wsums:
                 self._plan_group_p(g)
                 for w in g.wsums:
                     scaled = self._flash_scaled_v(w.src[1], g.p_dtype) if g is fl else None
-                    if scaled is not None:  # the register pass reads x of x * f as stored: no staging
+                    if (
+                        scaled is not None
+                    ):  # the register pass reads x of x * f as stored: no staging
                         a = Operand(g.p.ptr, g.p.dtype, g.s.shape, g.p.strides)
-                        self.plans[w] = MatmulPlan("mma", a, scaled[0], self.storage[w], True, g.p_dtype, True,
-                                                   scaled[1])
+                        self.plans[w] = MatmulPlan(
+                            "mma", a, scaled[0], self.storage[w], True, g.p_dtype, True, scaled[1]
+                        )
                     else:
-                        self.plans[w] = self._plan_matmul(None, w.src[1], self.storage[w], True, p_of=g)
+                        self.plans[w] = self._plan_matmul(
+                            None, w.src[1], self.storage[w], True, p_of=g
+                        )
                     if self._rows_aligned(g):
                         self.plans[w].row_scale = g.alpha
         if not self._flash_ok():
@@ -125,12 +147,16 @@ class BlockLayout(MatmulPlanning):
         several blocks share an SM: double buffering is enough there; with at most one block per
         SM, shared memory buys nothing else, so it prefetches deeper."""
         budget = SMEM_BUDGET[arch]
-        options = [(True, 3, min(DEEP_PIPELINE_LIMIT, budget)), (True, 2, budget), (False, 2, budget)]
+        options = [
+            (True, 3, min(DEEP_PIPELINE_LIMIT, budget)),
+            (True, 2, budget),
+            (False, 2, budget),
+        ]
         while True:
             flash = self.flash
             shallow = flash is not None and numel(self.bg.grid) > SM_COUNT_HINT
             fits = False
-            for pad, stages, limit in (options[1:] if shallow else options):
+            for pad, stages, limit in options[1:] if shallow else options:
                 if stages > 2 and (self.bg.loop < 3 or not self.loop_iters):
                     continue
                 self._layout(pad, stages)
@@ -139,8 +165,19 @@ class BlockLayout(MatmulPlanning):
                     break
             if not fits or self.flash is flash:
                 break
-            self.nt, self.nw = 256, 8  # the register path does not apply after all: the usual block size
-        return SmemLayout(self.smem, fits, self.pad, self.nstage, self.nt, self.flash is not None, tuple(self.ptrs))
+            self.nt, self.nw = (
+                256,
+                8,
+            )  # the register path does not apply after all: the usual block size
+        return SmemLayout(
+            self.smem,
+            fits,
+            self.pad,
+            self.nstage,
+            self.nt,
+            self.flash is not None,
+            tuple(self.ptrs),
+        )
 
 
 @lru_cache(maxsize=512)

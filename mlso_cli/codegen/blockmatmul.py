@@ -57,7 +57,9 @@ class MatmulPlan:
     a_kmajor: bool = True
     b_kmajor: bool = False
     stages: list[Stage] = field(default_factory=list)
-    row_scale: str | None = None  # fp32 per-row factor applied to C before accumulating (online-softmax alpha)
+    row_scale: str | None = (
+        None  # fp32 per-row factor applied to C before accumulating (online-softmax alpha)
+    )
 
 
 class MatmulPlanning(BlockStorage):
@@ -72,18 +74,27 @@ class MatmulPlanning(BlockStorage):
             return False
         for t in self.flash_form.terms:
             sp = self.plans.get(t)
-            if not (sp is not None and sp.kind == "mma" and not sp.accumulate and sp.dtype == wp.dtype == g.p_dtype
-                    and sp.a.shape[-2] % 16 == 0 and self.storage[t].scale is None):
+            if not (
+                sp is not None
+                and sp.kind == "mma"
+                and not sp.accumulate
+                and sp.dtype == wp.dtype == g.p_dtype
+                and sp.a.shape[-2] % 16 == 0
+                and self.storage[t].scale is None
+            ):
                 return False
         sp = self.plans[self.flash_form.terms[0]]
         self.flash_v, self.flash_f, self.flash_kbuf = (wp.b, wp.b_kmajor), None, None
         self.flash_ksplit, self.flash_red = 1, None
         split = self.flash_split
-        if split > 1 and all(self.plans[t].a.shape[-1] % (16 * split) == 0 for t in self.flash_form.terms):
+        if split > 1 and all(
+            self.plans[t].a.shape[-1] % (16 * split) == 0 for t in self.flash_form.terms
+        ):
             # warps sharing a strip split the score's depth too; partial scores meet in shared memory
             self.flash_ksplit = split
-            self.flash_red = self._alloc("float", self.names.new("ps"),
-                                         self.flash_strips * split * 16 * g.s.shape[-1] * 4)
+            self.flash_red = self._alloc(
+                "float", self.names.new("ps"), self.flash_strips * split * 16 * g.s.shape[-1] * 4
+            )
         if self.flash_form.key_factor is not None:
             self.flash_kbuf = self._alloc("float", self.names.new("ks"), g.s.shape[-1] * 4)
         scaled = self._flash_scaled_v(g.wsums[0].src[1], sp.dtype)
@@ -99,7 +110,12 @@ class MatmulPlanning(BlockStorage):
             return None
         keys = v.shape[-2]
         for x, f in (v.src, v.src[::-1]):
-            if x.shape != v.shape or f.shape[-1] != 1 or len(f.shape) != len(v.shape) or numel(f.shape) != keys:
+            if (
+                x.shape != v.shape
+                or f.shape[-1] != 1
+                or len(f.shape) != len(v.shape)
+                or numel(f.shape) != keys
+            ):
                 continue
             if f.shape[-2] != keys:
                 continue
@@ -133,7 +149,9 @@ class MatmulPlanning(BlockStorage):
             return True, role == "B"
         return False, True
 
-    def _stage(self, x: Node, role: str, dtype: DType, rows: int, scale: BufferScale | None = None) -> Operand:
+    def _stage(
+        self, x: Node, role: str, dtype: DType, rows: int, scale: BufferScale | None = None
+    ) -> Operand:
         """A copy of operand x: A as (.., rows padded, K) k-major, B as (.., K, N) n-major; with
         `scale`, the copy holds x's scaled numbers (x = stored * exp(M)), never the exact values."""
         key = (x, role, dtype)
@@ -171,8 +189,11 @@ class MatmulPlanning(BlockStorage):
 
     def _plan_group_p(self, g: Group) -> None:
         s = g.s
-        hints = [self._mma_hint(w.src[1]) for w in g.wsums
-                 if s.shape[-1] % 16 == 0 and w.src[1].shape[-1] % 8 == 0]
+        hints = [
+            self._mma_hint(w.src[1])
+            for w in g.wsums
+            if s.shape[-1] % 16 == 0 and w.src[1].shape[-1] % 8 == 0
+        ]
         dt = next((d for d in hints if d is not None), DType.F32)
         rows = _ceil_to(s.shape[-2], 16) if dt is not DType.F32 else s.shape[-2]
         pad = 8 if dt.itemsize == 2 else 0
@@ -186,12 +207,15 @@ class MatmulPlanning(BlockStorage):
         g.p = Storage(name, dt, shape, strides)
         g.p_dtype = dt
 
-    def _plan_matmul(self, a: Node | None, b: Node, c: Storage, accumulate: bool,
-                     p_of: Group | None = None) -> MatmulPlan:
+    def _plan_matmul(
+        self, a: Node | None, b: Node, c: Storage, accumulate: bool, p_of: Group | None = None
+    ) -> MatmulPlan:
         a_shape = p_of.s.shape if p_of else a.shape
         m, k, n = a_shape[-2], a_shape[-1], b.shape[-1]
         batch = numel(c.shape[:-2])
-        a_dir = Operand(p_of.p.ptr, p_of.p.dtype, a_shape, p_of.p.strides) if p_of else self._direct(a)
+        a_dir = (
+            Operand(p_of.p.ptr, p_of.p.dtype, a_shape, p_of.p.strides) if p_of else self._direct(a)
+        )
         b_dir = self._direct(b)
         if p_of is not None:
             mma = p_of.p_dtype if p_of.p_dtype in MMA_TYPES else None
@@ -208,7 +232,9 @@ class MatmulPlanning(BlockStorage):
             if p_of is None and not (a_ok and m % 16 == 0):
                 a_dir, a_km = self._stage(a, "A", mma, _ceil_to(m, 16), a_scale), True
                 stages.append(self.stages[(a, "A", mma)])
-            b_ok, b_km = self._mma_ok(b_dir, "B") if b_dir and b_dir.dtype == mma else (False, False)
+            b_ok, b_km = (
+                self._mma_ok(b_dir, "B") if b_dir and b_dir.dtype == mma else (False, False)
+            )
             if not b_ok:
                 b_dir, b_km = self._stage_b(b, mma, b_scale), False
                 stages.append(self.stages[(b, "B", mma)])
@@ -242,6 +268,7 @@ class MatmulPlanning(BlockStorage):
             scales.append(bs)
         if scales == [None, None]:
             return None, None
-        cs, keep_a, keep_b = matmul_scale(scales[0], scales[1], len(a.shape) if a is not None else 2,
-                                          len(b.shape), c_rank)
+        cs, keep_a, keep_b = matmul_scale(
+            scales[0], scales[1], len(a.shape) if a is not None else 2, len(b.shape), c_rank
+        )
         return ((scales[0], cs) if keep_a else None), ((scales[1], cs) if keep_b else None)

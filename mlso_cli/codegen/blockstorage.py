@@ -44,7 +44,13 @@ class BlockStorage(BlockAnalysis):
 
     @staticmethod
     def _tile_strides(shape: tuple[int, ...], dtype: DType, pad: bool) -> tuple[int, ...]:
-        if pad and dtype.itemsize == 2 and len(shape) >= 2 and shape[-1] % 8 == 0 and shape[-1] >= 16:
+        if (
+            pad
+            and dtype.itemsize == 2
+            and len(shape) >= 2
+            and shape[-1] % 8 == 0
+            and shape[-1] >= 16
+        ):
             return contiguous(shape[:-1] + (shape[-1] + 8,))
         return contiguous(shape)
 
@@ -72,5 +78,7 @@ class BlockStorage(BlockAnalysis):
         g = self.group_of[acc]
         ms = g.m.shape
         lead = len(acc.shape) - len(ms)
-        mfunc = tuple(None if (j == len(ms) - 1 or ms[j] == 1) else (j + lead, 1) for j in range(len(ms)))
+        mfunc = tuple(
+            None if (j == len(ms) - 1 or ms[j] == 1) else (j + lead, 1) for j in range(len(ms))
+        )
         return BufferScale(g.m, 1, mfunc)

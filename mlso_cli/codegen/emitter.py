@@ -36,16 +36,29 @@ from mlso_cli.ir.ops import BINARY as BINARY_OPS
 from mlso_cli.ir.ops import REDUCE, UNARY, Op
 
 UNARY_FN: dict[Op, str] = {
-    Op.EXP: "mlso::ew::exp", Op.SQUARE: "mlso::ew::square", Op.SQRT: "mlso::ew::sqrt",
-    Op.RSQRT: "mlso::ew::rsqrt", Op.RECIPROCAL: "mlso::ew::reciprocal", Op.NEG: "mlso::ew::neg",
-    Op.SILU: "mlso::ew::silu", Op.SIGMOID: "mlso::ew::sigmoid", Op.TANH: "mlso::ew::tanh",
-    Op.ERF: "mlso::ew::erf", Op.GELU: "mlso::ew::gelu", Op.RELU: "mlso::ew::relu",
+    Op.EXP: "mlso::ew::exp",
+    Op.SQUARE: "mlso::ew::square",
+    Op.SQRT: "mlso::ew::sqrt",
+    Op.RSQRT: "mlso::ew::rsqrt",
+    Op.RECIPROCAL: "mlso::ew::reciprocal",
+    Op.NEG: "mlso::ew::neg",
+    Op.SILU: "mlso::ew::silu",
+    Op.SIGMOID: "mlso::ew::sigmoid",
+    Op.TANH: "mlso::ew::tanh",
+    Op.ERF: "mlso::ew::erf",
+    Op.GELU: "mlso::ew::gelu",
+    Op.RELU: "mlso::ew::relu",
 }
 """Device function of each unary op. CAST is the identity on fp32 registers (the IR's CAST is
 exact; rounding happens where a value is stored in a narrower type)."""
 
-BINARY_FN: dict[Op, str] = {Op.ADD: "mlso::ew::add", Op.SUB: "mlso::ew::sub", Op.MUL: "mlso::ew::mul",
-                            Op.DIV: "mlso::ew::div", Op.MAX: "mlso::ew::max"}
+BINARY_FN: dict[Op, str] = {
+    Op.ADD: "mlso::ew::add",
+    Op.SUB: "mlso::ew::sub",
+    Op.MUL: "mlso::ew::mul",
+    Op.DIV: "mlso::ew::div",
+    Op.MAX: "mlso::ew::max",
+}
 assert set(UNARY_FN) | {Op.CAST} == UNARY and set(BINARY_FN) == BINARY_OPS
 
 
@@ -62,8 +75,14 @@ class Flat:
 class Emitter:
     """Emits statements into `lines`; `value(n, coords)` returns n's value there."""
 
-    def __init__(self, storage: Mapping[Node, Storage], stab: Mapping[Node, Node], names: Names,
-                 on_use: Callable[[Node], None] | None = None, flat: Flat | None = None) -> None:
+    def __init__(
+        self,
+        storage: Mapping[Node, Storage],
+        stab: Mapping[Node, Node],
+        names: Names,
+        on_use: Callable[[Node], None] | None = None,
+        flat: Flat | None = None,
+    ) -> None:
         self.storage = storage
         self.stab = stab
         self.names = names
@@ -90,7 +109,9 @@ class Emitter:
         """n's value from its definition, even when n is stored (used for the node a kernel writes)."""
         rule = RULES.get(n.op)
         if rule is None:
-            raise CodegenError(f"cannot evaluate {n.op.value}{list(n.shape)} inline: it must be materialised first")
+            raise CodegenError(
+                f"cannot evaluate {n.op.value}{list(n.shape)} inline: it must be materialised first"
+            )
         return rule(self, n, canon(n.shape, coords))
 
     def plain(self, n: Node, coords: Coords) -> str:
@@ -127,11 +148,15 @@ class Emitter:
         em._thread_ids = self._thread_ids + 1000
         return em
 
-    def loop(self, var: str, length: int, body: Emitter, folds: list[tuple[str, str, str, str]]) -> None:
+    def loop(
+        self, var: str, length: int, body: Emitter, folds: list[tuple[str, str, str, str]]
+    ) -> None:
         """Append `for (var < length) { body; acc = fold(acc, value) }` for each (acc, init, fold, value)."""
         for acc, init, _, _ in folds:
             self.lines.append(f"float {acc} = {init};")
-        inner = " ".join(body.lines + [f"{acc} = {fold.format(a=acc, b=val)};" for acc, _, fold, val in folds])
+        inner = " ".join(
+            body.lines + [f"{acc} = {fold.format(a=acc, b=val)};" for acc, _, fold, val in folds]
+        )
         self.lines.append(f"for (int {var} = 0; {var} < {length}; ++{var}) {{ {inner} }}")
 
     def var(self, expr: str, ctype: str = "float") -> str:
@@ -169,6 +194,7 @@ class Emitter:
 
 
 # ---- rules -----------------------------------------------------------------------------------
+
 
 def _const(em: Emitter, n: Node, coords: Coords) -> Val:
     return Val(c_float(const_value(n)))
@@ -268,7 +294,9 @@ def _reduce(em: Emitter, n: Node, coords: Coords) -> Val:
     elif op == "sum" and probe.degree == 1:
         dims = tuple(j for j, c in enumerate(probe.mcoords) if mentions(c, r))
         mg_node = synthetic.combined(probe.key, dims)
-        mg_coords = canon(mg_node.shape, tuple("0" if j in dims else c for j, c in enumerate(probe.mcoords)))
+        mg_coords = canon(
+            mg_node.shape, tuple("0" if j in dims else c for j, c in enumerate(probe.mcoords))
+        )
         mg = em.value(mg_node, mg_coords).code
         v = body.value(x, inner_t)
         m = body.mvalue(v.scale)

@@ -9,7 +9,9 @@ class CodegenError(MlsoError):
     """A μGraph construct code generation cannot lower (a bug or an unsupported corner)."""
 
     def __init__(self, what: str, fix: str | None = None) -> None:
-        super().__init__(what, fix or "Report this graph (mlso inspect --json) as a code generation bug.")
+        super().__init__(
+            what, fix or "Report this graph (mlso inspect --json) as a code generation bug."
+        )
 
 
 class CompileError(MlsoError):

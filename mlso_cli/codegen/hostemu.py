@@ -27,7 +27,15 @@ from mlso_cli.errors import EnvironmentProblem
 from mlso_cli.ir.ops import DType
 from mlso_cli.knobs import knobs
 
-CXX_FLAGS = ("-std=c++20", "-O1", "-pthread", "-DMLSO_HOST_EMU", "-Wno-unknown-pragmas", "-x", "c++")
+CXX_FLAGS = (
+    "-std=c++20",
+    "-O1",
+    "-pthread",
+    "-DMLSO_HOST_EMU",
+    "-Wno-unknown-pragmas",
+    "-x",
+    "c++",
+)
 _KINDS = ("input", "output", "scratch")
 
 
@@ -41,9 +49,15 @@ def numpy_dtype(name: str) -> np.dtype:
 
 def driver(gp: GeneratedProgram) -> str:
     """C++ main() that reads inputs from argv[1]/inK.bin, runs every launch, writes outK.bin."""
-    return "#include <string>\n" + gp.source + "\n" + _runner(gp, "run_program") + """
+    return (
+        "#include <string>\n"
+        + gp.source
+        + "\n"
+        + _runner(gp, "run_program")
+        + """
 int main(int argc, char** argv) { return argc < 2 ? 2 : run_program(argv[1]); }
 """
+    )
 
 
 def _runner(gp: GeneratedProgram, fn: str) -> str:
@@ -70,10 +84,14 @@ def _runner(gp: GeneratedProgram, fn: str) -> str:
             ctype = ctypes.get(key, "float")
             args.append(f"reinterpret_cast<{ctype}*>({prefix[a['kind']]}{a['index']}.data())")
         g, b = launch["grid"], launch["block"]
-        lines.append(f"  mlso_emu::launch(dim3{{{g[0]}u, {g[1]}u, {g[2]}u}}, dim3{{{b[0]}u, {b[1]}u, {b[2]}u}}, "
-                     f"{launch['smem']}, {launch['kernel']}, {', '.join(args)});")
+        lines.append(
+            f"  mlso_emu::launch(dim3{{{g[0]}u, {g[1]}u, {g[2]}u}}, dim3{{{b[0]}u, {b[1]}u, {b[2]}u}}, "
+            f"{launch['smem']}, {launch['kernel']}, {', '.join(args)});"
+        )
     for i in range(len(plan["outputs"])):
-        lines.append(f'  mlso_emu::write_file((dir + "/out{i}.bin").c_str(), out{i}, {sizes[("output", i)]});')
+        lines.append(
+            f'  mlso_emu::write_file((dir + "/out{i}.bin").c_str(), out{i}, {sizes[("output", i)]});'
+        )
     lines += ["  return 0;", "}", ""]
     return "\n".join(lines)
 
@@ -85,8 +103,10 @@ def bundle_source(programs: Sequence[GeneratedProgram]) -> str:
         text = gp.source + "\n" + _runner(gp, f"run_p{i}")
         parts.append(re.sub(r"\bmlso_k(\d+)\b", rf"p{i}_k\1", text))
     cases = " ".join(f"case {i}: return run_p{i}(argv[1]);" for i in range(len(programs)))
-    parts.append(f"int main(int argc, char** argv) {{ if (argc < 3) return 2; "
-                 f"switch (std::atoi(argv[2])) {{ {cases} }} return 2; }}")
+    parts.append(
+        f"int main(int argc, char** argv) {{ if (argc < 3) return 2; "
+        f"switch (std::atoi(argv[2])) {{ {cases} }} return 2; }}"
+    )
     return "\n".join(parts) + "\n"
 
 
@@ -98,9 +118,13 @@ def build(gp: GeneratedProgram) -> Path:
 def _build_source(src: str) -> Path:
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
-        raise EnvironmentProblem("no host C++ compiler (g++) for the kernel emulator",
-                                 "Install g++ 12 or newer (nvcc needs one anyway).")
-    key = hashlib.sha256("\0".join([src, " ".join(CXX_FLAGS), templates_digest()]).encode()).hexdigest()
+        raise EnvironmentProblem(
+            "no host C++ compiler (g++) for the kernel emulator",
+            "Install g++ 12 or newer (nvcc needs one anyway).",
+        )
+    key = hashlib.sha256(
+        "\0".join([src, " ".join(CXX_FLAGS), templates_digest()]).encode()
+    ).hexdigest()
     root = knobs().cache_dir / "emu"
     exe = root / key
     if exe.is_file():
@@ -115,7 +139,9 @@ def _build_source(src: str) -> Path:
         if res.returncode != 0:
             kept = root / f"{key}.failed.cpp"
             kept.write_text(src)
-            raise RuntimeError(f"host emulation build failed; source kept at {kept}\n{res.stderr[:4000]}")
+            raise RuntimeError(
+                f"host emulation build failed; source kept at {kept}\n{res.stderr[:4000]}"
+            )
         out.replace(exe)
     return exe
 
@@ -129,22 +155,29 @@ class Bundle:
         names = list(programs)
         chunks = [names[i::binaries] for i in range(binaries) if names[i::binaries]]
         with cf.ThreadPoolExecutor(len(chunks) or 1) as ex:
-            exes = list(ex.map(lambda c: _build_source(bundle_source([programs[n] for n in c])), chunks))
+            exes = list(
+                ex.map(lambda c: _build_source(bundle_source([programs[n] for n in c])), chunks)
+            )
         self._where = {n: (exe, i) for c, exe in zip(chunks, exes) for i, n in enumerate(c)}
         self.programs = programs
 
-    def run(self, name: str, inputs: Sequence[np.ndarray], timeout: float = 600) -> list[np.ndarray]:
+    def run(
+        self, name: str, inputs: Sequence[np.ndarray], timeout: float = 600
+    ) -> list[np.ndarray]:
         exe, index = self._where[name]
         return _execute(exe, self.programs[name], inputs, timeout, [str(index)])
 
 
-def run(gp: GeneratedProgram, inputs: Sequence[np.ndarray], timeout: float = 600) -> list[np.ndarray]:
+def run(
+    gp: GeneratedProgram, inputs: Sequence[np.ndarray], timeout: float = 600
+) -> list[np.ndarray]:
     """Execute gp on the CPU; outputs start as NaN, so unwritten elements stay NaN."""
     return _execute(build(gp), gp, inputs, timeout, [])
 
 
-def _execute(exe: Path, gp: GeneratedProgram, inputs: Sequence[np.ndarray], timeout: float,
-             extra: list[str]) -> list[np.ndarray]:
+def _execute(
+    exe: Path, gp: GeneratedProgram, inputs: Sequence[np.ndarray], timeout: float, extra: list[str]
+) -> list[np.ndarray]:
     plan = gp.plan
     with tempfile.TemporaryDirectory() as tmp:
         for i, (x, t) in enumerate(zip(inputs, plan["inputs"])):
@@ -152,11 +185,15 @@ def _execute(exe: Path, gp: GeneratedProgram, inputs: Sequence[np.ndarray], time
             if list(arr.shape) != list(t["shape"]):
                 raise ValueError(f"input {i} has shape {arr.shape}, the plan wants {t['shape']}")
             (Path(tmp) / f"in{i}.bin").write_bytes(arr.tobytes())
-        res = subprocess.run([str(exe), tmp, *extra], capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run(
+            [str(exe), tmp, *extra], capture_output=True, text=True, timeout=timeout
+        )
         if res.returncode != 0:
             raise RuntimeError(f"emulated run failed ({res.returncode}): {res.stderr[:2000]}")
         outs = []
         for i, t in enumerate(plan["outputs"]):
             data = (Path(tmp) / f"out{i}.bin").read_bytes()
-            outs.append(np.frombuffer(data, dtype=numpy_dtype(t["dtype"])).reshape(t["shape"]).copy())
+            outs.append(
+                np.frombuffer(data, dtype=numpy_dtype(t["dtype"])).reshape(t["shape"]).copy()
+            )
         return outs

@@ -55,6 +55,7 @@ def _what(n: Node) -> str:
 
 # ---- elementwise ------------------------------------------------------------------------------
 
+
 def emit_elementwise(lw: Lowering, root: Node) -> Kernel:
     """One thread per element (grid-stride), the fused chain evaluated in registers."""
     name, names, uses = lw.kernel_name(), Names(), lw.uses()
@@ -66,8 +67,12 @@ def emit_elementwise(lw: Lowering, root: Node) -> Kernel:
     v = em.compute(root, tokens)
     val = lw.stored_code(em, root, v, tokens)
     code = Code()
-    with code.block(uses.signature(name, nt)), \
-            code.block(f"for (int i = blockIdx.x * {nt} + threadIdx.x; i < {n}; i += gridDim.x * {nt})"):
+    with (
+        code.block(uses.signature(name, nt)),
+        code.block(
+            f"for (int i = blockIdx.x * {nt} + threadIdx.x; i < {n}; i += gridDim.x * {nt})"
+        ),
+    ):
         code.extend(em.lines)
         code(f"{out.ptr}[i] = mlso::from_f32<{CTYPE[out.dtype]}>({val});")
     grid = (min(_ceil(n, nt), GRID_CAP), 1, 1)
@@ -75,6 +80,7 @@ def emit_elementwise(lw: Lowering, root: Node) -> Kernel:
 
 
 # ---- reductions ---------------------------------------------------------------------------------
+
 
 def emit_reduce(lw: Lowering, root: Node) -> Kernel:
     """REDUCE_SUM / MEAN / MAX over one axis (keepdims), and the stabilisers' masked row max.
@@ -90,7 +96,7 @@ def emit_reduce(lw: Lowering, root: Node) -> Kernel:
     axis = root.arg.axis if isinstance(root.arg, RowMax) else root.arg
     length, count = x.shape[axis], root.numel
     op = "max" if root.op is Op.REDUCE_MAX else "sum"
-    innermost = all(d == 1 for d in x.shape[axis + 1:])
+    innermost = all(d == 1 for d in x.shape[axis + 1 :])
     mode = choose_mode(length, count, innermost, None)
     nt = REDUCE_THREADS
     tokens = decompose("o", root.shape)
@@ -123,7 +129,9 @@ def emit_reduce(lw: Lowering, root: Node) -> Kernel:
         passes.append(Pass("acc", "sum", em2.lines, f"{v.code} * mlso::partial_weight({m2}, mg)"))
         dims = tuple(j for j, c in enumerate(probe.mcoords) if mentions(c, LOOP_VAR))
         mg_node = synthetic.combined(probe.key, dims)
-        mg_coords = canon(mg_node.shape, tuple("0" if j in dims else c for j, c in enumerate(probe.mcoords)))
+        mg_coords = canon(
+            mg_node.shape, tuple("0" if j in dims else c for j, c in enumerate(probe.mcoords))
+        )
         combine = (mg_node, mg_coords)
     else:
         em = lw.emitter(uses, names)
@@ -150,14 +158,18 @@ def emit_reduce(lw: Lowering, root: Node) -> Kernel:
     code = Code()
     with code.block(uses.signature(name, nt)):
         if mode == "thread":
-            with code.block(f"for (int o = blockIdx.x * {nt} + threadIdx.x; o < {count}; o += gridDim.x * {nt})"):
+            with code.block(
+                f"for (int o = blockIdx.x * {nt} + threadIdx.x; o < {count}; o += gridDim.x * {nt})"
+            ):
                 emit_passes(code, passes, length, mode, nt)
                 code.extend(store)
             grid = min(_ceil(count, nt), GRID_CAP)
         else:
             code("const int lane = threadIdx.x & 31;")
-            with code.block(f"for (int o = (blockIdx.x * {nt} + threadIdx.x) >> 5; o < {count}; "
-                            f"o += (gridDim.x * {nt}) >> 5)"):
+            with code.block(
+                f"for (int o = (blockIdx.x * {nt} + threadIdx.x) >> 5; o < {count}; "
+                f"o += (gridDim.x * {nt}) >> 5)"
+            ):
                 emit_passes(code, passes, length, mode, nt)
                 with code.block("if (lane == 0)"):
                     code.extend(store)
@@ -167,6 +179,7 @@ def emit_reduce(lw: Lowering, root: Node) -> Kernel:
 
 
 # ---- matmul -----------------------------------------------------------------------------------
+
 
 def _operand_layout(lw: Lowering, x: Node, role: str, mma: DType | None) -> tuple[bool, bool]:
     """(vector loads ok, k is the contiguous index) for operand x of a kernel-level matmul."""
@@ -202,7 +215,9 @@ def _scaled_operands(lw: Lowering, root: Node, scratch: bool) -> set[str]:
         v = lw.emitter(lw.uses(), Names()).value(x, tokens).scale
         scales.append(structural(v, tokens) if v is not None else None)
     a, b = root.src
-    cs, keep_a, keep_b = matmul_scale(scales[0], scales[1], len(a.shape), len(b.shape), len(root.shape))
+    cs, keep_a, keep_b = matmul_scale(
+        scales[0], scales[1], len(a.shape), len(b.shape), len(root.shape)
+    )
     if cs is None:
         return set()
     lw.storage[root].scale = cs
@@ -232,31 +247,43 @@ def emit_matmul(lw: Lowering, root: Node) -> Kernel:
         em = lw.emitter(uses, names)
         val = em.value(x, coords).code if role in keep else em.plain(x, coords)
         body = " ".join(em.lines)
-        lambdas.append(f"auto {role}_at = [&](int b, int {r}, int {c}) -> float {{ {body} return {val}; }};")
+        lambdas.append(
+            f"auto {role}_at = [&](int b, int {r}, int {c}) -> float {{ {body} return {val}; }};"
+        )
         if vec:
             view = strided(x, lw.storage)
             st = lw.storage[view.leaf]
             uses.read(view.leaf)
-            lambdas.append(f"auto {role}_ptr = [&](int b, int {r}, int {c}) -> const {ctype}* "
-                           f"{{ return {st.ptr} + {offset(coords, view.strides, view.base)}; }};")
+            lambdas.append(
+                f"auto {role}_ptr = [&](int b, int {r}, int {c}) -> const {ctype}* "
+                f"{{ return {st.ptr} + {offset(coords, view.strides, view.base)}; }};"
+            )
         else:
-            lambdas.append(f"auto {role}_ptr = [&](int, int, int) -> const {ctype}* {{ return nullptr; }};")
+            lambdas.append(
+                f"auto {role}_ptr = [&](int, int, int) -> const {ctype}* {{ return nullptr; }};"
+            )
         flags += ["true" if vec else "false", "true" if k_major else "false"]
-    cst = (f"auto c_st = [&](int b, int m, int n, float v) {{ {out.ptr}[(b * {m} + m) * {n} + n] = "
-           f"mlso::from_f32<{CTYPE[out.dtype]}>(v); }};")
+    cst = (
+        f"auto c_st = [&](int b, int m, int n, float v) {{ {out.ptr}[(b * {m} + m) * {n} + n] = "
+        f"mlso::from_f32<{CTYPE[out.dtype]}>(v); }};"
+    )
     code = Code()
     with code.block(uses.signature(name, 128 if mma else 256)):
         code("MLSO_DYNAMIC_SMEM(smem);")
         code.extend(lambdas)
         code(cst)
         if mma:
-            code(f"mlso::gemm_mma_64x64<{ctype}, {m}, {n}, {k}, {', '.join(flags)}>"
-                 "(smem, a_ptr, a_at, b_ptr, b_at, c_st);")
+            code(
+                f"mlso::gemm_mma_64x64<{ctype}, {m}, {n}, {k}, {', '.join(flags)}>"
+                "(smem, a_ptr, a_at, b_ptr, b_at, c_st);"
+            )
             ak, bk = flags[1] == "true", flags[3] == "true"
             elems = 2 * (64 * 40 if ak else 32 * 72) + 2 * (64 * 40 if bk else 32 * 72)
             smem, threads = elems * 2, 128
         else:
-            code(f"mlso::gemm_simt_64x64<{m}, {n}, {k}, {flags[1]}, {flags[3]}>(smem, a_at, b_at, c_st);")
+            code(
+                f"mlso::gemm_simt_64x64<{m}, {n}, {k}, {flags[1]}, {flags[3]}>(smem, a_at, b_at, c_st);"
+            )
             smem, threads = 2 * 16 * 64 * 4, 256
     grid = (_ceil(n, 64), _ceil(m, 64), batch)
     what = f"matmul {list(a.shape)} x {list(b.shape)} ({'mma.sync ' + mma.value if mma else 'fp32 SIMT'})"

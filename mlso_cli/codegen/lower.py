@@ -60,8 +60,11 @@ class Uses:
         decls = []
         for buf in self.params():
             ctype = CTYPE[buf.dtype]
-            decls.append(f"{ctype}* __restrict__ {buf.name}" if buf in self.writes
-                         else f"const {ctype}* __restrict__ {buf.name}")
+            decls.append(
+                f"{ctype}* __restrict__ {buf.name}"
+                if buf in self.writes
+                else f"const {ctype}* __restrict__ {buf.name}"
+            )
         return f'extern "C" __global__ void __launch_bounds__({threads}) {name}({", ".join(decls)})'
 
 
@@ -80,8 +83,10 @@ class Lowering:
         self.consumers = consumers_of(self.order)
         for n in self.order:
             if n.numel > INT_LIMIT:
-                raise CodegenError(f"{n.op.value}{list(n.shape)} has more than 2^31-1 elements",
-                                   "Split the region: kernels index with 32-bit integers.")
+                raise CodegenError(
+                    f"{n.op.value}{list(n.shape)} has more than 2^31-1 elements",
+                    "Split the region: kernels index with 32-bit integers.",
+                )
 
     # ---- storage -----------------------------------------------------------------------------
     def _store(self, n: Node, buf: Buffer) -> Storage:
@@ -119,7 +124,9 @@ class Lowering:
     # ---- roots -------------------------------------------------------------------------------
     def _roots(self) -> tuple[set[Node], list[Node]]:
         """(root set, output targets): which nodes get kernels, and what each output slot holds."""
-        roots: set[Node] = {n for n in self.order if n.op in (Op.MATMUL, Op.GRAPH_DEF)} | set(self.stab.values())
+        roots: set[Node] = {n for n in self.order if n.op in (Op.MATMUL, Op.GRAPH_DEF)} | set(
+            self.stab.values()
+        )
         outs = set(self.kg.outputs)
         users: dict[Node, set[Node]] = {}
         for n in reversed(self.order):
@@ -159,7 +166,7 @@ class Lowering:
     def _inline_reduce(n: Node, users: set[Node]) -> bool:
         """A reduction over a short strided axis with one elementwise kernel using it."""
         x = n.src[0]
-        strided_axis = any(d > 1 for d in x.shape[n.arg + 1:])
+        strided_axis = any(d > 1 for d in x.shape[n.arg + 1 :])
         if not strided_axis or x.shape[n.arg] > INLINE_REDUCE_MAX_LEN or len(users) != 1:
             return False
         (user,) = users
@@ -224,7 +231,9 @@ class Lowering:
         ]
         body = []
         for k in self.kernels:
-            body.append(f"// {k.name}: {k.what}; grid {list(k.grid)}, block {list(k.block)}, smem {k.smem} B")
+            body.append(
+                f"// {k.name}: {k.what}; grid {list(k.grid)}, block {list(k.block)}, smem {k.smem} B"
+            )
             body.append(k.source)
         return "\n".join(head + body)
 

@@ -60,4 +60,3 @@ def normalise(bg: BlockGraph) -> BlockGraph:
         done[n] = new if new is not None and new.shape == m.shape else m
     outs = tuple(done[s] for s in bg.outputs)
     return bg if outs == bg.outputs else bg.replace(outputs=outs)
-

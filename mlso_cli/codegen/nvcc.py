@@ -81,7 +81,8 @@ def nvcc_path() -> str:
         raise EnvironmentProblem(
             f"nvcc (the CUDA compiler) was not found (looked for {want!r})",
             "Install the CUDA Toolkit (12.4 or newer; 13.0 is tested) and put nvcc on PATH, "
-            "or set MLSO_NVCC=/path/to/nvcc.")
+            "or set MLSO_NVCC=/path/to/nvcc.",
+        )
     return found
 
 
@@ -90,16 +91,20 @@ def nvcc_version(path: str) -> str:
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
     except OSError as exc:
-        raise EnvironmentProblem(f"nvcc at {path} cannot be run ({exc})",
-                                 "Check the CUDA Toolkit installation or set MLSO_NVCC.") from None
+        raise EnvironmentProblem(
+            f"nvcc at {path} cannot be run ({exc})",
+            "Check the CUDA Toolkit installation or set MLSO_NVCC.",
+        ) from None
     lines = [s for s in out.stdout.splitlines() if s.strip()]
     return lines[-1] if lines else out.stdout
 
 
 def templates_digest() -> str:
     if not TEMPLATES_DIR.is_dir():
-        raise EnvironmentProblem(f"the CUDA templates directory {TEMPLATES_DIR} is missing",
-                                 "Run mlso from its source checkout (pip install -e .).")
+        raise EnvironmentProblem(
+            f"the CUDA templates directory {TEMPLATES_DIR} is missing",
+            "Run mlso from its source checkout (pip install -e .).",
+        )
     h = hashlib.sha256()
     for p in sorted(TEMPLATES_DIR.glob("*.cuh")):
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
@@ -161,11 +166,14 @@ def compile_source(source: str, targets: tuple[str, ...]) -> bytes:
             raise CompileError(
                 f"nvcc failed ({detail}) on generated CUDA\n  command: {shown}\n  source kept at: {kept}\n"
                 f"  first errors:\n{errors}",
-                "This is a code generation bug: report it with the kept source.")
+                "This is a code generation bug: report it with the kept source.",
+            )
         data = out.read_bytes()
         if not data:
-            raise CompileError(f"nvcc exited 0 but wrote an empty fatbin for {key}",
-                               "Check the CUDA Toolkit installation (disk full?) and run again.")
+            raise CompileError(
+                f"nvcc exited 0 but wrote an empty fatbin for {key}",
+                "Check the CUDA Toolkit installation (disk full?) and run again.",
+            )
         if knobs().keep_temps:
             _write_atomic(root / f"{key}.cu", source.encode())
     write_cache_entry(fatbin, data)
@@ -198,9 +206,14 @@ def read_cache_entry(fatbin: Path) -> bytes | None:
     actual = hashlib.sha256(data).hexdigest()
     if data and actual == recorded:
         return data
-    why = "has no recorded hash" if not recorded else (
-        f"hashes to {actual[:16]}…, not the recorded {recorded[:16]}… (truncated or changed: "
-        f"{len(data)} bytes)")
+    why = (
+        "has no recorded hash"
+        if not recorded
+        else (
+            f"hashes to {actual[:16]}…, not the recorded {recorded[:16]}… (truncated or changed: "
+            f"{len(data)} bytes)"
+        )
+    )
     print(f"mlso: warning: kernel cache entry {fatbin} {why}; rebuilding it", file=sys.stderr)
     for path in (fatbin, digest):
         path.unlink(missing_ok=True)
@@ -209,4 +222,6 @@ def read_cache_entry(fatbin: Path) -> bytes | None:
 
 def compile_generated(gp: GeneratedProgram, targets: tuple[str, ...]) -> CompiledProgram:
     fatbin = compile_source(gp.source, targets)
-    return CompiledProgram(fatbin, gp.plan, gp.source, hashlib.sha256(gp.source.encode()).hexdigest())
+    return CompiledProgram(
+        fatbin, gp.plan, gp.source, hashlib.sha256(gp.source.encode()).hexdigest()
+    )

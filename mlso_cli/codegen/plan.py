@@ -23,7 +23,11 @@ from mlso_cli.codegen.stabilise import consumers_of, stabilised
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.ops import REDUCE, Op
 
-KIND: dict[Op, str] = {Op.MATMUL: "matmul", Op.GRAPH_DEF: "graph_def", **{op: "reduce" for op in REDUCE}}
+KIND: dict[Op, str] = {
+    Op.MATMUL: "matmul",
+    Op.GRAPH_DEF: "graph_def",
+    **{op: "reduce" for op in REDUCE},
+}
 """Root op -> kernel kind; every other root is an elementwise kernel (KERNEL_EMITTERS' default)."""
 assert set(KIND) == set(KERNEL_EMITTERS)
 
@@ -42,8 +46,14 @@ class KernelPlan:
         out: dict[str, Any] = {"kind": self.kind, "shape": list(self.shape)}
         if self.layout is not None:
             lay = self.layout
-            out.update(smem=lay.smem, threads=lay.threads, pipeline=lay.stages, padded=lay.pad,
-                       register_path=lay.register_path, stabilised=self.stabilised)
+            out.update(
+                smem=lay.smem,
+                threads=lay.threads,
+                pipeline=lay.stages,
+                padded=lay.pad,
+                register_path=lay.register_path,
+                stabilised=self.stabilised,
+            )
         return out
 
 
@@ -60,8 +70,12 @@ class LoweringPlan:
         return max((k.layout.smem for k in self.kernels if k.layout is not None), default=0)
 
     def to_json(self) -> dict[str, Any]:
-        return {"arch": self.arch, "kernels": [k.to_json() for k in self.kernels], "stabilised": self.stabilised,
-                "smem_max": self.smem_max}
+        return {
+            "arch": self.arch,
+            "kernels": [k.to_json() for k in self.kernels],
+            "stabilised": self.stabilised,
+            "smem_max": self.smem_max,
+        }
 
 
 def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH) -> LoweringPlan:
@@ -73,8 +87,14 @@ def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH) -> LoweringPlan:
         if root.op is Op.GRAPH_DEF:
             bg = normalise(root.arg)
             nodes = bg.nodes()
-            kernels.append(KernelPlan("graph_def", bg.grid, smem_layout(root.arg, arch),
-                                      len(stabilised(nodes, consumers_of(nodes)))))
+            kernels.append(
+                KernelPlan(
+                    "graph_def",
+                    bg.grid,
+                    smem_layout(root.arg, arch),
+                    len(stabilised(nodes, consumers_of(nodes))),
+                )
+            )
         else:
             kernels.append(KernelPlan(KIND.get(root.op, "elementwise"), root.shape))
     return LoweringPlan(arch, tuple(kernels), len(lw.stab))

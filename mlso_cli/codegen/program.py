@@ -69,8 +69,14 @@ class GeneratedProgram:
     kernels: list[Kernel] = field(default_factory=list, repr=False)
 
 
-def build_plan(targets: tuple[str, ...], inputs: list[Buffer], outputs: list[Buffer], scratch: list[Buffer],
-               kernels: list[Kernel], zero: list[Buffer] | None = None) -> dict[str, Any]:
+def build_plan(
+    targets: tuple[str, ...],
+    inputs: list[Buffer],
+    outputs: list[Buffer],
+    scratch: list[Buffer],
+    kernels: list[Kernel],
+    zero: list[Buffer] | None = None,
+) -> dict[str, Any]:
     return {
         "version": 1,
         "targets": list(targets),
@@ -79,6 +85,14 @@ def build_plan(targets: tuple[str, ...], inputs: list[Buffer], outputs: list[Buf
         "outputs": [{"dtype": b.dtype.value, "shape": list(b.shape)} for b in outputs],
         "scratch": [{"bytes": max(b.nbytes, 4)} for b in scratch],
         "zero": [b.ref() for b in zero or []],
-        "launches": [{"kernel": k.name, "grid": list(k.grid), "block": list(k.block), "smem": k.smem,
-                      "args": [b.ref() for b in k.params]} for k in kernels],
+        "launches": [
+            {
+                "kernel": k.name,
+                "grid": list(k.grid),
+                "block": list(k.block),
+                "smem": k.smem,
+                "args": [b.ref() for b in k.params],
+            }
+            for k in kernels
+        ],
     }

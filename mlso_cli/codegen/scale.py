@@ -147,11 +147,17 @@ def _additive(a: Scale | None, b: Scale | None) -> tuple[Scale | None, bool, boo
     return None, a is not None, b is not None
 
 
-BINARY: dict[Op, BinaryRule] = {Op.MUL: _mul, Op.DIV: _div, Op.ADD: _additive, Op.SUB: _additive,
-                                Op.MAX: _additive}
+BINARY: dict[Op, BinaryRule] = {
+    Op.MUL: _mul,
+    Op.DIV: _div,
+    Op.ADD: _additive,
+    Op.SUB: _additive,
+    Op.MAX: _additive,
+}
 
 
 # ---- matmul: linear in a scaled operand ---------------------------------------------------------
+
 
 def _keeps(bs: BufferScale, contracted: int) -> bool:
     """A scale whose max tensor M does not vary along the contracted axis factors out of the sum."""
@@ -172,8 +178,9 @@ def _moved(bs: BufferScale, dims: dict[int, int]) -> BufferScale | None:
     return BufferScale(bs.key, bs.degree, tuple(out))
 
 
-def matmul_scale(a: BufferScale | None, b: BufferScale | None, a_rank: int, b_rank: int,
-                 c_rank: int) -> tuple[BufferScale | None, bool, bool]:
+def matmul_scale(
+    a: BufferScale | None, b: BufferScale | None, a_rank: int, b_rank: int, c_rank: int
+) -> tuple[BufferScale | None, bool, bool]:
     """(scale of C = A @ B, keep A's stored numbers?, keep B's stored numbers?).
 
     Why: a matmul is linear in each operand. A per-row scale of A (M independent of K) is a

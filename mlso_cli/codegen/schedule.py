@@ -12,8 +12,11 @@ from collections.abc import Callable, Iterable
 from mlso_cli.ir.node import Node
 
 
-def schedule(targets: Iterable[Node], deps: Callable[[Node], list[Node]],
-             keep: Callable[[Node], bool] = lambda n: True) -> list[Node]:
+def schedule(
+    targets: Iterable[Node],
+    deps: Callable[[Node], list[Node]],
+    keep: Callable[[Node], bool] = lambda n: True,
+) -> list[Node]:
     """Every node reachable from `targets` through `deps`, each after its dependencies, in the
     order a depth-first walk finishes them (targets in their given order); `keep` filters."""
     order: list[Node] = []

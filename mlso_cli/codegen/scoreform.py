@@ -34,8 +34,12 @@ class ScoreForm:
 
 
 def _key_shaped(f: Node, s: Node) -> bool:
-    return len(f.shape) == len(s.shape) and f.shape[-2] == 1 and f.shape[-1] == s.shape[-1] and all(
-        d == 1 for d in f.shape[:-2])
+    return (
+        len(f.shape) == len(s.shape)
+        and f.shape[-2] == 1
+        and f.shape[-1] == s.shape[-1]
+        and all(d == 1 for d in f.shape[:-2])
+    )
 
 
 def _matmul(n: Node, form: Callable[[Node], ScoreForm | None]) -> ScoreForm | None:
@@ -60,7 +64,13 @@ def _mul(n: Node, form: Callable[[Node], ScoreForm | None]) -> ScoreForm | None:
 
 def _add(n: Node, form: Callable[[Node], ScoreForm | None]) -> ScoreForm | None:
     a, b = (form(x) if x.shape == n.shape else None for x in n.src)
-    if a is None or b is None or a.key_factor is not None or b.key_factor is not None or a.scale != b.scale:
+    if (
+        a is None
+        or b is None
+        or a.key_factor is not None
+        or b.key_factor is not None
+        or a.scale != b.scale
+    ):
         return None
     return ScoreForm(a.terms + b.terms, a.scale, None, a.nodes | b.nodes | {n})
 

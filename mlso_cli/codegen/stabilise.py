@@ -47,7 +47,12 @@ def _linear_path(e: Node, consumers: Mapping[Node, list[Node]]) -> tuple[int, li
                     if e.shape[c.arg] > 1:
                         return c.arg, factors
                     continue
-                if c.op is Op.MATMUL and contracted is None and len(e.shape) >= 2 and (c.src[0] == x) != (c.src[1] == x):
+                if (
+                    c.op is Op.MATMUL
+                    and contracted is None
+                    and len(e.shape) >= 2
+                    and (c.src[0] == x) != (c.src[1] == x)
+                ):
                     axis = len(e.shape) - (1 if c.src[0] == x else 2)
                     if e.shape[axis] > 1:
                         contracted = axis, factors
@@ -69,7 +74,9 @@ def _linear_path(e: Node, consumers: Mapping[Node, list[Node]]) -> tuple[int, li
     return contracted
 
 
-def stabilised(nodes: Sequence[Node], consumers: Mapping[Node, list[Node]]) -> dict[Node, tuple[int, list[Node]]]:
+def stabilised(
+    nodes: Sequence[Node], consumers: Mapping[Node, list[Node]]
+) -> dict[Node, tuple[int, list[Node]]]:
     """EXP node -> (axis of its row max, mask factors), for every EXP that feeds a sum linearly:
     the one decision that code generation and the interpreter's float32 mode both follow."""
     out: dict[Node, tuple[int, list[Node]]] = {}

@@ -51,7 +51,7 @@ class Copy:
 
 
 def row_max(s: Node, axis: int, weight: Node | None) -> Node:
-    shape = s.shape[:axis] + (1,) + s.shape[axis + 1:]
+    shape = s.shape[:axis] + (1,) + s.shape[axis + 1 :]
     srcs = (s,) if weight is None else (s, weight)
     return Node(Op.REDUCE_MAX, srcs, RowMax(axis, weight is not None), shape, DType.F32, s.phase)
 

@@ -41,11 +41,17 @@ def choose_mode(length: int, outputs: int, innermost: bool, warps: int | None) -
 
 
 def emit_passes(code: Code, passes: list[Pass], length: int, mode: str, threads: int) -> None:
-    start, step = {"thread": ("0", "1"), "warp": ("lane", "32"), "block": ("threadIdx.x", str(threads))}[mode]
+    start, step = {
+        "thread": ("0", "1"),
+        "warp": ("lane", "32"),
+        "block": ("threadIdx.x", str(threads)),
+    }[mode]
     for p in passes:
         init, fold, op = FOLD[p.op]
         code(f"float {p.acc} = {init};")
-        with code.block(f"for (int {LOOP_VAR} = {start}; {LOOP_VAR} < {length}; {LOOP_VAR} += {step})"):
+        with code.block(
+            f"for (int {LOOP_VAR} = {start}; {LOOP_VAR} < {length}; {LOOP_VAR} += {step})"
+        ):
             code.extend(p.lines)
             code(f"{p.acc} = {fold.format(a=p.acc, b=p.expr)};")
         if mode == "warp":

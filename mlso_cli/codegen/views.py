@@ -24,8 +24,9 @@ class Strided:
     base: int = 0
 
 
-def view_strides(old_shape: Sequence[int], old_strides: Sequence[int],
-                 new_shape: Sequence[int]) -> tuple[int, ...] | None:
+def view_strides(
+    old_shape: Sequence[int], old_strides: Sequence[int], new_shape: Sequence[int]
+) -> tuple[int, ...] | None:
     """Strides of a reshape of a strided tensor, or None if it is not a view (PyTorch's rule)."""
     if not old_shape:
         return tuple(0 for _ in new_shape)
@@ -69,7 +70,10 @@ def strided(n: Node, storage: Mapping[Node, Storage]) -> Strided | None:
             return None
         src = n.src[0].shape
         lead = len(n.shape) - len(src)
-        st = tuple(0 if i < lead or src[i - lead] == 1 else r.strides[i - lead] for i in range(len(n.shape)))
+        st = tuple(
+            0 if i < lead or src[i - lead] == 1 else r.strides[i - lead]
+            for i in range(len(n.shape))
+        )
         return Strided(r.leaf, st, r.base)
     if n.op is Op.RESHAPE:
         r = strided(n.src[0], storage)

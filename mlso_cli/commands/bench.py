@@ -23,9 +23,13 @@ from mlso_cli.pipeline.gpu import require_gpu
 @click.option("--gpu", type=int, required=True, help="GPU index to run on.")
 @input_shape_option
 @json_option
-@click.option("--repeats", default=5, show_default=True, help="Timed repeats; the median is reported.")
+@click.option(
+    "--repeats", default=5, show_default=True, help="Timed repeats; the median is reported."
+)
 @click.option("--iters", default=100, show_default=True, help="Calls per repeat.")
-@click.option("--cuda-graph", is_flag=True, help="Also time both models under ONNX Runtime's CUDA graph.")
+@click.option(
+    "--cuda-graph", is_flag=True, help="Also time both models under ONNX Runtime's CUDA graph."
+)
 def bench_cmd(orig, fast, gpu, input_shapes, as_json, repeats, iters, cuda_graph) -> None:
     """Time ORIG and FAST in ONNX Runtime on the CUDA EP, whole models and per region."""
     info = require_gpu(gpu)
@@ -38,14 +42,45 @@ def bench_cmd(orig, fast, gpu, input_shapes, as_json, repeats, iters, cuda_graph
     feeds = random_feeds(a)
     rows = []
     for label, graph_opt in [("ort", False)] + ([("ort-cuda-graph", True)] if cuda_graph else []):
-        opts = [("CUDAExecutionProvider", {"device_id": gpu, "enable_cuda_graph": "1" if graph_opt else "0"})]
-        ta = time_session(runtime.session(a.SerializeToString(), providers=opts), feeds, gpu, repeats=repeats, iters=iters)
-        tb = time_session(runtime.session(b.SerializeToString(), providers=opts), feeds, gpu, repeats=repeats, iters=iters)
-        rows.append({"type": "model", "mode": label, "orig_us": ta.median_us, "fast_us": tb.median_us,
-                     "speedup": ta.median_us / tb.median_us})
+        opts = [
+            (
+                "CUDAExecutionProvider",
+                {"device_id": gpu, "enable_cuda_graph": "1" if graph_opt else "0"},
+            )
+        ]
+        ta = time_session(
+            runtime.session(a.SerializeToString(), providers=opts),
+            feeds,
+            gpu,
+            repeats=repeats,
+            iters=iters,
+        )
+        tb = time_session(
+            runtime.session(b.SerializeToString(), providers=opts),
+            feeds,
+            gpu,
+            repeats=repeats,
+            iters=iters,
+        )
+        rows.append(
+            {
+                "type": "model",
+                "mode": label,
+                "orig_us": ta.median_us,
+                "fast_us": tb.median_us,
+                "speedup": ta.median_us / tb.median_us,
+            }
+        )
     for rt in time_regions(b, gpu, repeats=repeats, iters=iters):
-        rows.append({"type": "region", "node": rt.node, "orig_us": rt.orig_us, "kernel_us": rt.kernel_us,
-                     "speedup": rt.speedup})
+        rows.append(
+            {
+                "type": "region",
+                "node": rt.node,
+                "orig_us": rt.orig_us,
+                "kernel_us": rt.kernel_us,
+                "speedup": rt.speedup,
+            }
+        )
     if as_json:
         for r in rows:
             click.echo(json.dumps({**r, "gpu": info.name}))

@@ -38,10 +38,21 @@ def _fmt_flops(n: int) -> str:
 @click.argument("model", metavar="MODEL")
 @input_shape_option
 @json_option
-@click.option("--max-ops", default=PartitionBounds.max_ops, show_default=True, help="Split regions with more ops than this.")
-@click.option("--max-contractions", default=PartitionBounds.max_contractions, show_default=True,
-              help="Split regions with more MatMul-like ops than this.")
-def inspect_cmd(model: str, input_shapes: tuple[str, ...], as_json: bool, max_ops: int, max_contractions: int) -> None:
+@click.option(
+    "--max-ops",
+    default=PartitionBounds.max_ops,
+    show_default=True,
+    help="Split regions with more ops than this.",
+)
+@click.option(
+    "--max-contractions",
+    default=PartitionBounds.max_contractions,
+    show_default=True,
+    help="Split regions with more MatMul-like ops than this.",
+)
+def inspect_cmd(
+    model: str, input_shapes: tuple[str, ...], as_json: bool, max_ops: int, max_contractions: int
+) -> None:
     """Show the fusable regions of MODEL (a path, or - for stdin) and why other nodes are left out.
 
     A model with MlsoKernel nodes (anywhere, If/Loop bodies included) carries executable GPU
@@ -56,7 +67,9 @@ def inspect_cmd(model: str, input_shapes: tuple[str, ...], as_json: bool, max_op
     loaded = load_model(model, parse_input_shapes(input_shapes))
     if kernels is None:
         kernels = _check_kernels(loaded.model, loaded.base_dir, loaded.source)
-    part = analyse(loaded, PartitionBounds(max_ops=max_ops, max_contractions=max_contractions)).partition
+    part = analyse(
+        loaded, PartitionBounds(max_ops=max_ops, max_contractions=max_contractions)
+    ).partition
     reports = partition_reports(loaded, part)
     if as_json:
         for r in reports:
@@ -69,7 +82,8 @@ def inspect_cmd(model: str, input_shapes: tuple[str, ...], as_json: bool, max_op
     if bad:
         raise InputError(
             f"{len(bad)} of {len(kernels)} MlsoKernel node(s) in {loaded.source} failed their plan or hash check",
-            "Do not run this model with the mlso library; re-run `mlso optimize` on the original model")
+            "Do not run this model with the mlso library; re-run `mlso optimize` on the original model",
+        )
 
 
 def _check_kernels(model: onnx.ModelProto, base_dir: Path | None, source: str) -> list[dict]:
@@ -77,19 +91,31 @@ def _check_kernels(model: onnx.ModelProto, base_dir: Path | None, source: str) -
     executable code and print each failure. Returns one JSON-ready row per node."""
     rows = []
     for path, index, node, inits, types in iter_mlso_nodes(model):
-        row = {"node": node.name, "graph": path or "main", "index": index, "inputs": list(node.input),
-               "outputs": list(node.output), "valid": True, "problem": None}
+        row = {
+            "node": node.name,
+            "graph": path or "main",
+            "index": index,
+            "inputs": list(node.input),
+            "outputs": list(node.output),
+            "valid": True,
+            "problem": None,
+        }
         try:
-            row["binary_sha256"] = check_one(node, index, path, inits, types, base_dir).binary_sha256
+            row["binary_sha256"] = check_one(
+                node, index, path, inits, types, base_dir
+            ).binary_sha256
         except MlsoError as exc:
             row.update(valid=False, problem=exc.one_line())
         rows.append(row)
     if rows:
         nested = sum(r["graph"] != "main" for r in rows)
         where = f", {nested} of them inside subgraphs" if nested else ""
-        stderr().print(f"[bold yellow]note:[/] {source} carries executable GPU code: {len(rows)} mlso kernel "
-                       f"node(s) (ai.mlso::MlsoKernel){where}; each plan and binary hash was checked",
-                       markup=True, highlight=False)
+        stderr().print(
+            f"[bold yellow]note:[/] {source} carries executable GPU code: {len(rows)} mlso kernel "
+            f"node(s) (ai.mlso::MlsoKernel){where}; each plan and binary hash was checked",
+            markup=True,
+            highlight=False,
+        )
         for r in rows:
             if not r["valid"]:
                 click.echo(f"mlso: error: {r['problem']}", err=True)
@@ -99,14 +125,33 @@ def _check_kernels(model: onnx.ModelProto, base_dir: Path | None, source: str) -
 def _print_tables(source: str, reports, part) -> None:
     con = stderr()
     table = Table(title=f"{source}: {len(reports)} fusable region(s)", title_justify="left")
-    for col in ("id", "label", "ops", "inputs", "outputs", "dtype", "FLOPs", "DRAM unfused", "DRAM fused min"):
+    for col in (
+        "id",
+        "label",
+        "ops",
+        "inputs",
+        "outputs",
+        "dtype",
+        "FLOPs",
+        "DRAM unfused",
+        "DRAM fused min",
+    ):
         table.add_column(col, overflow="fold")
     for r in reports:
         ops = ", ".join(f"{k}×{v}" if v > 1 else k for k, v in r.ops.items())
         ins = "\n".join(f"{i['name']} {tuple(i['shape'])}" for i in r.inputs)
         outs = "\n".join(f"{o['name']} {tuple(o['shape'])}" for o in r.outputs)
-        table.add_row(str(r.region), r.label, ops, ins, outs, r.dtype, _fmt_flops(r.flops),
-                      _fmt_bytes(r.dram_bytes_unfused), _fmt_bytes(r.dram_bytes_fused_min))
+        table.add_row(
+            str(r.region),
+            r.label,
+            ops,
+            ins,
+            outs,
+            r.dtype,
+            _fmt_flops(r.flops),
+            _fmt_bytes(r.dram_bytes_unfused),
+            _fmt_bytes(r.dram_bytes_fused_min),
+        )
     con.print(table)
     if part.splits:
         con.print("[bold]Splits[/bold]")

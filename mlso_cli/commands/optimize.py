@@ -27,10 +27,17 @@ def _check_paths(model: str, out: str, force: bool) -> None:
     from mlso_cli.package.write import check_output_path
 
     if model != "-" and Path(out).resolve() == Path(model).resolve():
-        raise UsageError("-o names the input model; mlso never overwrites its input", "Choose another output path")
-    check_output_path(Path(out), replace=True)  # a symlink, directory, device or FIFO: exit 1, even with --force
+        raise UsageError(
+            "-o names the input model; mlso never overwrites its input",
+            "Choose another output path",
+        )
+    check_output_path(
+        Path(out), replace=True
+    )  # a symlink, directory, device or FIFO: exit 1, even with --force
     if os.path.lexists(out) and not force:
-        raise UsageError(f"{out} already exists", "Pass --force to replace it, or choose another path")
+        raise UsageError(
+            f"{out} already exists", "Pass --force to replace it, or choose another path"
+        )
     parent = Path(out).resolve().parent
     if not parent.is_dir():
         raise InputError(f"output folder {parent} does not exist", "Create it first")
@@ -43,15 +50,24 @@ def _default_jobs() -> int:
         return os.cpu_count() or 1
 
 
-def _check_numbers(min_speedup: float, budget: float | None, max_states: int | None, jobs: int, top_k: int,
-                   seed: int = 0, gpu: int | None = None) -> None:
-    rules = [(min_speedup < 0, "--min-speedup must be >= 0"),
-             (seed < 0, "--seed must be >= 0 (numpy's generators take no negative seed)"),
-             (gpu is not None and gpu < 0, "--gpu must be a GPU index >= 0"),
-             (budget is not None and budget <= 0, "--budget must be a positive number of seconds"),
-             (max_states is not None and max_states < 1, "--max-states must be at least 1"),
-             (jobs < 1, "--jobs must be at least 1"),
-             (top_k < 1, "--top-k must be at least 1")]
+def _check_numbers(
+    min_speedup: float,
+    budget: float | None,
+    max_states: int | None,
+    jobs: int,
+    top_k: int,
+    seed: int = 0,
+    gpu: int | None = None,
+) -> None:
+    rules = [
+        (min_speedup < 0, "--min-speedup must be >= 0"),
+        (seed < 0, "--seed must be >= 0 (numpy's generators take no negative seed)"),
+        (gpu is not None and gpu < 0, "--gpu must be a GPU index >= 0"),
+        (budget is not None and budget <= 0, "--budget must be a positive number of seconds"),
+        (max_states is not None and max_states < 1, "--max-states must be at least 1"),
+        (jobs < 1, "--jobs must be at least 1"),
+        (top_k < 1, "--top-k must be at least 1"),
+    ]
     for bad, what in rules:
         if bad:
             raise UsageError(what)
@@ -59,42 +75,105 @@ def _check_numbers(min_speedup: float, budget: float | None, max_states: int | N
 
 @click.command("optimize")
 @click.argument("model", metavar="MODEL")
-@click.option("-o", "--output", "out", default=None, metavar="OUT",
-              help="Where to write the optimized model (optional with --dry-run).")
+@click.option(
+    "-o",
+    "--output",
+    "out",
+    default=None,
+    metavar="OUT",
+    help="Where to write the optimized model (optional with --dry-run).",
+)
 @input_shape_option
 @json_option
-@click.option("--min-speedup", default=1.0, show_default=True, type=float,
-              help="Keep a region's original nodes unless mlso's program is at least this much faster.")
+@click.option(
+    "--min-speedup",
+    default=1.0,
+    show_default=True,
+    type=float,
+    help="Keep a region's original nodes unless mlso's program is at least this much faster.",
+)
 @click.option("--seed", default=0, show_default=True, help="Seed for verification and search.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists (never the input).")
-@click.option("--gpu", type=int, default=None,
-              help="Time the best candidates on this GPU; the never-slower rule then uses the measurement.")
-@click.option("--budget", type=float, default=None, metavar="SECONDS",
-              help="Wall-clock search budget per region (a result cut short is never cached).")
-@click.option("--max-states", type=int, default=None, metavar="N",
-              help="Stop each region's search after N states (deterministic) [default: 64,000 per signature, at most 1,000,000].")
-@click.option("--jobs", type=int, default=None, metavar="N", help="Search worker processes [default: the cores].")
-@click.option("--top-k", type=int, default=3, show_default=True, help="With --gpu: candidates timed per region.")
+@click.option(
+    "--gpu",
+    type=int,
+    default=None,
+    help="Time the best candidates on this GPU; the never-slower rule then uses the measurement.",
+)
+@click.option(
+    "--budget",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Wall-clock search budget per region (a result cut short is never cached).",
+)
+@click.option(
+    "--max-states",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Stop each region's search after N states (deterministic) [default: 64,000 per signature, at most 1,000,000].",
+)
+@click.option(
+    "--jobs",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Search worker processes [default: the cores].",
+)
+@click.option(
+    "--top-k",
+    type=int,
+    default=3,
+    show_default=True,
+    help="With --gpu: candidates timed per region.",
+)
 @click.option("--dry-run", is_flag=True, help="Search and report; compile and write nothing.")
 @click.option("--no-cache", is_flag=True, help="Search again even when a cached result exists.")
-def optimize_cmd(model, out, input_shapes, as_json, min_speedup, seed, force, gpu, budget, max_states, jobs, top_k,
-                 dry_run, no_cache) -> None:
+def optimize_cmd(
+    model,
+    out,
+    input_shapes,
+    as_json,
+    min_speedup,
+    seed,
+    force,
+    gpu,
+    budget,
+    max_states,
+    jobs,
+    top_k,
+    dry_run,
+    no_cache,
+) -> None:
     """Rewrite MODEL so each fusable region runs as the fastest verified mlso program found."""
     jobs = _default_jobs() if jobs is None else jobs
     _check_numbers(min_speedup, budget, max_states, jobs, top_k, seed, gpu)
     if out is None and not dry_run:
-        raise UsageError("optimize needs -o OUT", "Name the output model with -o, or pass --dry-run to only report")
+        raise UsageError(
+            "optimize needs -o OUT",
+            "Name the output model with -o, or pass --dry-run to only report",
+        )
     if out is not None and not dry_run:
         _check_paths(model, out, force)
     options = PipelineOptions(
         search=SearchOptions(budget_s=budget, max_states=max_states, jobs=jobs, seed=seed),
-        min_speedup=min_speedup, seed=seed, gpu=gpu, top_k=top_k, use_cache=not no_cache)
+        min_speedup=min_speedup,
+        seed=seed,
+        gpu=gpu,
+        top_k=top_k,
+        use_cache=not no_cache,
+    )
     with _Display() as display:
-        outcome = optimize(model, parse_input_shapes(input_shapes), options, listener=display, dry_run=dry_run)
+        outcome = optimize(
+            model, parse_input_shapes(input_shapes), options, listener=display, dry_run=dry_run
+        )
     if not dry_run:
         from mlso_cli.package import write_model_atomic
 
-        write_model_atomic(outcome.model, out, input_path=None if model == "-" else model, replace=force)
+        write_model_atomic(
+            outcome.model, out, input_path=None if model == "-" else model, replace=force
+        )
     _report(outcome, None if dry_run else out, as_json)
 
 
@@ -109,8 +188,13 @@ class _Display(Listener):
         if chatty():
             from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
-                                      TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), console=stderr())
+            self._progress = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                TextColumn("{task.fields[stats]}"),
+                TimeElapsedColumn(),
+                console=stderr(),
+            )
             self._progress.start()
         return self
 
@@ -120,19 +204,24 @@ class _Display(Listener):
 
     def region_started(self, region: int, label: str, index: int, total: int) -> None:
         if self._progress is not None:
-            self._tasks[region] = self._progress.add_task(f"region {region} ({label}) {index + 1}/{total}",
-                                                          total=None, stats="searching")
+            self._tasks[region] = self._progress.add_task(
+                f"region {region} ({label}) {index + 1}/{total}", total=None, stats="searching"
+            )
 
     def search_progress(self, region: int, progress: SearchProgress) -> None:
         if self._progress is not None and region in self._tasks:
             best = "-" if progress.best_us is None else f"{progress.best_us:.1f} µs"
-            stats = (f"states {progress.states}  pruned {progress.pruned}  verified {progress.verified}  "
-                     f"best {best}")
+            stats = (
+                f"states {progress.states}  pruned {progress.pruned}  verified {progress.verified}  "
+                f"best {best}"
+            )
             self._progress.update(self._tasks[region], stats=stats)
 
     def region_searched(self, region: int, searched: Searched) -> None:
         if self._progress is not None and region in self._tasks:
-            self._progress.update(self._tasks[region], stats=_search_summary(searched), total=1, completed=1)
+            self._progress.update(
+                self._tasks[region], stats=_search_summary(searched), total=1, completed=1
+            )
 
     def compiled(self, region: int) -> None:
         if self._progress is not None and region in self._tasks:
@@ -154,22 +243,48 @@ def _search_summary(s: Searched) -> str:
 
 def _region_row(rep: RegionReport) -> dict:
     s, c, r = rep.searched, rep.choice, rep.searched.result
-    return {"type": "region", "region": c.region, "label": c.label, "packaged": c.packaged,
-            "us_before": round(c.before_us, 3), "us_after": round(c.after_us, 3), "speedup": round(c.speedup, 3),
-            "kernels": c.kernels, "estimate_us": round(c.estimate_us, 3), "why": c.why,
-            "searched": s.searched, "cached": s.cached, "partial": r.partial, "states": r.states,
-            "pruned": r.pruned, "verified": r.verified, "candidates": len(r.candidates),
-            "search_s": round(s.seconds, 3), "bound": r.bound, "notes": list(r.notes), "hash": s.region_hash}
+    return {
+        "type": "region",
+        "region": c.region,
+        "label": c.label,
+        "packaged": c.packaged,
+        "us_before": round(c.before_us, 3),
+        "us_after": round(c.after_us, 3),
+        "speedup": round(c.speedup, 3),
+        "kernels": c.kernels,
+        "estimate_us": round(c.estimate_us, 3),
+        "why": c.why,
+        "searched": s.searched,
+        "cached": s.cached,
+        "partial": r.partial,
+        "states": r.states,
+        "pruned": r.pruned,
+        "verified": r.verified,
+        "candidates": len(r.candidates),
+        "search_s": round(s.seconds, 3),
+        "bound": r.bound,
+        "notes": list(r.notes),
+        "hash": s.region_hash,
+    }
 
 
 def _report(outcome: Outcome, out: str | None, as_json: bool) -> None:
     if as_json:
         for rep in outcome.regions:
             click.echo(json.dumps(_region_row(rep)))
-        click.echo(json.dumps({"type": "summary", "output": out, "regions": len(outcome.regions),
-                               "packaged": outcome.packaged, "bound": outcome.bound,
-                               "searched": sum(r.searched.searched for r in outcome.regions),
-                               "cached": sum(r.searched.cached for r in outcome.regions)}))
+        click.echo(
+            json.dumps(
+                {
+                    "type": "summary",
+                    "output": out,
+                    "regions": len(outcome.regions),
+                    "packaged": outcome.packaged,
+                    "bound": outcome.bound,
+                    "searched": sum(r.searched.searched for r in outcome.regions),
+                    "cached": sum(r.searched.cached for r in outcome.regions),
+                }
+            )
+        )
     if chatty():
         from rich.table import Table
 
@@ -178,7 +293,14 @@ def _report(outcome: Outcome, out: str | None, as_json: bool) -> None:
             t.add_column(col)
         for rep in outcome.regions:
             c = rep.choice
-            t.add_row(str(c.region), c.label, _search_summary(rep.searched), f"{c.before_us:.1f}",
-                      f"{c.after_us:.1f}", f"{c.speedup:.2f}x", "mlso kernel" if c.packaged else c.why)
+            t.add_row(
+                str(c.region),
+                c.label,
+                _search_summary(rep.searched),
+                f"{c.before_us:.1f}",
+                f"{c.after_us:.1f}",
+                f"{c.speedup:.2f}x",
+                "mlso kernel" if c.packaged else c.why,
+            )
         stderr().print(t)
         stderr().print(f"verification bound of the run: {outcome.bound:.3g}")

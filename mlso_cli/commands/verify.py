@@ -49,9 +49,14 @@ def _parse_tol(values: tuple[str, ...], flag: str) -> tuple[float | None, dict[s
         try:
             x = float(num)
         except ValueError:
-            raise UsageError(f"{flag} '{v}' is not a number or NAME=number", f"Write e.g. {flag} 1e-3 or {flag} O=1e-3") from None
+            raise UsageError(
+                f"{flag} '{v}' is not a number or NAME=number",
+                f"Write e.g. {flag} 1e-3 or {flag} O=1e-3",
+            ) from None
         if not x >= 0 or x == float("inf"):  # also NaN
-            raise UsageError(f"{flag} '{v}' must be a finite number >= 0", f"Write e.g. {flag} 1e-3")
+            raise UsageError(
+                f"{flag} '{v}' must be a finite number >= 0", f"Write e.g. {flag} 1e-3"
+            )
         if sep:
             per[name] = x
         else:
@@ -62,11 +67,15 @@ def _parse_tol(values: tuple[str, ...], flag: str) -> tuple[float | None, dict[s
 def _check_numbers(samples: int, seed: int, gpu: int | None, scales: list[float]) -> None:
     """Flags that would otherwise make verify pass vacuously (--samples 0 checks nothing) or fail
     with a numpy traceback (--seed -1) are usage errors, before any model is loaded."""
-    rules = [(samples < 1, "--samples must be at least 1"),
-             (seed < 0, "--seed must be >= 0 (numpy's generators take no negative seed)"),
-             (gpu is not None and gpu < 0, "--gpu must be a GPU index >= 0"),
-             (not scales or not all(0 < s < float("inf") for s in scales),
-              "--scales must be a comma-separated list of finite numbers > 0")]
+    rules = [
+        (samples < 1, "--samples must be at least 1"),
+        (seed < 0, "--seed must be >= 0 (numpy's generators take no negative seed)"),
+        (gpu is not None and gpu < 0, "--gpu must be a GPU index >= 0"),
+        (
+            not scales or not all(0 < s < float("inf") for s in scales),
+            "--scales must be a comma-separated list of finite numbers > 0",
+        ),
+    ]
     for bad, what in rules:
         if bad:
             raise UsageError(what)
@@ -97,13 +106,17 @@ def _session(model: onnx.ModelProto, gpu: int | None, which: str):
         raise
     except Exception as exc:  # ORT's own load errors: report them in one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InputError(f"ONNX Runtime cannot load model {which} ({model.graph.name or 'unnamed'}), so verify "
-                         f"cannot compare it: {first[:300]}",
-                         "verify runs both models in ONNX Runtime; ops of other domains need their library "
-                         "registered in ORT") from None
+        raise InputError(
+            f"ONNX Runtime cannot load model {which} ({model.graph.name or 'unnamed'}), so verify "
+            f"cannot compare it: {first[:300]}",
+            "verify runs both models in ONNX Runtime; ops of other domains need their library "
+            "registered in ORT",
+        ) from None
     if "CUDAExecutionProvider" not in sess.get_providers():
-        raise EnvironmentProblem(f"ONNX Runtime could not use the CUDA EP on GPU {gpu}",
-                                 "Install the CUDA and cuDNN libraries onnxruntime-gpu needs, or run verify without --gpu")
+        raise EnvironmentProblem(
+            f"ONNX Runtime could not use the CUDA EP on GPU {gpu}",
+            "Install the CUDA and cuDNN libraries onnxruntime-gpu needs, or run verify without --gpu",
+        )
     return sess
 
 
@@ -130,14 +143,20 @@ def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
         data = shapes.get(n.input[0])
         if not data:
             continue
-        axis = next((a.i for a in n.attribute if a.name == "axis"), 0) if n.op_type != "GatherND" else 0
+        axis = (
+            next((a.i for a in n.attribute if a.name == "axis"), 0)
+            if n.op_type != "GatherND"
+            else 0
+        )
         size = data[axis % len(data)]
         if size > 0:
             bounds[n.input[1]] = min(bounds.get(n.input[1], size), size)
     return bounds
 
 
-def _feeds(specs: list, rng: np.random.Generator, scale: float, bounds: dict[str, int]) -> dict[str, np.ndarray]:
+def _feeds(
+    specs: list, rng: np.random.Generator, scale: float, bounds: dict[str, int]
+) -> dict[str, np.ndarray]:
     """Random inputs: floats normal at `scale`; integer indices over their whole valid range;
     other integers from {0, 1} (shapes and flags cannot take arbitrary values)."""
     feeds = {}
@@ -165,20 +184,57 @@ def _rel(out: np.ndarray, ref: np.ndarray) -> float:
 @input_shape_option
 @json_option
 @click.option("--samples", default=2, show_default=True, help="Random input sets per scale.")
-@click.option("--seed", type=int, default=None,
-              help="Seed for the random inputs and the field's primes (default: fresh from the OS each run, "
-                   "printed in the report, so a μGraph cannot be tuned to a known seed).")
-@click.option("--scales", default="1,4,1000", show_default=True,
-              help="Input scales to test; large ones are adversarial (softmax logits, norm inputs).")
-@click.option("--rtol", multiple=True, metavar="[OUT=]X", help="Elementwise relative tolerance, for all or one output.")
-@click.option("--atol", multiple=True, metavar="[OUT=]X", help="Elementwise absolute tolerance, for all or one output.")
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="Seed for the random inputs and the field's primes (default: fresh from the OS each run, "
+    "printed in the report, so a μGraph cannot be tuned to a known seed).",
+)
+@click.option(
+    "--scales",
+    default="1,4,1000",
+    show_default=True,
+    help="Input scales to test; large ones are adversarial (softmax logits, norm inputs).",
+)
+@click.option(
+    "--rtol",
+    multiple=True,
+    metavar="[OUT=]X",
+    help="Elementwise relative tolerance, for all or one output.",
+)
+@click.option(
+    "--atol",
+    multiple=True,
+    metavar="[OUT=]X",
+    help="Elementwise absolute tolerance, for all or one output.",
+)
 @click.option("--gpu", type=int, default=None, help="Run both models on this GPU with the CUDA EP.")
-@click.option("--field/--no-field", default=True, show_default=True,
-              help="Check each mlso kernel's μGraph against its region in the finite field.")
-@click.option("--trust-binary", is_flag=True,
-              help="Check each kernel's source hash and plan against its μGraph, but not its binary (no nvcc here).")
-def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, rtol, atol, gpu, field,
-               trust_binary) -> None:
+@click.option(
+    "--field/--no-field",
+    default=True,
+    show_default=True,
+    help="Check each mlso kernel's μGraph against its region in the finite field.",
+)
+@click.option(
+    "--trust-binary",
+    is_flag=True,
+    help="Check each kernel's source hash and plan against its μGraph, but not its binary (no nvcc here).",
+)
+def verify_cmd(
+    model_a,
+    model_b,
+    input_shapes,
+    as_json,
+    samples,
+    seed,
+    scales,
+    rtol,
+    atol,
+    gpu,
+    field,
+    trust_binary,
+) -> None:
     """Check that model B computes what model A computes (exit 3 when it does not)."""
     scale_list = _parse_scales(scales)
     if seed is None:
@@ -197,8 +253,10 @@ def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, r
     b = with_weights(load_model(model_b, shapes, fold=False))
     specs_a, specs_b = input_specs(a), input_specs(b)
     if [(n, s) for n, s, _ in specs_a] != [(n, s) for n, s, _ in specs_b]:
-        raise VerificationFailed("A and B have different graph inputs",
-                                 f"A: {[(n, s) for n, s, _ in specs_a]}; B: {[(n, s) for n, s, _ in specs_b]}")
+        raise VerificationFailed(
+            "A and B have different graph inputs",
+            f"A: {[(n, s) for n, s, _ in specs_a]}; B: {[(n, s) for n, s, _ in specs_b]}",
+        )
     outs_a = [o.name for o in a.graph.output]
     if outs_a != [o.name for o in b.graph.output]:
         raise VerificationFailed("A and B have different graph outputs")
@@ -209,13 +267,17 @@ def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, r
     try:
         chain_rows = chain_check_kernels(kernels, trust_binary)
     except EnvironmentProblem as exc:
-        raise EnvironmentProblem(f"binary not checked: {exc.what.rstrip('.')}",
-                                 "Install the CUDA toolkit (nvcc), or pass --trust-binary to check only the "
-                                 "source hash and plan") from None
+        raise EnvironmentProblem(
+            f"binary not checked: {exc.what.rstrip('.')}",
+            "Install the CUDA toolkit (nvcc), or pass --trust-binary to check only the "
+            "source hash and plan",
+        ) from None
     bad_chain = next((c for c in chain_rows if c["detail"]), None)
     if bad_chain is not None:
-        raise VerificationFailed(f"mlso kernel '{bad_chain['node']}' is not what its μGraph compiles to: "
-                                 f"{bad_chain['detail']}")
+        raise VerificationFailed(
+            f"mlso kernel '{bad_chain['node']}' is not what its μGraph compiles to: "
+            f"{bad_chain['detail']}"
+        )
     kernel_rows = field_check_kernels(b, kernels, seed) if field else []
     sess_a, sess_b = _session(a, gpu, "A"), _session(b, gpu, "B")
     rng = np.random.default_rng(seed)
@@ -243,18 +305,35 @@ def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, r
                 if rt is not None or at is not None:
                     ok = ok and bool(np.all(diff <= (at or 0.0) + (rt or 0.0) * np.abs(ref[name])))
                 failed |= not ok
-                rows.append({"type": "output", "output": name, "scale": scale, "sample": sample,
-                             "dtype": str(dt), "limit": limit, "rel_err_a": ea, "rel_err_b": eb,
-                             "max_abs_err_b": float(diff.max()) if diff.size else 0.0, "pass": ok})
+                rows.append(
+                    {
+                        "type": "output",
+                        "output": name,
+                        "scale": scale,
+                        "sample": sample,
+                        "dtype": str(dt),
+                        "limit": limit,
+                        "rel_err_a": ea,
+                        "rel_err_b": eb,
+                        "max_abs_err_b": float(diff.max()) if diff.size else 0.0,
+                        "pass": ok,
+                    }
+                )
     if not rows:
         raise VerificationFailed("no input scale gave a finite fp64 reference", "Try --scales 1")
     kernels_ok = all(k["equivalent"] for k in kernel_rows)
-    summary = {"type": "summary", "pass": not failed and kernels_ok, "checks": len(rows),
-               "failed": sum(not r["pass"] for r in rows), "kernels": len(kernel_rows),
-               "kernels_equivalent": sum(k["equivalent"] for k in kernel_rows),
-               "false_accept_bound": sum(k["bound"] for k in kernel_rows) if kernel_rows else None,
-               "seed": seed, "binaries_checked": sum(c["binary"] is True for c in chain_rows),
-               "binaries_trusted": sum(c["binary"] == "not checked" for c in chain_rows)}
+    summary = {
+        "type": "summary",
+        "pass": not failed and kernels_ok,
+        "checks": len(rows),
+        "failed": sum(not r["pass"] for r in rows),
+        "kernels": len(kernel_rows),
+        "kernels_equivalent": sum(k["equivalent"] for k in kernel_rows),
+        "false_accept_bound": sum(k["bound"] for k in kernel_rows) if kernel_rows else None,
+        "seed": seed,
+        "binaries_checked": sum(c["binary"] is True for c in chain_rows),
+        "binaries_trusted": sum(c["binary"] == "not checked" for c in chain_rows),
+    }
     if as_json:
         for r in kernel_rows + rows:
             click.echo(json.dumps(r))
@@ -263,12 +342,15 @@ def verify_cmd(model_a, model_b, input_shapes, as_json, samples, seed, scales, r
         _print(rows, summary, kernel_rows)
     if not kernels_ok:
         bad = next(k for k in kernel_rows if not k["equivalent"])
-        raise VerificationFailed(f"mlso kernel '{bad['node']}' does not compute its region: {bad['detail']}")
+        raise VerificationFailed(
+            f"mlso kernel '{bad['node']}' does not compute its region: {bad['detail']}"
+        )
     if failed:
         worst = max((r for r in rows if not r["pass"]), key=lambda r: r["rel_err_b"])
         raise VerificationFailed(
             f"B differs from A: output '{worst['output']}' at scale {worst['scale']:g} has relative error "
-            f"{worst['rel_err_b']:.3g} (limit {worst['limit']:g}, A's own error {worst['rel_err_a']:.3g})")
+            f"{worst['rel_err_b']:.3g} (limit {worst['limit']:g}, A's own error {worst['rel_err_a']:.3g})"
+        )
 
 
 def chain_check_kernels(kernels: list, trust_binary: bool) -> list[dict]:
@@ -287,15 +369,23 @@ def chain_check_kernels(kernels: list, trust_binary: bool) -> list[dict]:
 
     rows = []
     for checked in kernels:
-        row = {"type": "chain", "node": checked.node.name, "source": False, "plan": False,
-               "binary": "not checked" if trust_binary else False, "detail": ""}
+        row = {
+            "type": "chain",
+            "node": checked.node.name,
+            "source": False,
+            "plan": False,
+            "binary": "not checked" if trust_binary else False,
+            "detail": "",
+        }
         rows.append(row)
         try:
             program = loads(checked.ugraph_json)
             targets = tuple(checked.plan.get("targets") or DEFAULT_TARGETS)
             gp = generate(program, targets)
         except Exception as exc:  # a μGraph codegen refuses cannot have made this binary
-            row["detail"] = f"its μGraph does not generate code: {type(exc).__name__}: {str(exc)[:200]}"
+            row["detail"] = (
+                f"its μGraph does not generate code: {type(exc).__name__}: {str(exc)[:200]}"
+            )
             continue
         row["source"] = hashlib.sha256(gp.source.encode()).hexdigest() == checked.source_sha256
         row["plan"] = gp.plan == checked.plan
@@ -310,8 +400,10 @@ def chain_check_kernels(kernels: list, trust_binary: bool) -> list[dict]:
         fatbin = compile_generated(gp, targets).fatbin  # EnvironmentProblem without nvcc
         row["binary"] = hashlib.sha256(fatbin).hexdigest() == checked.binary_sha256
         if not row["binary"]:
-            row["detail"] = ("the binary is not what nvcc makes of its μGraph's code (another nvcc version? "
-                             "re-run optimize here, or pass --trust-binary)")
+            row["detail"] = (
+                "the binary is not what nvcc makes of its μGraph's code (another nvcc version? "
+                "re-run optimize here, or pass --trust-binary)"
+            )
     return rows
 
 
@@ -327,7 +419,14 @@ def field_check_kernels(model: onnx.ModelProto, kernels: list, seed: int) -> lis
     rows = []
     for k, checked in enumerate(kernels, start=1):
         node = checked.node
-        row = {"type": "kernel", "node": node.name, "equivalent": False, "bound": 1.0, "trials": 0, "detail": ""}
+        row = {
+            "type": "kernel",
+            "node": node.name,
+            "equivalent": False,
+            "bound": 1.0,
+            "trials": 0,
+            "detail": "",
+        }
         rows.append(row)
         program = loads(checked.ugraph_json)
         body = loaded_from_proto(region_model(model, node), f"body of {node.name}")
@@ -338,7 +437,12 @@ def field_check_kernels(model: onnx.ModelProto, kernels: list, seed: int) -> lis
             continue
         reference = with_input_order(lifted.graph, program.input_names, program)
         verdict = check_equivalent(reference, program, seed=seed, runs_so_far=k)
-        row.update(equivalent=verdict.equivalent, bound=verdict.bound, trials=verdict.trials, detail=verdict.detail)
+        row.update(
+            equivalent=verdict.equivalent,
+            bound=verdict.bound,
+            trials=verdict.trials,
+            detail=verdict.detail,
+        )
         if verdict.equivalent:
             _float_check(row, reference, program, seed)
     return rows
@@ -376,8 +480,10 @@ def _float_check(row: dict, reference, program, seed: int) -> None:
         worst = max(worst, e_prog)
         if e_prog > max(limit, 2 * e_ref):
             row["equivalent"] = False
-            row["detail"] = (f"equivalent in the field, but as code generation computes it the error is "
-                             f"{e_prog:.3g} (limit {limit:g}, the region's own {e_ref:.3g})")
+            row["detail"] = (
+                f"equivalent in the field, but as code generation computes it the error is "
+                f"{e_prog:.3g} (limit {limit:g}, the region's own {e_ref:.3g})"
+            )
             return
     row["float_check"] = f"ok: {worst:.3g}"
 
@@ -390,15 +496,41 @@ def _print(rows, summary, kernel_rows=()) -> None:
         for col in ("node", "verdict", "false-accept bound", "trials"):
             kt.add_column(col)
         for k in kernel_rows:
-            kt.add_row(k["node"], "equivalent" if k["equivalent"] else f"NOT equivalent: {k['detail']}",
-                       f"{k['bound']:.2e}", str(k["trials"]))
+            kt.add_row(
+                k["node"],
+                "equivalent" if k["equivalent"] else f"NOT equivalent: {k['detail']}",
+                f"{k['bound']:.2e}",
+                str(k["trials"]),
+            )
         stderr().print(kt)
 
-    t = Table(title=f"verify: {'PASS' if summary['pass'] else 'FAIL'} ({summary['checks']} checks, "
-                    f"--seed {summary['seed']})", title_justify="left")
-    for col in ("output", "scale", "sample", "dtype", "err A", "err B", "max |B-ref|", "limit", "result"):
+    t = Table(
+        title=f"verify: {'PASS' if summary['pass'] else 'FAIL'} ({summary['checks']} checks, "
+        f"--seed {summary['seed']})",
+        title_justify="left",
+    )
+    for col in (
+        "output",
+        "scale",
+        "sample",
+        "dtype",
+        "err A",
+        "err B",
+        "max |B-ref|",
+        "limit",
+        "result",
+    ):
         t.add_column(col)
     for r in rows:
-        t.add_row(r["output"], f"{r['scale']:g}", str(r["sample"]), r["dtype"], f"{r['rel_err_a']:.2e}",
-                  f"{r['rel_err_b']:.2e}", f"{r['max_abs_err_b']:.2e}", f"{r['limit']:g}", "ok" if r["pass"] else "FAIL")
+        t.add_row(
+            r["output"],
+            f"{r['scale']:g}",
+            str(r["sample"]),
+            r["dtype"],
+            f"{r['rel_err_a']:.2e}",
+            f"{r['rel_err_b']:.2e}",
+            f"{r['max_abs_err_b']:.2e}",
+            f"{r['limit']:g}",
+            "ok" if r["pass"] else "FAIL",
+        )
     stderr().print(t)

@@ -23,7 +23,9 @@ def analyse(loaded: LoadedModel, bounds: PartitionBounds | None = None) -> Analy
         for region, why in failed:
             for i in region.nodes:
                 n = nodes[i]
-                part.excluded.append(Excluded(i, n.name or f"#{i}", n.op_type, f"region could not be lifted: {why}"))
+                part.excluded.append(
+                    Excluded(i, n.name or f"#{i}", n.op_type, f"region could not be lifted: {why}")
+                )
         part.excluded.sort(key=lambda e: e.index)
         keep = [lr.region for lr in lifted]
         part.regions = keep

@@ -16,7 +16,14 @@ from onnx import helper, numpy_helper
 MAX_FOLD_ELEMENTS = 4096
 """Outputs larger than this stay as nodes: folding is for shape arithmetic, not weights."""
 
-_NEVER_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+_NEVER_FOLD = {
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "Multinomial",
+    "Bernoulli",
+}
 
 
 def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
@@ -49,11 +56,17 @@ def _evaluate(node: onnx.NodeProto, values: list[np.ndarray], opsets) -> list[np
     from onnx.reference import ReferenceEvaluator
 
     names = [f"in{i}" for i in range(len(values))]
-    renamed = helper.make_node(node.op_type, [names[i] if node.input[i] else "" for i in range(len(node.input))],
-                               [f"out{i}" for i in range(len(node.output))], domain=node.domain)
+    renamed = helper.make_node(
+        node.op_type,
+        [names[i] if node.input[i] else "" for i in range(len(node.input))],
+        [f"out{i}" for i in range(len(node.output))],
+        domain=node.domain,
+    )
     renamed.attribute.extend(node.attribute)
-    inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-              for n, v in zip(names, values)]
+    inputs = [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+        for n, v in zip(names, values)
+    ]
     outputs = [helper.make_tensor_value_info(f"out{i}", 0, None) for i in range(len(node.output))]
     graph = helper.make_graph([renamed], "fold", inputs, outputs)
     m = helper.make_model(graph, opset_imports=list(opsets))
@@ -64,7 +77,9 @@ def _evaluate(node: onnx.NodeProto, values: list[np.ndarray], opsets) -> list[np
     return [np.asarray(r) for r in res]
 
 
-def fold_constants(model: onnx.ModelProto, base_dir: Path | None = None, max_rounds: int = 6) -> onnx.ModelProto:
+def fold_constants(
+    model: onnx.ModelProto, base_dir: Path | None = None, max_rounds: int = 6
+) -> onnx.ModelProto:
     """Replace nodes whose inputs are all known constants by Constant nodes; drop dead nodes."""
     for _ in range(max_rounds):
         changed = _fold_round(model)
@@ -78,7 +93,10 @@ def _fold_round(model: onnx.ModelProto) -> bool:
     g = model.graph
     known: dict[str, np.ndarray] = {}
     for t in g.initializer:
-        if t.data_location != onnx.TensorProto.EXTERNAL and np.prod(t.dims, dtype=np.int64) <= MAX_FOLD_ELEMENTS:
+        if (
+            t.data_location != onnx.TensorProto.EXTERNAL
+            and np.prod(t.dims, dtype=np.int64) <= MAX_FOLD_ELEMENTS
+        ):
             known[t.name] = numpy_helper.to_array(t)
     shapes = _static_shapes(model)
     changed = False
@@ -106,7 +124,15 @@ def _fold_round(model: onnx.ModelProto) -> bool:
         if folded is not None and all(v.size <= MAX_FOLD_ELEMENTS for v in folded):
             for name, v in zip(node.output, folded):
                 known[name] = v
-                new_nodes.append(helper.make_node("Constant", [], [name], value=numpy_helper.from_array(v), name=(node.name or name) + "_folded"))
+                new_nodes.append(
+                    helper.make_node(
+                        "Constant",
+                        [],
+                        [name],
+                        value=numpy_helper.from_array(v),
+                        name=(node.name or name) + "_folded",
+                    )
+                )
             changed = True
         else:
             new_nodes.append(node)

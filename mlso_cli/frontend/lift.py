@@ -34,7 +34,11 @@ from mlso_cli.ir import DType, KernelGraph, Node, Op, check
 from mlso_cli.ir import build as b
 from mlso_cli.ir.node import const_value
 
-ONNX_TO_DTYPE = {TensorProto.FLOAT: DType.F32, TensorProto.FLOAT16: DType.F16, TensorProto.BFLOAT16: DType.BF16}
+ONNX_TO_DTYPE = {
+    TensorProto.FLOAT: DType.F32,
+    TensorProto.FLOAT16: DType.F16,
+    TensorProto.BFLOAT16: DType.BF16,
+}
 DTYPE_TO_ONNX = {v: k for k, v in ONNX_TO_DTYPE.items()}
 _NP_OF = {DType.F32: np.float32, DType.F16: np.float16}
 INV_SQRT2 = Fraction(1 / math.sqrt(2))
@@ -79,7 +83,10 @@ class _Ctx:
             return self.env[name]
         c = self.consts.get(name)
         if c is not None and c.size == 1 and c.dtype.kind == "f":
-            node = b.const(Fraction(float(c.reshape(()))), ONNX_TO_DTYPE.get(self.loaded.dtypes.get(name), DType.F32))
+            node = b.const(
+                Fraction(float(c.reshape(()))),
+                ONNX_TO_DTYPE.get(self.loaded.dtypes.get(name), DType.F32),
+            )
             self.env[name] = node
             return node
         shape = self.loaded.shapes.get(name)
@@ -121,6 +128,7 @@ def _has(node: onnx.NodeProto, i: int) -> bool:
 
 
 # ---- helpers --------------------------------------------------------------------------------
+
 
 def _axes(axes, rank: int) -> list[int]:
     return sorted(a % rank for a in axes)
@@ -164,6 +172,7 @@ def _softmax_core(x: Node, axis: int, mask: Node | None) -> Node:
 
 
 # ---- rules ----------------------------------------------------------------------------------
+
 
 def _elementwise(op: Op) -> Callable:
     def rule(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
@@ -212,9 +221,14 @@ def _gelu(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
     half, one = b.const(Fraction(1, 2), x.dtype), b.const(1, x.dtype)
     if _attr(node, "approximate", b"none") in (b"tanh", "tanh"):
         c = b.const(Fraction(math.sqrt(2 / math.pi)), x.dtype)
-        inner = b.mul(c, b.add(x, b.mul(b.const(Fraction(0.044715), x.dtype), b.mul(b.unary(Op.SQUARE, x), x))))
+        inner = b.mul(
+            c,
+            b.add(x, b.mul(b.const(Fraction(0.044715), x.dtype), b.mul(b.unary(Op.SQUARE, x), x))),
+        )
         return [b.mul(b.mul(half, x), b.add(one, b.unary(Op.TANH, inner)))]
-    return [b.mul(b.mul(half, x), b.add(one, b.unary(Op.ERF, b.mul(x, b.const(INV_SQRT2, x.dtype)))))]
+    return [
+        b.mul(b.mul(half, x), b.add(one, b.unary(Op.ERF, b.mul(x, b.const(INV_SQRT2, x.dtype)))))
+    ]
 
 
 def _matmul(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
@@ -280,18 +294,26 @@ def _where(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
             x = _x(ctx, node, keep_branch)
             cond = ctx.consts.get(cond_name)
             if cond is None:
-                raise LiftError("Where: the mask is computed at run time; only constant masks are lifted")
-            keep = np.broadcast_to(cond.astype(bool) == keep_when, ctx.loaded.shapes[node.output[0]])
+                raise LiftError(
+                    "Where: the mask is computed at run time; only constant masks are lifted"
+                )
+            keep = np.broadcast_to(
+                cond.astype(bool) == keep_when, ctx.loaded.shapes[node.output[0]]
+            )
             np_dtype = _NP_OF.get(x.dtype, np.float32)
             arr = np.ascontiguousarray(keep.astype(np_dtype))
             base = x
             if x in ctx.masks:  # a mask on a masked value: one mask, the product of both
                 base = ctx.mask_base[x]
-                arr = np.ascontiguousarray(arr * np.broadcast_to(ctx.mask_arrays[x], arr.shape).astype(np_dtype))
+                arr = np.ascontiguousarray(
+                    arr * np.broadcast_to(ctx.mask_arrays[x], arr.shape).astype(np_dtype)
+                )
             # sha256, not hash(): hash() is salted per process, and output models must not depend on it
             name = f"mlso_mask_{hashlib.sha256(arr.tobytes()).hexdigest()[:12]}"
             ctx.extra[name] = arr
-            mask = ctx.add_input(name, arr.shape, x.dtype if x.dtype is not DType.BF16 else DType.F32)
+            mask = ctx.add_input(
+                name, arr.shape, x.dtype if x.dtype is not DType.BF16 else DType.F32
+            )
             # a node standing for "base, masked by this mask": it names the mask, so two different
             # masks on one tensor get two placeholders (x * 1 for both made them one node and lost
             # a mask); it never reaches the graph (Softmax and Exp read mask_base)
@@ -351,7 +373,9 @@ def _instancenorm(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
     rank = len(x.shape)
     eps = _attr(node, "epsilon", 1e-5)
     y = _norm(_to32(x), list(range(2, rank)), eps, center=True)
-    y = b.add(b.mul(y, _to32(_channel(_x(ctx, node, 1), rank))), _to32(_channel(_x(ctx, node, 2), rank)))
+    y = b.add(
+        b.mul(y, _to32(_channel(_x(ctx, node, 1), rank))), _to32(_channel(_x(ctx, node, 2), rank))
+    )
     return [_back(y, x.dtype)]
 
 
@@ -422,9 +446,16 @@ def _attention(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
     hk, skv = k.shape[1], k.shape[2]
     if hk != hq:
         rep = hq // hk
-        k = b.reshape(b.broadcast_to(b.reshape(k, (bsz, hk, 1, skv, d)), (bsz, hk, rep, skv, d)), (bsz, hq, skv, d))
-        v = b.reshape(b.broadcast_to(b.reshape(v, (bsz, hk, 1, skv, v.shape[3])), (bsz, hk, rep, skv, v.shape[3])),
-                      (bsz, hq, skv, v.shape[3]))
+        k = b.reshape(
+            b.broadcast_to(b.reshape(k, (bsz, hk, 1, skv, d)), (bsz, hk, rep, skv, d)),
+            (bsz, hq, skv, d),
+        )
+        v = b.reshape(
+            b.broadcast_to(
+                b.reshape(v, (bsz, hk, 1, skv, v.shape[3])), (bsz, hk, rep, skv, v.shape[3])
+            ),
+            (bsz, hq, skv, v.shape[3]),
+        )
     scale = _attr(node, "scale", None)
     scale = Fraction(scale) if scale is not None else Fraction(1 / math.sqrt(d))
     s = b.mul(b.matmul(_to32(q), b.transpose(_to32(k), (0, 1, 3, 2))), b.const(scale))
@@ -447,22 +478,47 @@ def _attention(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
 
 
 RULES: dict[str, Callable[[_Ctx, onnx.NodeProto], list[Node]]] = {
-    "Add": _elementwise(Op.ADD), "Sub": _elementwise(Op.SUB), "Mul": _elementwise(Op.MUL),
-    "Div": _elementwise(Op.DIV), "Sqrt": _elementwise(Op.SQRT), "Reciprocal": _elementwise(Op.RECIPROCAL),
-    "Exp": _exp, "Neg": _elementwise(Op.NEG), "Sigmoid": _elementwise(Op.SIGMOID),
-    "Tanh": _elementwise(Op.TANH), "Erf": _erf, "Relu": _elementwise(Op.RELU), "Gelu": _gelu,
-    "Pow": _pow, "MatMul": _matmul, "Gemm": _gemm, "Softmax": _softmax, "Where": _where,
-    "ReduceSum": _reduce_rule(Op.REDUCE_SUM), "ReduceMean": _reduce_rule(Op.REDUCE_MEAN),
+    "Add": _elementwise(Op.ADD),
+    "Sub": _elementwise(Op.SUB),
+    "Mul": _elementwise(Op.MUL),
+    "Div": _elementwise(Op.DIV),
+    "Sqrt": _elementwise(Op.SQRT),
+    "Reciprocal": _elementwise(Op.RECIPROCAL),
+    "Exp": _exp,
+    "Neg": _elementwise(Op.NEG),
+    "Sigmoid": _elementwise(Op.SIGMOID),
+    "Tanh": _elementwise(Op.TANH),
+    "Erf": _erf,
+    "Relu": _elementwise(Op.RELU),
+    "Gelu": _gelu,
+    "Pow": _pow,
+    "MatMul": _matmul,
+    "Gemm": _gemm,
+    "Softmax": _softmax,
+    "Where": _where,
+    "ReduceSum": _reduce_rule(Op.REDUCE_SUM),
+    "ReduceMean": _reduce_rule(Op.REDUCE_MEAN),
     "ReduceMax": _reduce_rule(Op.REDUCE_MAX),
-    "LayerNormalization": _layernorm, "RMSNormalization": _rmsnorm,
-    "InstanceNormalization": _instancenorm, "GroupNormalization": _groupnorm,
-    "BatchNormalization": _batchnorm, "Cast": _cast, "Attention": _attention,
-    "Reshape": _reshape, "Transpose": _transpose, "Unsqueeze": _reshape, "Squeeze": _reshape,
-    "Flatten": _reshape, "Expand": _expand, "Identity": _identity,
+    "LayerNormalization": _layernorm,
+    "RMSNormalization": _rmsnorm,
+    "InstanceNormalization": _instancenorm,
+    "GroupNormalization": _groupnorm,
+    "BatchNormalization": _batchnorm,
+    "Cast": _cast,
+    "Attention": _attention,
+    "Reshape": _reshape,
+    "Transpose": _transpose,
+    "Unsqueeze": _reshape,
+    "Squeeze": _reshape,
+    "Flatten": _reshape,
+    "Expand": _expand,
+    "Identity": _identity,
 }
 
 
-def lift_region(loaded: LoadedModel, region: Region, consts: dict[str, np.ndarray] | None = None) -> LiftedRegion:
+def lift_region(
+    loaded: LoadedModel, region: Region, consts: dict[str, np.ndarray] | None = None
+) -> LiftedRegion:
     """The region's unfused kernel graph; raises LiftError when a node has no rule."""
     ctx = _Ctx(loaded, consts if consts is not None else constant_values(loaded.model))
     nodes = loaded.graph.node
@@ -475,7 +531,9 @@ def lift_region(loaded: LoadedModel, region: Region, consts: dict[str, np.ndarra
         for name, val in zip(node.output, outs):
             want = loaded.shapes.get(name)
             if want is not None and tuple(want) != val.shape:
-                raise LiftError(f"{node.op_type} '{node.name}': lifted shape {val.shape} != ONNX shape {tuple(want)}")
+                raise LiftError(
+                    f"{node.op_type} '{node.name}': lifted shape {val.shape} != ONNX shape {tuple(want)}"
+                )
             ctx.env[name] = val
     outputs = []
     for name in region.outputs:
@@ -528,7 +586,9 @@ def _prune_inputs(kg: KernelGraph) -> KernelGraph:
     return with_input_order(kg, [kg.input_names[i.arg] for i in keep], kg)
 
 
-def with_input_order(kg: KernelGraph, names: list[str] | tuple[str, ...], like: KernelGraph) -> KernelGraph:
+def with_input_order(
+    kg: KernelGraph, names: list[str] | tuple[str, ...], like: KernelGraph
+) -> KernelGraph:
     """The same graph with its inputs in the order `names`; inputs it does not read are added,
     shaped as in `like` (so two graphs over one signature can be compared input by input)."""
     by_name = dict(zip(kg.input_names, kg.inputs))
@@ -540,7 +600,9 @@ def with_input_order(kg: KernelGraph, names: list[str] | tuple[str, ...], like: 
         new_inputs.append(node)
         if name in by_name:
             mapping[by_name[name]] = node
-    return b.kernel_graph(new_inputs, _substitute(kg.outputs, mapping), list(names), list(kg.output_names))
+    return b.kernel_graph(
+        new_inputs, _substitute(kg.outputs, mapping), list(names), list(kg.output_names)
+    )
 
 
 def lift_whole_graph(loaded: LoadedModel) -> LiftedRegion:
@@ -554,7 +616,9 @@ def lift_whole_graph(loaded: LoadedModel) -> LiftedRegion:
     return lift_region(loaded, region)
 
 
-def lift_all(loaded: LoadedModel, regions: list[Region]) -> tuple[list[LiftedRegion], list[tuple[Region, str]]]:
+def lift_all(
+    loaded: LoadedModel, regions: list[Region]
+) -> tuple[list[LiftedRegion], list[tuple[Region, str]]]:
     """Lift every region; regions that fail are returned with the reason instead."""
     consts = constant_values(loaded.model)
     ok, failed = [], []
@@ -566,7 +630,9 @@ def lift_all(loaded: LoadedModel, regions: list[Region]) -> tuple[list[LiftedReg
     return ok, failed
 
 
-def lift_model(path: str, input_shapes: dict[str, tuple[int, ...]] | None = None) -> list[KernelGraph]:
+def lift_model(
+    path: str, input_shapes: dict[str, tuple[int, ...]] | None = None
+) -> list[KernelGraph]:
     """Convenience for tests and tools: the lifted kernel graph of every liftable region."""
     loaded = load_model(path, input_shapes)
     lifted, _ = lift_all(loaded, partition(loaded).regions)

@@ -65,10 +65,14 @@ def parse_input_shapes(specs: tuple[str, ...] | list[str]) -> dict[str, tuple[in
                 "Give whole numbers, e.g. --input-shape hidden=1,16,64",
             ) from None
         if any(d <= 0 for d in shape):
-            raise UsageError(f"--input-shape '{spec}' has a dimension <= 0", "Dimensions must be positive")
+            raise UsageError(
+                f"--input-shape '{spec}' has a dimension <= 0", "Dimensions must be positive"
+            )
         if any(d > MAX_DIM for d in shape):
-            raise UsageError(f"--input-shape '{spec}' has a dimension over {MAX_DIM}",
-                             "Check the number; mlso supports dimensions up to 2**31-1")
+            raise UsageError(
+                f"--input-shape '{spec}' has a dimension over {MAX_DIM}",
+                "Check the number; mlso supports dimensions up to 2**31-1",
+            )
         out[name] = shape
     return out
 
@@ -77,11 +81,15 @@ def _read_stdin() -> bytes:
     """stdin's bytes; a closed stdin (`<&-`, or none at all under some launchers) is an error,
     not an AttributeError on None."""
     if sys.stdin is None:
-        raise InputError("stdin is closed, so no model can be read from -", "Pipe a model in, or pass its path")
+        raise InputError(
+            "stdin is closed, so no model can be read from -", "Pipe a model in, or pass its path"
+        )
     try:
         return sys.stdin.buffer.read()
     except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read the model from stdin ({exc})", "Pipe a model in, or pass its path") from None
+        raise InputError(
+            f"cannot read the model from stdin ({exc})", "Pipe a model in, or pass its path"
+        ) from None
 
 
 def _read_file(source: str) -> bytes | None:
@@ -95,20 +103,26 @@ def _read_file(source: str) -> bytes | None:
     except FileNotFoundError:
         raise InputError(f"{source}: no such file", "Check the path") from None
     except OSError as exc:
-        raise InputError(f"cannot read {source}: {exc.strerror or exc}", "Check the path and its permissions") from None
+        raise InputError(
+            f"cannot read {source}: {exc.strerror or exc}", "Check the path and its permissions"
+        ) from None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise InputError(f"{source} is a directory, not an ONNX model", "Pass the .onnx file")
         if not stat.S_ISREG(st.st_mode):
-            raise InputError(f"{source} is not a regular file (a device, FIFO or socket); cannot read a model from it",
-                             "Pass an .onnx file, or - to read the model from stdin")
+            raise InputError(
+                f"{source} is not a regular file (a device, FIFO or socket); cannot read a model from it",
+                "Pass an .onnx file, or - to read the model from stdin",
+            )
         if st.st_size >= (1 << 31):
             return None
         try:
             return f.read()
         except OSError as exc:
-            raise InputError(f"cannot read {source}: {exc.strerror or exc}", "Check the file") from None
+            raise InputError(
+                f"cannot read {source}: {exc.strerror or exc}", "Check the file"
+            ) from None
 
 
 def read_proto(source: str) -> tuple[onnx.ModelProto, Path | None]:
@@ -141,9 +155,7 @@ def read_proto(source: str) -> tuple[onnx.ModelProto, Path | None]:
 
 
 def _uses_external_data(model: onnx.ModelProto) -> bool:
-    return any(
-        t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer
-    )
+    return any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
 
 
 def _check_external_files(model: onnx.ModelProto, base: Path | None, where: str) -> None:
@@ -172,10 +184,15 @@ def _check_external_file(path: Path, info: dict[str, str], tensor: str, where: s
         st = path.stat()
         end = int(info.get("offset") or 0) + int(info.get("length") or 0)
     except (OSError, ValueError) as exc:
-        raise InputError(f"{where}: cannot use external data '{path.name}' for '{tensor}' ({exc})",
-                         "Check the file and the model's external-data entries") from None
+        raise InputError(
+            f"{where}: cannot use external data '{path.name}' for '{tensor}' ({exc})",
+            "Check the file and the model's external-data entries",
+        ) from None
     if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"{where}: external data '{path.name}' is not a regular file", "Replace it with the weights file")
+        raise InputError(
+            f"{where}: external data '{path.name}' is not a regular file",
+            "Replace it with the weights file",
+        )
     if end > st.st_size:
         raise InputError(
             f"{where}: external data file '{path.name}' is truncated ({st.st_size} bytes, tensor '{tensor}' needs {end})",
@@ -301,7 +318,9 @@ def require_memory(nbytes: int, what: str) -> None:
 def with_weights(loaded: LoadedModel) -> onnx.ModelProto:
     """The model with external data read into memory (for ONNX Runtime sessions from bytes)."""
     model = loaded.model
-    if loaded.base_dir is None or not any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer):
+    if loaded.base_dir is None or not any(
+        t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer
+    ):
         return model
     require_memory(2 * external_data_bytes(model), f"loading {loaded.source} with its weights")
     m = onnx.ModelProto()
@@ -309,8 +328,10 @@ def with_weights(loaded: LoadedModel) -> onnx.ModelProto:
     try:
         onnx.load_external_data_for_model(m, str(loaded.base_dir))
     except (OSError, ValueError) as exc:  # changed on disk since the load checked it
-        raise InputError(f"cannot read the weights of {loaded.source}: {str(exc).splitlines()[0]}",
-                         "Export or download the model and its weights again") from None
+        raise InputError(
+            f"cannot read the weights of {loaded.source}: {str(exc).splitlines()[0]}",
+            "Export or download the model and its weights again",
+        ) from None
     return m
 
 
@@ -339,7 +360,9 @@ def load_model(
         onnx.checker.check_model(source if source != "-" else model)
     except onnx.checker.ValidationError as exc:
         first = next((ln for ln in str(exc).splitlines() if ln.strip()), "invalid model")
-        raise InputError(f"{where} is not a valid ONNX model: {first}", "Re-export the model") from None
+        raise InputError(
+            f"{where} is not a valid ONNX model: {first}", "Re-export the model"
+        ) from None
     _apply_input_shapes(model, input_shapes or {})
     _static_input_shapes(model)
     model = infer_shapes(model)

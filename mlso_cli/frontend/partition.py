@@ -63,7 +63,10 @@ def constant_values(model: onnx.ModelProto, limit: int = 1 << 16) -> dict[str, n
 
     out: dict[str, np.ndarray] = {}
     for t in model.graph.initializer:
-        if t.data_location != onnx.TensorProto.EXTERNAL and int(np.prod(t.dims, dtype=np.int64)) <= limit:
+        if (
+            t.data_location != onnx.TensorProto.EXTERNAL
+            and int(np.prod(t.dims, dtype=np.int64)) <= limit
+        ):
             out[t.name] = numpy_helper.to_array(t)
     for n in model.graph.node:
         if n.op_type == "Constant":
@@ -83,12 +86,16 @@ def partition(loaded: LoadedModel, bounds: PartitionBounds | None = None) -> Par
     for i, node in enumerate(nodes):
         kind, reason = classify(NodeContext(node, loaded.shapes, loaded.dtypes, consts))
         if kind is None:
-            result.excluded.append(Excluded(i, node.name or f"#{i}", node.op_type, reason or "unsupported"))
+            result.excluded.append(
+                Excluded(i, node.name or f"#{i}", node.op_type, reason or "unsupported")
+            )
         else:
             kinds[i] = kind
 
     producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
-    preds: dict[int, list[int]] = {i: sorted({producer[x] for x in n.input if x in producer}) for i, n in enumerate(nodes)}
+    preds: dict[int, list[int]] = {
+        i: sorted({producer[x] for x in n.input if x in producer}) for i, n in enumerate(nodes)
+    }
     groups = _connected(kinds, preds)
     pieces: list[list[int]] = []
     for grp in groups:
@@ -103,8 +110,14 @@ def partition(loaded: LoadedModel, bounds: PartitionBounds | None = None) -> Par
     for piece in pieces:
         if not any(kinds[i] is not OpKind.LAYOUT for i in piece):
             for i in piece:
-                result.excluded.append(Excluded(i, nodes[i].name or f"#{i}", nodes[i].op_type,
-                                                f"{nodes[i].op_type}: layout only, nothing to fuse around it"))
+                result.excluded.append(
+                    Excluded(
+                        i,
+                        nodes[i].name or f"#{i}",
+                        nodes[i].op_type,
+                        f"{nodes[i].op_type}: layout only, nothing to fuse around it",
+                    )
+                )
             continue
         members = set(piece)
         produced = [o for i in piece for o in nodes[i].output if o]
@@ -116,7 +129,16 @@ def partition(loaded: LoadedModel, bounds: PartitionBounds | None = None) -> Par
                     inputs.append(x)
         outputs = [o for o in produced if o in graph_outputs or (consumers[o] - members)]
         ops = tuple(nodes[i].op_type for i in piece)
-        result.regions.append(Region(len(result.regions), tuple(piece), tuple(inputs), tuple(outputs), label_for(ops), ops))
+        result.regions.append(
+            Region(
+                len(result.regions),
+                tuple(piece),
+                tuple(inputs),
+                tuple(outputs),
+                label_for(ops),
+                ops,
+            )
+        )
     result.excluded.sort(key=lambda e: e.index)
     return result
 
@@ -169,8 +191,13 @@ def _convex_parts(group: list[int], preds: dict[int, list[int]], n: int) -> list
     return parts
 
 
-def _split_to_bounds(part: list[int], kinds: dict[int, OpKind], nodes: list[onnx.NodeProto],
-                     bounds: PartitionBounds, splits: list[str]) -> list[list[int]]:
+def _split_to_bounds(
+    part: list[int],
+    kinds: dict[int, OpKind],
+    nodes: list[onnx.NodeProto],
+    bounds: PartitionBounds,
+    splits: list[str],
+) -> list[list[int]]:
     """Cut a convex part into contiguous topological segments within the bounds."""
     out: list[list[int]] = []
     cur: list[int] = []
@@ -180,9 +207,14 @@ def _split_to_bounds(part: list[int], kinds: dict[int, OpKind], nodes: list[onnx
         add_ops = 0 if k is OpKind.LAYOUT else 1
         add_mm = 1 if k is OpKind.CONTRACTION else 0
         if cur and (ops + add_ops > bounds.max_ops or mms + add_mm > bounds.max_contractions):
-            why = (f"{mms + add_mm} contractions > {bounds.max_contractions}" if mms + add_mm > bounds.max_contractions
-                   else f"{ops + add_ops} ops > {bounds.max_ops}")
-            splits.append(f"region too large ({why}): split before {nodes[i].op_type} '{nodes[i].name or i}'")
+            why = (
+                f"{mms + add_mm} contractions > {bounds.max_contractions}"
+                if mms + add_mm > bounds.max_contractions
+                else f"{ops + add_ops} ops > {bounds.max_ops}"
+            )
+            splits.append(
+                f"region too large ({why}): split before {nodes[i].op_type} '{nodes[i].name or i}'"
+            )
             out.append(cur)
             cur, ops, mms = [], 0, 0
         cur.append(i)

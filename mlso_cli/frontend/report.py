@@ -11,11 +11,27 @@ from onnx import TensorProto
 from mlso_cli.frontend.load import LoadedModel
 from mlso_cli.frontend.partition import Partition, Region
 
-_ITEMSIZE = {TensorProto.FLOAT: 4, TensorProto.FLOAT16: 2, TensorProto.BFLOAT16: 2, TensorProto.DOUBLE: 8,
-             TensorProto.INT64: 8, TensorProto.INT32: 4, TensorProto.BOOL: 1, TensorProto.INT8: 1, TensorProto.UINT8: 1}
+_ITEMSIZE = {
+    TensorProto.FLOAT: 4,
+    TensorProto.FLOAT16: 2,
+    TensorProto.BFLOAT16: 2,
+    TensorProto.DOUBLE: 8,
+    TensorProto.INT64: 8,
+    TensorProto.INT32: 4,
+    TensorProto.BOOL: 1,
+    TensorProto.INT8: 1,
+    TensorProto.UINT8: 1,
+}
 _FREE_VIEWS = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"}
-_ELEMENTWISE_COST = {"LayerNormalization": 8, "RMSNormalization": 6, "GroupNormalization": 8,
-                     "BatchNormalization": 4, "Softmax": 5, "Gelu": 8, "Erf": 1}
+_ELEMENTWISE_COST = {
+    "LayerNormalization": 8,
+    "RMSNormalization": 6,
+    "GroupNormalization": 8,
+    "BatchNormalization": 4,
+    "Softmax": 5,
+    "Gelu": 8,
+    "Erf": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -77,18 +93,33 @@ def region_report(loaded: LoadedModel, region: Region) -> RegionReport:
             continue
         unfused += sum(_nbytes(loaded, x) for x in n.input if x)
         unfused += sum(_nbytes(loaded, x) for x in n.output if x)
-    fused = sum(_nbytes(loaded, x) for x in region.inputs) + sum(_nbytes(loaded, x) for x in region.outputs)
+    fused = sum(_nbytes(loaded, x) for x in region.inputs) + sum(
+        _nbytes(loaded, x) for x in region.outputs
+    )
 
     def desc(name: str) -> dict:
-        return {"name": name, "shape": list(loaded.shapes.get(name, ())), "dtype": _dtype_name(loaded.dtypes.get(name))}
+        return {
+            "name": name,
+            "shape": list(loaded.shapes.get(name, ())),
+            "dtype": _dtype_name(loaded.dtypes.get(name)),
+        }
 
     out_dtypes = {loaded.dtypes.get(o) for o in region.outputs}
     dtype = _dtype_name(out_dtypes.pop()) if len(out_dtypes) == 1 else "mixed"
     ops: dict[str, int] = {}
     for op in region.ops:
         ops[op] = ops.get(op, 0) + 1
-    return RegionReport(region.id, region.label, ops, [desc(x) for x in region.inputs],
-                        [desc(x) for x in region.outputs], dtype, flops, unfused, fused)
+    return RegionReport(
+        region.id,
+        region.label,
+        ops,
+        [desc(x) for x in region.inputs],
+        [desc(x) for x in region.outputs],
+        dtype,
+        flops,
+        unfused,
+        fused,
+    )
 
 
 def partition_reports(loaded: LoadedModel, part: Partition) -> list[RegionReport]:

@@ -14,13 +14,17 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-FUSABLE_DTYPES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
+FUSABLE_DTYPES = {
+    TensorProto.FLOAT: "float32",
+    TensorProto.FLOAT16: "float16",
+    TensorProto.BFLOAT16: "bfloat16",
+}
 
 
 class OpKind(Enum):
     CONTRACTION = "contraction"  # MatMul-like: counts against the matmul bound
-    COMPUTE = "compute"          # elementwise, reductions, normalisations
-    LAYOUT = "layout"            # views: free, do not count against the size bound
+    COMPUTE = "compute"  # elementwise, reductions, normalisations
+    LAYOUT = "layout"  # views: free, do not count against the size bound
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,9 @@ def _pow(ctx: NodeContext) -> str | None:
     if e is None or e.size != 1:
         return "Pow: exponent is not a constant scalar"
     if float(e.reshape(())) not in (0.5, 1.0, 2.0, 3.0, -1.0, -0.5):
-        return f"Pow: exponent {float(e.reshape(()))} has no lifting rule (0.5, 1, 2, 3, -1, -0.5 do)"
+        return (
+            f"Pow: exponent {float(e.reshape(()))} has no lifting rule (0.5, 1, 2, 3, -1, -0.5 do)"
+        )
     return None
 
 
@@ -184,20 +190,32 @@ def classify(ctx: NodeContext) -> tuple[OpKind | None, str | None]:
     if node.op_type == "Constant":
         return None, "Constant: a value, read by the regions that use it"
     if node.op_type not in SUPPORT:
-        return None, UNSUPPORTED_REASONS.get(node.op_type, f"{node.op_type}: no lifting rule for this op")
+        return None, UNSUPPORTED_REASONS.get(
+            node.op_type, f"{node.op_type}: no lifting rule for this op"
+        )
     for name in list(node.input) + list(node.output):
         if not name:
             continue
         if name not in ctx.shapes:
             return None, f"{node.op_type}: shape of '{name}' is unknown after shape inference"
-    float_io = [n for n in list(node.input) + list(node.output) if n and ctx.dtypes.get(n) not in (TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL)]
+    float_io = [
+        n
+        for n in list(node.input) + list(node.output)
+        if n and ctx.dtypes.get(n) not in (TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL)
+    ]
     for name in float_io:
         dt = ctx.dtypes.get(name)
         if dt not in FUSABLE_DTYPES:
             tname = TensorProto.DataType.Name(dt) if dt else "unknown"
-            return None, f"{node.op_type}: tensor '{name}' is {tname.lower()}; only float16, bfloat16 and float32 are fusable"
+            return (
+                None,
+                f"{node.op_type}: tensor '{name}' is {tname.lower()}; only float16, bfloat16 and float32 are fusable",
+            )
     if not any(ctx.dtypes.get(o) in FUSABLE_DTYPES for o in node.output if o):
-        return None, f"{node.op_type}: produces no floating-point tensor (shape or index arithmetic)"
+        return (
+            None,
+            f"{node.op_type}: produces no floating-point tensor (shape or index arithmetic)",
+        )
     kind, cond = SUPPORT[node.op_type]
     reason = cond(ctx)
     return (None, reason) if reason else (kind, None)

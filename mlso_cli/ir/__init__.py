@@ -20,5 +20,22 @@ from mlso_cli.ir.printer import format_graph
 from mlso_cli.ir.serialize import dumps, loads
 from mlso_cli.ir.spec import SpecError, check
 
-__all__ = ["PARTIAL", "BlockGraph", "DType", "InputMap", "KernelGraph", "Node", "Op", "OutputMap", "Phase",
-           "SpecError", "ThreadGraph", "check", "dumps", "format_graph", "graph_hash", "loads", "toposort"]
+__all__ = [
+    "PARTIAL",
+    "BlockGraph",
+    "DType",
+    "InputMap",
+    "KernelGraph",
+    "Node",
+    "Op",
+    "OutputMap",
+    "Phase",
+    "SpecError",
+    "ThreadGraph",
+    "check",
+    "dumps",
+    "format_graph",
+    "graph_hash",
+    "loads",
+    "toposort",
+]

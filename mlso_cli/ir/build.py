@@ -35,7 +35,9 @@ def _result_dtype(srcs: tuple[Node, ...], phase: Phase | None) -> DType:
 
 
 def _make(op: Op, srcs: tuple[Node, ...], arg=None, dtype: DType | None = None) -> Node:
-    block_consts = tuple(_as_block_const(s) if s.op is Op.CONST and any(x.phase for x in srcs) else s for s in srcs)
+    block_consts = tuple(
+        _as_block_const(s) if s.op is Op.CONST and any(x.phase for x in srcs) else s for s in srcs
+    )
     phase = _phase_of(block_consts)
     shape = infer(op, [s.shape for s in block_consts], arg)
     return Node(op, block_consts, arg, shape, dtype or _result_dtype(block_consts, phase), phase)
@@ -46,6 +48,7 @@ def _as_block_const(c: Node) -> Node:
 
 
 # ---- sources ------------------------------------------------------------------------------
+
 
 def input_(index: int, shape: tuple[int, ...], dtype: DType) -> Node:
     return Node(Op.INPUT, (), index, tuple(shape), dtype)
@@ -61,6 +64,7 @@ def iter_(index: int, tile: tuple[int, ...], dtype: DType, looped: bool) -> Node
 
 
 # ---- compute --------------------------------------------------------------------------------
+
 
 def unary(op: Op, x: Node) -> Node:
     assert op in UNARY and op is not Op.CAST
@@ -115,6 +119,7 @@ def broadcast_to(x: Node, shape: tuple[int, ...]) -> Node:
 
 # ---- block level ----------------------------------------------------------------------------
 
+
 def accumulate(op: Op, *srcs: Node) -> Node:
     """A for-loop accumulator: sources are loop-phase values, the result is post-loop."""
     assert op in ACCUMULATORS
@@ -122,12 +127,18 @@ def accumulate(op: Op, *srcs: Node) -> Node:
     return Node(op, tuple(srcs), None, shape, DType.F32, Phase.POST)
 
 
-def save(x: Node, index: int, omap: tuple[int | None, int | None, int | None], dtype: DType) -> Node:
+def save(
+    x: Node, index: int, omap: tuple[int | None, int | None, int | None], dtype: DType
+) -> Node:
     return Node(Op.SAVE, (x,), OutputMap(index, tuple(omap)), x.shape, dtype, x.phase)
 
 
-def block_graph(grid: tuple[int, ...], loop: int, inputs: list[InputMap] | tuple[InputMap, ...],
-                saves: list[Node] | tuple[Node, ...]) -> BlockGraph:
+def block_graph(
+    grid: tuple[int, ...],
+    loop: int,
+    inputs: list[InputMap] | tuple[InputMap, ...],
+    saves: list[Node] | tuple[Node, ...],
+) -> BlockGraph:
     g = tuple(grid) + (1,) * (3 - len(grid))
     return BlockGraph(g, loop, tuple(inputs), tuple(sorted(saves, key=lambda s: s.arg.index)))
 
@@ -140,8 +151,14 @@ def graph_def(srcs: list[Node] | tuple[Node, ...], bg: BlockGraph) -> list[Node]
 
 def thread(body: Node, srcs: list[Node] | tuple[Node, ...]) -> Node:
     phase = _phase_of(tuple(srcs))
-    return Node(Op.THREAD, tuple(srcs), ThreadGraph(body), broadcast_all([s.shape for s in srcs]),
-                DType.F32 if phase else srcs[0].dtype, phase)
+    return Node(
+        Op.THREAD,
+        tuple(srcs),
+        ThreadGraph(body),
+        broadcast_all([s.shape for s in srcs]),
+        DType.F32 if phase else srcs[0].dtype,
+        phase,
+    )
 
 
 def thread_in(index: int, shape: tuple[int, ...] = ()) -> Node:
@@ -157,8 +174,15 @@ def broadcast_all(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
     return out
 
 
-def kernel_graph(inputs: list[Node], outputs: list[Node], input_names: list[str] | None = None,
-                 output_names: list[str] | None = None) -> KernelGraph:
-    return KernelGraph(tuple(inputs), tuple(outputs),
-                       tuple(input_names or [f"in{i}" for i in range(len(inputs))]),
-                       tuple(output_names or [f"out{i}" for i in range(len(outputs))]))
+def kernel_graph(
+    inputs: list[Node],
+    outputs: list[Node],
+    input_names: list[str] | None = None,
+    output_names: list[str] | None = None,
+) -> KernelGraph:
+    return KernelGraph(
+        tuple(inputs),
+        tuple(outputs),
+        tuple(input_names or [f"in{i}" for i in range(len(inputs))]),
+        tuple(output_names or [f"out{i}" for i in range(len(outputs))]),
+    )

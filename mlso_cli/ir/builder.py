@@ -70,8 +70,16 @@ def _pad3(t: Sequence[Any], fill: Any) -> tuple[Any, Any, Any]:
 class BlockBuilder:
     """One block graph under construction over kernel tensors `srcs` read through `inputs`."""
 
-    def __init__(self, grid: Sequence[int], loop: int, inputs: Sequence[InputMap], srcs: Sequence[Node],
-                 arch: str = "sm_90", *, budget: bool = True) -> None:
+    def __init__(
+        self,
+        grid: Sequence[int],
+        loop: int,
+        inputs: Sequence[InputMap],
+        srcs: Sequence[Node],
+        arch: str = "sm_90",
+        *,
+        budget: bool = True,
+    ) -> None:
         if arch not in SMEM_BUDGET:
             raise BuildError(f"block graph: unknown arch {arch}; known: {sorted(SMEM_BUDGET)}")
         if len(grid) > 3 or any(not isinstance(g, int) or g < 1 for g in grid):
@@ -92,7 +100,7 @@ class BlockBuilder:
         if probs:
             raise BuildError("block graph inputs: " + "; ".join(probs))
         self._nodes: dict[Node, None] = {}  # every value built, in order (an ordered set)
-        self._used: set[Node] = set()       # values some built op reads
+        self._used: set[Node] = set()  # values some built op reads
         self._saves: list[Node] = []
         self._checked: set[Node] = set()  # every node accepted, SAVEs included
         self._smem: dict[tuple[Node, ...], int] = {}
@@ -105,7 +113,9 @@ class BlockBuilder:
         if not isinstance(index, int) or not 0 <= index < len(self.srcs):
             raise BuildError(f"iter: no input {index} (the block has {len(self.srcs)})")
         looped = self.inputs[index].fmap is not None
-        return self._add("iter", lambda: b.iter_(index, self.tiles[index], self.srcs[index].dtype, looped), ())
+        return self._add(
+            "iter", lambda: b.iter_(index, self.tiles[index], self.srcs[index].dtype, looped), ()
+        )
 
     def const(self, value: float | int | Fraction) -> Node:
         """A scalar constant (pre-loop, fp32); floats are kept as their exact rational value."""
@@ -120,7 +130,9 @@ class BlockBuilder:
 
     def unary(self, op: Op, x: Node) -> Node:
         if op not in UNARY or op is Op.CAST:
-            raise BuildError(f"unary: {getattr(op, 'value', op)} is not a unary op (CAST has cast())")
+            raise BuildError(
+                f"unary: {getattr(op, 'value', op)} is not a unary op (CAST has cast())"
+            )
         return self._add(op.value, lambda: b.unary(op, x), (x,))
 
     def cast(self, x: Node, dtype: DType) -> Node:
@@ -143,7 +155,9 @@ class BlockBuilder:
             raise BuildError(f"reduce: {getattr(op, 'value', op)} is not a reduction")
         rank = len(x.shape) if isinstance(x, Node) else 0
         if isinstance(axis, bool) or not isinstance(axis, int) or not -rank <= axis < rank:
-            raise BuildError(f"{op.value}: axis {axis!r} out of range for shape {getattr(x, 'shape', None)}")
+            raise BuildError(
+                f"{op.value}: axis {axis!r} out of range for shape {getattr(x, 'shape', None)}"
+            )
         return self._add(op.value, lambda: b.reduce(op, x, axis), (x,))
 
     def accumulate(self, op: Op, *xs: Node) -> Node:
@@ -179,8 +193,12 @@ class BlockBuilder:
         """Write x into the next output (index = number of saves so far) through `omap`."""
         if not isinstance(dtype, DType):
             raise BuildError(f"save: dtype {dtype!r} is not a DType")
-        if len(omap) > 3 or any(d is not None and (isinstance(d, bool) or not isinstance(d, int)) for d in omap):
-            raise BuildError(f"save: omap {tuple(omap)} must be up to three tensor dims, PARTIAL or None")
+        if len(omap) > 3 or any(
+            d is not None and (isinstance(d, bool) or not isinstance(d, int)) for d in omap
+        ):
+            raise BuildError(
+                f"save: omap {tuple(omap)} must be up to three tensor dims, PARTIAL or None"
+            )
         index = len(self._saves)
         node = self._add("save", lambda: b.save(x, index, _pad3(omap, None), dtype), (x,))
         self._saves.append(node)
@@ -232,8 +250,10 @@ class BlockBuilder:
         if self.budget and node.op is not Op.CONST and node not in self._nodes:
             need = self._figure(name, self._roots(node))
             if need > SMEM_BUDGET[self.arch]:
-                raise BuildError(f"{name}: the block would need {need} bytes of shared memory; "
-                                 f"{self.arch} has {SMEM_BUDGET[self.arch]}")
+                raise BuildError(
+                    f"{name}: the block would need {need} bytes of shared memory; "
+                    f"{self.arch} has {SMEM_BUDGET[self.arch]}"
+                )
         self._checked.add(node)
         if node.op is not Op.SAVE:
             self._nodes[node] = None
@@ -260,20 +280,24 @@ class BlockBuilder:
             return hit
         saves = [r for r in roots if r.op is Op.SAVE]
         omap = _pad3([PARTIAL if g > 1 else None for g in self.grid], None)
-        for r in roots[len(saves):]:
+        for r in roots[len(saves) :]:
             x = r
             if r.phase is Phase.LOOP:
                 if r.op is not Op.ITER:
                     continue  # costed once an accumulator reads it: how depends on the accumulator
                 x = b.accumulate(Op.ACC_SUM, b.reduce(Op.REDUCE_SUM, r, -1) if r.shape else r)
-            saves.append(Node(Op.SAVE, (x,), OutputMap(len(saves), omap), x.shape, DType.F32, x.phase))
+            saves.append(
+                Node(Op.SAVE, (x,), OutputMap(len(saves), omap), x.shape, DType.F32, x.phase)
+            )
         bg = b.block_graph(self.grid, self.loop, self.inputs, saves)
         from mlso_cli.codegen.errors import CodegenError  # lazily: codegen imports ir
 
         try:
             need = spec.block_smem(bg, self.srcs, self.arch)
         except CodegenError as exc:
-            raise BuildError(f"{name}: code generation cannot lay this block graph out: {exc}") from exc
+            raise BuildError(
+                f"{name}: code generation cannot lay this block graph out: {exc}"
+            ) from exc
         self._smem[roots] = need
         return need
 

@@ -108,4 +108,8 @@ class KernelGraph:
         """Nodes that launch work: every op except inputs, constants, projections and views."""
         from mlso_cli.ir.ops import VIEW
 
-        return [n for n in self.nodes() if n.op not in (Op.INPUT, Op.CONST, Op.PROJ) and n.op not in VIEW]
+        return [
+            n
+            for n in self.nodes()
+            if n.op not in (Op.INPUT, Op.CONST, Op.PROJ) and n.op not in VIEW
+        ]

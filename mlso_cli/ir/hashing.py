@@ -37,9 +37,12 @@ def _canonical_arg(n: Node, memo: dict[Node, str]):
 
     if n.op is Op.GRAPH_DEF:
         bg = n.arg
-        return {"grid": list(bg.grid), "loop": bg.loop,
-                "inputs": [[list(im.imap), im.fmap] for im in bg.inputs],
-                "outputs": [_digest(o, memo) for o in bg.outputs]}
+        return {
+            "grid": list(bg.grid),
+            "loop": bg.loop,
+            "inputs": [[list(im.imap), im.fmap] for im in bg.inputs],
+            "outputs": [_digest(o, memo) for o in bg.outputs],
+        }
     if n.op is Op.THREAD:
         return _digest(n.arg.body, memo)
     return _arg_to_json(n.op, n.arg)
@@ -47,5 +50,8 @@ def _canonical_arg(n: Node, memo: dict[Node, str]):
 
 def graph_hash(kg: KernelGraph) -> str:
     memo: dict[Node, str] = {}
-    body = {"inputs": [_digest(i, memo) for i in kg.inputs], "outputs": [_digest(o, memo) for o in kg.outputs]}
+    body = {
+        "inputs": [_digest(i, memo) for i in kg.inputs],
+        "outputs": [_digest(o, memo) for o in kg.outputs],
+    }
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()

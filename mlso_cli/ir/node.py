@@ -28,7 +28,9 @@ class Node:
     _hash: int = field(default=0, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.op, self.src, self.arg, self.shape, self.dtype, self.phase)))
+        object.__setattr__(
+            self, "_hash", hash((self.op, self.src, self.arg, self.shape, self.dtype, self.phase))
+        )
 
     def __hash__(self) -> int:
         return self._hash
@@ -39,7 +41,12 @@ class Node:
         if not isinstance(other, Node) or self._hash != other._hash:
             return False
         return (self.op, self.arg, self.shape, self.dtype, self.phase) == (
-            other.op, other.arg, other.shape, other.dtype, other.phase) and self.src == other.src
+            other.op,
+            other.arg,
+            other.shape,
+            other.dtype,
+            other.phase,
+        ) and self.src == other.src
 
     def replace(self, **changes: Any) -> Node:
         return dataclasses.replace(self, **changes)

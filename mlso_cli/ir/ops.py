@@ -30,9 +30,9 @@ class Phase(Enum):
 
 class Op(Enum):
     # sources
-    INPUT = "input"          # kernel graph input; arg = input index
-    CONST = "const"          # scalar constant; arg = float or fractions.Fraction
-    ITER = "iter"            # block: this block's tile of kernel input `arg` (imap/fmap in BlockGraph)
+    INPUT = "input"  # kernel graph input; arg = input index
+    CONST = "const"  # scalar constant; arg = float or fractions.Fraction
+    ITER = "iter"  # block: this block's tile of kernel input `arg` (imap/fmap in BlockGraph)
     # unary elementwise
     EXP = "exp"
     SQUARE = "square"
@@ -44,9 +44,9 @@ class Op(Enum):
     SIGMOID = "sigmoid"
     TANH = "tanh"
     ERF = "erf"
-    GELU = "gelu"            # exact GELU: 0.5 x (1 + erf(x / sqrt 2))
+    GELU = "gelu"  # exact GELU: 0.5 x (1 + erf(x / sqrt 2))
     RELU = "relu"
-    CAST = "cast"            # arg = DType
+    CAST = "cast"  # arg = DType
     # binary elementwise, numpy broadcasting
     ADD = "add"
     SUB = "sub"
@@ -64,20 +64,35 @@ class Op(Enum):
     TRANSPOSE = "transpose"
     BROADCAST = "broadcast"
     # block for-loop accumulators (src in LOOP phase, result in POST phase)
-    ACC_SUM = "acc_sum"            # sum over loop steps of src
-    ACC_EXP_SUM = "acc_exp_sum"    # sum over steps of rowsum(exp(s)); rescaling accumulator, part 1
+    ACC_SUM = "acc_sum"  # sum over loop steps of src
+    ACC_EXP_SUM = "acc_exp_sum"  # sum over steps of rowsum(exp(s)); rescaling accumulator, part 1
     ACC_EXP_WSUM = "acc_exp_wsum"  # sum over steps of exp(s) @ v; rescaling accumulator, part 2
-    SAVE = "save"                  # block output saver; arg = OutputMap
+    SAVE = "save"  # block output saver; arg = OutputMap
     # kernel level
-    GRAPH_DEF = "graph_def"        # graph-defined kernel; arg = BlockGraph; src = kernel tensors
-    PROJ = "proj"                  # output `arg` of a multi-output node
+    GRAPH_DEF = "graph_def"  # graph-defined kernel; arg = BlockGraph; src = kernel tensors
+    PROJ = "proj"  # output `arg` of a multi-output node
     # thread level
-    THREAD = "thread"              # fused elementwise chain in registers; arg = ThreadGraph
-    THREAD_IN = "thread_in"        # placeholder inside a ThreadGraph; arg = index
+    THREAD = "thread"  # fused elementwise chain in registers; arg = ThreadGraph
+    THREAD_IN = "thread_in"  # placeholder inside a ThreadGraph; arg = index
 
 
-UNARY = frozenset({Op.EXP, Op.SQUARE, Op.SQRT, Op.RSQRT, Op.RECIPROCAL, Op.NEG, Op.SILU, Op.SIGMOID,
-                   Op.TANH, Op.ERF, Op.GELU, Op.RELU, Op.CAST})
+UNARY = frozenset(
+    {
+        Op.EXP,
+        Op.SQUARE,
+        Op.SQRT,
+        Op.RSQRT,
+        Op.RECIPROCAL,
+        Op.NEG,
+        Op.SILU,
+        Op.SIGMOID,
+        Op.TANH,
+        Op.ERF,
+        Op.GELU,
+        Op.RELU,
+        Op.CAST,
+    }
+)
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX})
 ELEMENTWISE = UNARY | BINARY
 REDUCE = frozenset({Op.REDUCE_SUM, Op.REDUCE_MEAN, Op.REDUCE_MAX})
@@ -86,9 +101,20 @@ ACCUMULATORS = frozenset({Op.ACC_SUM, Op.ACC_EXP_SUM, Op.ACC_EXP_WSUM})
 COMPUTE = ELEMENTWISE | REDUCE | VIEW | {Op.MATMUL, Op.CONST}
 
 ARITY: dict[Op, int] = {
-    **{op: 1 for op in UNARY}, **{op: 2 for op in BINARY}, **{op: 1 for op in REDUCE}, **{op: 1 for op in VIEW},
-    Op.MATMUL: 2, Op.INPUT: 0, Op.CONST: 0, Op.ITER: 0, Op.ACC_SUM: 1, Op.ACC_EXP_SUM: 1, Op.ACC_EXP_WSUM: 2,
-    Op.SAVE: 1, Op.PROJ: 1, Op.THREAD_IN: 0,
+    **{op: 1 for op in UNARY},
+    **{op: 2 for op in BINARY},
+    **{op: 1 for op in REDUCE},
+    **{op: 1 for op in VIEW},
+    Op.MATMUL: 2,
+    Op.INPUT: 0,
+    Op.CONST: 0,
+    Op.ITER: 0,
+    Op.ACC_SUM: 1,
+    Op.ACC_EXP_SUM: 1,
+    Op.ACC_EXP_WSUM: 2,
+    Op.SAVE: 1,
+    Op.PROJ: 1,
+    Op.THREAD_IN: 0,
 }
 """Fixed arity of each op; GRAPH_DEF and THREAD take any number of sources."""
 

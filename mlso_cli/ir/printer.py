@@ -32,7 +32,9 @@ def format_block(bg: BlockGraph, indent: str = "    ") -> list[str]:
     for n in toposort(list(bg.outputs)):
         names[n] = f"%b{len(names)}"
         srcs = ", ".join(names[s] for s in n.src)
-        lines.append(f"{indent}{names[n]} = {n.op.value}{_arg(n)}({srcs}) {n.dtype.value}{list(n.shape)} [{n.phase.value if n.phase else '?'}]")
+        lines.append(
+            f"{indent}{names[n]} = {n.op.value}{_arg(n)}({srcs}) {n.dtype.value}{list(n.shape)} [{n.phase.value if n.phase else '?'}]"
+        )
     return lines
 
 

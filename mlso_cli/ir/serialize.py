@@ -59,7 +59,12 @@ def _table(roots: list[Node]) -> dict:
     index = {n: i for i, n in enumerate(order)}
     rows = []
     for n in order:
-        row = {"op": n.op.value, "src": [index[s] for s in n.src], "shape": list(n.shape), "dtype": n.dtype.value}
+        row = {
+            "op": n.op.value,
+            "src": [index[s] for s in n.src],
+            "shape": list(n.shape),
+            "dtype": n.dtype.value,
+        }
         if n.arg is not None:
             row["arg"] = _arg_to_json(n.op, n.arg)
         if n.phase is not None:
@@ -73,38 +78,60 @@ def _untable(t: dict) -> list[Node]:
     try:
         for row in t["nodes"]:
             op = Op(row["op"])
-            built.append(Node(op, tuple(built[i] for i in row["src"]), _arg_from_json(op, row.get("arg")),
-                              tuple(row["shape"]), DType(row["dtype"]),
-                              Phase(row["phase"]) if row.get("phase") else None))
+            built.append(
+                Node(
+                    op,
+                    tuple(built[i] for i in row["src"]),
+                    _arg_from_json(op, row.get("arg")),
+                    tuple(row["shape"]),
+                    DType(row["dtype"]),
+                    Phase(row["phase"]) if row.get("phase") else None,
+                )
+            )
         return [built[i] for i in t["roots"]]
     except (KeyError, IndexError, ValueError, TypeError) as exc:
         raise SchemaError(f"malformed μGraph node table: {exc}") from None
 
 
 def _block_to_json(bg: BlockGraph) -> dict:
-    return {"grid": list(bg.grid), "loop": bg.loop,
-            "inputs": [{"imap": list(im.imap), "fmap": im.fmap} for im in bg.inputs],
-            "body": _table(list(bg.outputs))}
+    return {
+        "grid": list(bg.grid),
+        "loop": bg.loop,
+        "inputs": [{"imap": list(im.imap), "fmap": im.fmap} for im in bg.inputs],
+        "body": _table(list(bg.outputs)),
+    }
 
 
 def _block_from_json(d: dict) -> BlockGraph:
-    return BlockGraph(tuple(d["grid"]), int(d["loop"]),
-                      tuple(InputMap(tuple(im["imap"]), im["fmap"]) for im in d["inputs"]),
-                      tuple(_untable(d["body"])))
+    return BlockGraph(
+        tuple(d["grid"]),
+        int(d["loop"]),
+        tuple(InputMap(tuple(im["imap"]), im["fmap"]) for im in d["inputs"]),
+        tuple(_untable(d["body"])),
+    )
 
 
 def to_dict(kg: KernelGraph) -> dict:
     t = _table(list(kg.inputs) + list(kg.outputs))
-    return {"schema": SCHEMA_VERSION, "input_names": list(kg.input_names), "output_names": list(kg.output_names),
-            "num_inputs": len(kg.inputs), **t}
+    return {
+        "schema": SCHEMA_VERSION,
+        "input_names": list(kg.input_names),
+        "output_names": list(kg.output_names),
+        "num_inputs": len(kg.inputs),
+        **t,
+    }
 
 
 def from_dict(d: dict) -> KernelGraph:
     if d.get("schema") != SCHEMA_VERSION:
-        raise SchemaError(f"μGraph schema {d.get('schema')!r} is not {SCHEMA_VERSION}; re-run mlso optimize")
+        raise SchemaError(
+            f"μGraph schema {d.get('schema')!r} is not {SCHEMA_VERSION}; re-run mlso optimize"
+        )
     roots = _untable(d)
     k = int(d["num_inputs"])
-    return KernelGraph(tuple(roots[:k]), tuple(roots[k:]), tuple(d["input_names"]), tuple(d["output_names"]))
+    return KernelGraph(
+        tuple(roots[:k]), tuple(roots[k:]), tuple(d["input_names"]), tuple(d["output_names"])
+    )
 
 
 def dumps(kg: KernelGraph) -> str:

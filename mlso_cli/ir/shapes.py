@@ -51,7 +51,7 @@ def _reduce(shapes: list[Shape], arg: Any) -> Shape:
     (a,) = shapes
     if not isinstance(arg, int) or not 0 <= arg < len(a):
         raise ShapeError(f"reduce axis {arg} out of range for {a}")
-    return a[:arg] + (1,) + a[arg + 1:]
+    return a[:arg] + (1,) + a[arg + 1 :]
 
 
 def _reshape(shapes: list[Shape], arg: Any) -> Shape:

@@ -84,7 +84,9 @@ def problems(kg: KernelGraph, arch: str = "sm_90", *, budget: bool = True) -> li
             else:
                 s = gd.arg.outputs[n.arg]
                 if n.shape != gd.arg.output_shape(s) or n.dtype != s.dtype:
-                    out.append(f"{where}: PROJ shape/dtype differs from its saver ({gd.arg.output_shape(s)}, {s.dtype.value})")
+                    out.append(
+                        f"{where}: PROJ shape/dtype differs from its saver ({gd.arg.output_shape(s)}, {s.dtype.value})"
+                    )
         else:
             out.extend(_check_compute(n, block=False))
     for o in kg.outputs:
@@ -125,7 +127,9 @@ def _split(grid: tuple[int, int, int], im: InputMap, dim: int) -> int:
     return next((g for g, d in zip(grid, im.imap) if d == dim), 1)
 
 
-def tile_shape(shape: tuple[int, ...], im: InputMap, grid: tuple[int, int, int], loop: int) -> tuple[int, ...]:
+def tile_shape(
+    shape: tuple[int, ...], im: InputMap, grid: tuple[int, int, int], loop: int
+) -> tuple[int, ...]:
     t = list(shape)
     for g, d in zip(grid, im.imap):
         if d is not None:
@@ -135,8 +139,12 @@ def tile_shape(shape: tuple[int, ...], im: InputMap, grid: tuple[int, int, int],
     return tuple(t)
 
 
-def input_tiles(grid: tuple[int, int, int], loop: int, inputs: tuple[InputMap, ...] | list[InputMap],
-                srcs: tuple[Node, ...] | list[Node]) -> tuple[list[str], list[tuple[int, ...]]]:
+def input_tiles(
+    grid: tuple[int, int, int],
+    loop: int,
+    inputs: tuple[InputMap, ...] | list[InputMap],
+    srcs: tuple[Node, ...] | list[Node],
+) -> tuple[list[str], list[tuple[int, ...]]]:
     """Problems of the input maps against their kernel sources, and each input's tile shape
     (the source's whole shape where its map is unusable). The block builder checks its inputs
     with this when it is constructed; `block_problems` when it checks a finished graph."""
@@ -161,13 +169,21 @@ def input_tiles(grid: tuple[int, int, int], loop: int, inputs: tuple[InputMap, .
         if im.fmap is not None:
             chunk = src.shape[im.fmap] // _split(grid, im, im.fmap)
             if chunk % loop:
-                out.append(f"input {i}: dim {im.fmap} (per block {chunk}) is not divisible by loop {loop}")
+                out.append(
+                    f"input {i}: dim {im.fmap} (per block {chunk}) is not divisible by loop {loop}"
+                )
         tiles.append(tile_shape(src.shape, im, grid, loop))
     return out, tiles
 
 
-def block_problems(bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90",
-                   checked: frozenset[Node] | set[Node] = frozenset(), *, budget: bool = True) -> list[str]:
+def block_problems(
+    bg: BlockGraph,
+    srcs: tuple[Node, ...],
+    arch: str = "sm_90",
+    checked: frozenset[Node] | set[Node] = frozenset(),
+    *,
+    budget: bool = True,
+) -> list[str]:
     """Every problem of a block graph over its kernel sources. `checked` holds nodes whose own
     rules (block_node_problems, against these same maps) are already known to hold: the block
     builder checks each op as it adds it and need not pay for it twice."""
@@ -182,7 +198,9 @@ def block_problems(bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90",
     out.extend(probs)
 
     saves = list(bg.outputs)
-    if [s.arg.index if isinstance(s.arg, OutputMap) else None for s in saves] != list(range(len(saves))):
+    if [s.arg.index if isinstance(s.arg, OutputMap) else None for s in saves] != list(
+        range(len(saves))
+    ):
         out.append("block outputs must be SAVE nodes with indices 0..n-1 in order")
     if not saves:
         out.append("block graph has no outputs")
@@ -203,8 +221,13 @@ def block_problems(bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90",
     return out
 
 
-def block_node_problems(n: Node, grid: tuple[int, int, int], inputs: tuple[InputMap, ...] | list[InputMap],
-                        tiles: list[tuple[int, ...]], srcs: tuple[Node, ...] | list[Node]) -> list[str]:
+def block_node_problems(
+    n: Node,
+    grid: tuple[int, int, int],
+    inputs: tuple[InputMap, ...] | list[InputMap],
+    tiles: list[tuple[int, ...]],
+    srcs: tuple[Node, ...] | list[Node],
+) -> list[str]:
     """The rules one block node must satisfy on its own (given its sources): the same rules
     whether the spec checks a finished graph or the block builder checks an op as it is added."""
     out: list[str] = []
@@ -223,7 +246,9 @@ def block_node_problems(n: Node, grid: tuple[int, int, int], inputs: tuple[Input
         if n.shape != tiles[n.arg]:
             out.append(f"{where}: tile of input {n.arg} should be {tiles[n.arg]}")
         if n.dtype != srcs[n.arg].dtype:
-            out.append(f"{where}: ITER dtype {n.dtype.value} differs from input {srcs[n.arg].dtype.value}")
+            out.append(
+                f"{where}: ITER dtype {n.dtype.value} differs from input {srcs[n.arg].dtype.value}"
+            )
         if n.phase is not want_phase:
             out.append(f"{where}: ITER phase should be {want_phase.value}")
         return out

@@ -31,7 +31,9 @@ def absorb_constants(
         extra = [x for x in dict.fromkeys(reads) if x not in set(kernel_inputs)]
         missing = [x for x in extra if x not in constants]
         if missing:
-            raise ValueError(f"region reads non-constant tensors its kernel does not take: {missing}")
+            raise ValueError(
+                f"region reads non-constant tensors its kernel does not take: {missing}"
+            )
         renames.append({x: f"{x}__mlso_r{r}" for x in extra})
     out_nodes: list[onnx.NodeProto] = []
     new_idx: list[list[int]] = [[] for _ in regions]
@@ -40,8 +42,15 @@ def absorb_constants(
             r = first[i]
             for old, new in renames[r].items():
                 new_idx[r].append(len(out_nodes))
-                out_nodes.append(helper.make_node("Constant", [], [new], value=numpy_helper.from_array(constants[old]),
-                                                  name=f"{new}_const"))
+                out_nodes.append(
+                    helper.make_node(
+                        "Constant",
+                        [],
+                        [new],
+                        value=numpy_helper.from_array(constants[old]),
+                        name=f"{new}_const",
+                    )
+                )
         if i in owner:
             r = owner[i]
             c = onnx.NodeProto()
@@ -65,7 +74,13 @@ def prune_unused(model: onnx.ModelProto) -> onnx.ModelProto:
         read = {x for n in g.node for x in n.input} | {o.name for o in g.output}
         for f in model.functions:
             read |= {x for n in f.node for x in n.input}
-        dead = [n for n in g.node if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and not (set(n.output) & read)]
+        dead = [
+            n
+            for n in g.node
+            if n.op_type == "Constant"
+            and n.domain in ("", "ai.onnx")
+            and not (set(n.output) & read)
+        ]
         if not dead:
             break
         for n in dead:

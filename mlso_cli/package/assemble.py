@@ -26,7 +26,9 @@ class _LazyConstants(Mapping):
         from mlso_cli.frontend.fold import constant_node_value
 
         self._inits = {t.name: t for t in model.graph.initializer}
-        self._nodes = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant" and n.output}
+        self._nodes = {
+            n.output[0]: n for n in model.graph.node if n.op_type == "Constant" and n.output
+        }
         self._value = constant_node_value
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -59,7 +61,9 @@ class Built:
     source_sha256: str
 
 
-def assemble(model: onnx.ModelProto, items: Sequence[tuple[LiftedRegion, Built]], metadata: dict[str, str]) -> onnx.ModelProto:
+def assemble(
+    model: onnx.ModelProto, items: Sequence[tuple[LiftedRegion, Built]], metadata: dict[str, str]
+) -> onnx.ModelProto:
     m = onnx.ModelProto()
     m.CopyFrom(model)
     have = {t.name for t in m.graph.initializer}
@@ -69,11 +73,19 @@ def assemble(model: onnx.ModelProto, items: Sequence[tuple[LiftedRegion, Built]]
                 m.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
                 have.add(name)
     consts = _LazyConstants(m)
-    m, indices = absorb_constants(m, [(lr.region.nodes, built.program.input_names) for lr, built in items], consts)
+    m, indices = absorb_constants(
+        m, [(lr.region.nodes, built.program.input_names) for lr, built in items], consts
+    )
     regions = [
-        PackagedRegion(node_indices=idx, inputs=list(built.program.input_names), outputs=list(built.program.output_names),
-                       binary=built.binary, plan=built.plan, ugraph_json=dumps(built.program),
-                       source_sha256=built.source_sha256)
+        PackagedRegion(
+            node_indices=idx,
+            inputs=list(built.program.input_names),
+            outputs=list(built.program.output_names),
+            binary=built.binary,
+            plan=built.plan,
+            ugraph_json=dumps(built.program),
+            source_sha256=built.source_sha256,
+        )
         for idx, (_, built) in zip(indices, items)
     ]
     return prune_unused(package_model(m, regions, metadata))

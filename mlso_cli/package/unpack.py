@@ -48,8 +48,14 @@ def _attr(node: onnx.NodeProto, name: str) -> str:
 
 def fallback_function(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.FunctionProto | None:
     """The model-local function (matched by domain, name and overload) that is the node's body."""
-    return next((f for f in model.functions if f.domain == node.domain and f.name == node.op_type
-                 and f.overload == node.overload), None)
+    return next(
+        (
+            f
+            for f in model.functions
+            if f.domain == node.domain and f.name == node.op_type and f.overload == node.overload
+        ),
+        None,
+    )
 
 
 def regions_in(

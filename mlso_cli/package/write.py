@@ -113,7 +113,14 @@ def _same_file(a: Path, b: Path) -> bool:
 _TEMP_MARK = ".mlso-tmp."
 _TEMP_RE = re.compile(r"\.mlso-tmp\.(\d+)\.[A-Za-z0-9_]+$")
 _STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
-_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK, errno.EXDEV}
+_NO_HARD_LINKS = {
+    errno.EPERM,
+    errno.ENOTSUP,
+    errno.EOPNOTSUPP,
+    errno.ENOSYS,
+    errno.EMLINK,
+    errno.EXDEV,
+}
 
 
 def current_umask() -> int:
@@ -173,7 +180,11 @@ def remove_stale_temps(folder: Path, name: str) -> list[Path]:
             continue
         try:
             st = entry.stat(follow_symlinks=False)
-            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not _pid_alive(int(m.group(1))):
+            if (
+                stat.S_ISREG(st.st_mode)
+                and st.st_uid == os.getuid()
+                and not _pid_alive(int(m.group(1)))
+            ):
                 os.unlink(entry.path)
                 removed.append(Path(entry.path))
         except OSError:
@@ -190,22 +201,32 @@ def check_output_path(out: Path, *, replace: bool) -> None:
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise InputError(f"cannot check the output {out}: {exc.strerror or exc}", "Choose another path with -o") from None
+        raise InputError(
+            f"cannot check the output {out}: {exc.strerror or exc}", "Choose another path with -o"
+        ) from None
     if stat.S_ISLNK(st.st_mode):
-        raise InputError(f"{out} is a symbolic link; mlso writes only a regular file or a new path",
-                         "Give the real path, or another path, with -o")
+        raise InputError(
+            f"{out} is a symbolic link; mlso writes only a regular file or a new path",
+            "Give the real path, or another path, with -o",
+        )
     if stat.S_ISDIR(st.st_mode):
-        raise InputError(f"{out} is a directory", "Give a file name for the output model, e.g. -o fast.onnx")
+        raise InputError(
+            f"{out} is a directory", "Give a file name for the output model, e.g. -o fast.onnx"
+        )
     if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"{out} is not a regular file (a device, FIFO or socket); mlso will not replace it",
-                         "Choose a regular file or a new path with -o")
+        raise InputError(
+            f"{out} is not a regular file (a device, FIFO or socket); mlso will not replace it",
+            "Choose a regular file or a new path with -o",
+        )
     if not replace:
         raise _exists(out)
 
 
 def _exists(out: Path) -> InputError:
-    return InputError(f"{out} already exists (another run may have just written it)",
-                      "Pass --force to replace it, or choose another path with -o")
+    return InputError(
+        f"{out} already exists (another run may have just written it)",
+        "Pass --force to replace it, or choose another path with -o",
+    )
 
 
 def _place(tmp: str, final: Path, replace: bool) -> None:
@@ -231,7 +252,9 @@ def _place_exclusive(tmp: str, final: Path) -> None:
     """Where hard links are unsupported (FAT, some network file systems): claim the name with
     O_EXCL, then rename over the claim. A crash between the two leaves an empty file at final."""
     try:
-        fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        fd = os.open(
+            final, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600
+        )
     except FileExistsError:
         raise _exists(final) from None
     os.close(fd)
@@ -250,8 +273,10 @@ class _Flight:
     def on_signal(self, signum: int, frame: object) -> None:
         if self.abortable:
             self.abortable = False
-            raise Interrupted(f"stopped by {signal.Signals(signum).name} while writing the output; "
-                              "its temp files were removed and nothing was written")
+            raise Interrupted(
+                f"stopped by {signal.Signals(signum).name} while writing the output; "
+                "its temp files were removed and nothing was written"
+            )
         self.pending = signum
 
     def remove_temps(self) -> None:
@@ -378,7 +403,9 @@ def write_model_atomic(
     remove_stale_temps(folder, out.name)
     flight = _Flight()
     with _stop_signals_abort(flight):
-        _write_and_place(model, out, folder, inp, input_files, external_data, has_external, replace, flight)
+        _write_and_place(
+            model, out, folder, inp, input_files, external_data, has_external, replace, flight
+        )
     return out
 
 

@@ -29,5 +29,17 @@ from mlso_cli.pipeline.artifacts import (
 from mlso_cli.pipeline.run import optimize
 from mlso_cli.pipeline.searching import default_search, no_search
 
-__all__ = ["NO_SEARCH", "Choice", "Lifted", "Listener", "Outcome", "PipelineOptions", "RegionReport", "Searched",
-           "default_search", "no_search", "optimize", "ran_search"]
+__all__ = [
+    "NO_SEARCH",
+    "Choice",
+    "Lifted",
+    "Listener",
+    "Outcome",
+    "PipelineOptions",
+    "RegionReport",
+    "Searched",
+    "default_search",
+    "no_search",
+    "optimize",
+    "ran_search",
+]

@@ -28,7 +28,13 @@ class Builder:
     def build(self, program: KernelGraph) -> Built:
         from mlso_cli.codegen import compile_program
 
-        key = graph_hash(program) + "|" + ",".join(program.input_names) + "|" + ",".join(program.output_names)
+        key = (
+            graph_hash(program)
+            + "|"
+            + ",".join(program.input_names)
+            + "|"
+            + ",".join(program.output_names)
+        )
         got = self._built.get(key)
         if got is None:
             compiled = compile_program(program, self.targets)
@@ -37,8 +43,14 @@ class Builder:
         return got
 
 
-def package(loaded: LoadedModel, items: Sequence[tuple[LiftedRegion, Built]], *, targets: tuple[str, ...],
-            seed: int, bound: float) -> onnx.ModelProto:
+def package(
+    loaded: LoadedModel,
+    items: Sequence[tuple[LiftedRegion, Built]],
+    *,
+    targets: tuple[str, ...],
+    seed: int,
+    bound: float,
+) -> onnx.ModelProto:
     """The input model with each (region, program) replaced by an MlsoKernel node, and mlso's
     metadata: `bound` is the run's verification bound (mlso.verification_bound)."""
     from mlso_cli.package import standard_metadata

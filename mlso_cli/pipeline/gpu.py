@@ -20,7 +20,9 @@ def require_gpu(index: int) -> GpuInfo:
 
     info = gpu_info(index)
     if info is None:
-        raise EnvironmentProblem(f"no CUDA GPU with index {index} was found",
-                                 "Timing kernels needs a GPU: run on a machine with an NVIDIA GPU and driver "
-                                 "(optimize without --gpu decides by the cost model instead)")
+        raise EnvironmentProblem(
+            f"no CUDA GPU with index {index} was found",
+            "Timing kernels needs a GPU: run on a machine with an NVIDIA GPU and driver "
+            "(optimize without --gpu decides by the cost model instead)",
+        )
     return info

@@ -47,10 +47,16 @@ def run_bound(searched: list[Searched]) -> float:
     return min(1.0, sum(distinct.values()))
 
 
-def optimize(source: str, input_shapes: dict[str, tuple[int, ...]] | None = None,
-             options: PipelineOptions | None = None, *, search: SearchFn | None = None,
-             measure: MeasureFn | None = None, listener: Listener | None = None,
-             dry_run: bool = False) -> Outcome:
+def optimize(
+    source: str,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    options: PipelineOptions | None = None,
+    *,
+    search: SearchFn | None = None,
+    measure: MeasureFn | None = None,
+    listener: Listener | None = None,
+    dry_run: bool = False,
+) -> Outcome:
     """Optimize the model at `source`; returns every region's search and choice, and the packaged
     model (None when `dry_run`: nothing is compiled unless --gpu must time, nothing packaged).
 
@@ -69,17 +75,32 @@ def optimize(source: str, input_shapes: dict[str, tuple[int, ...]] | None = None
     builder = Builder(DEFAULT_TARGETS)
     timings = {}
     if options.gpu is not None:
-        timings = measure_top_k(lifted.loaded, lifted.regions, searched, k=options.top_k, gpu=options.gpu,
-                                builder=builder, seed=options.seed, measure=measure or _time_regions)
-    choices = [choose(lifted.loaded, lr, s, options.min_speedup, timings.get(lr.region.id))
-               for lr, s in zip(lifted.regions, searched)]
+        timings = measure_top_k(
+            lifted.loaded,
+            lifted.regions,
+            searched,
+            k=options.top_k,
+            gpu=options.gpu,
+            builder=builder,
+            seed=options.seed,
+            measure=measure or _time_regions,
+        )
+    choices = [
+        choose(lifted.loaded, lr, s, options.min_speedup, timings.get(lr.region.id))
+        for lr, s in zip(lifted.regions, searched)
+    ]
     bound = run_bound(searched)
     model = None if dry_run else _package(lifted, choices, builder, options.seed, bound, listener)
     return Outcome(tuple(RegionReport(s, c) for s, c in zip(searched, choices)), model, bound)
 
 
-def _search_all(lifted: Lifted, options: PipelineOptions, targets: tuple[str, ...], search: SearchFn,
-                listener: Listener) -> list[Searched]:
+def _search_all(
+    lifted: Lifted,
+    options: PipelineOptions,
+    targets: tuple[str, ...],
+    search: SearchFn,
+    listener: Listener,
+) -> list[Searched]:
     """Each region in turn. Structurally equal regions (a transformer's repeated layers) are
     searched once per run: later ones reuse the first's result, even a partial one or with the
     disk cache off, and are reported as cached."""
@@ -92,7 +113,9 @@ def _search_all(lifted: Lifted, options: PipelineOptions, targets: tuple[str, ..
         digest = graph_hash(lr.graph)
         if digest in seen:
             first = seen[digest]
-            s = Searched(lr.region.id, digest, conform(first.result, lr.graph, lr.region.id), True, 0.0)
+            s = Searched(
+                lr.region.id, digest, conform(first.result, lr.graph, lr.region.id), True, 0.0
+            )
         else:
             s = seen[digest] = search_region(lr, options.search, targets, search, cache, listener)
         listener.region_searched(lr.region.id, s)
@@ -100,7 +123,14 @@ def _search_all(lifted: Lifted, options: PipelineOptions, targets: tuple[str, ..
     return out
 
 
-def _package(lifted: Lifted, choices: list[Choice], builder: Builder, seed: int, bound: float, listener: Listener):
+def _package(
+    lifted: Lifted,
+    choices: list[Choice],
+    builder: Builder,
+    seed: int,
+    bound: float,
+    listener: Listener,
+):
     items = []
     for lr, c in zip(lifted.regions, choices):
         if c.packaged:

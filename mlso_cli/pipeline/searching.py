@@ -25,14 +25,25 @@ ENUMERATOR_MODULE = "mlso_cli.search.run"
 _BUG = "This is a bug in the search function; please report it with the model"
 
 
-def no_search(target: KernelGraph, options: SearchOptions, progress: ProgressFn | None = None) -> SearchResult:
+def no_search(
+    target: KernelGraph, options: SearchOptions, progress: ProgressFn | None = None
+) -> SearchResult:
     """The lifted target as the only candidate: what optimize packages while no enumerator exists.
     The target is the region itself, lifted, so it needs no check and its bound is 0."""
     cost = program_cost(target)
-    return SearchResult(candidates=(Candidate(target, cost.us, cost.launches, 0.0),), states=0, pruned=0,
-                        verified=0, seconds=0.0, bound=0.0, partial=False,
-                        notes=(f"{NO_SEARCH}{ENUMERATOR_MODULE} is not installed; the lifted program is the only "
-                               "candidate",))
+    return SearchResult(
+        candidates=(Candidate(target, cost.us, cost.launches, 0.0),),
+        states=0,
+        pruned=0,
+        verified=0,
+        seconds=0.0,
+        bound=0.0,
+        partial=False,
+        notes=(
+            f"{NO_SEARCH}{ENUMERATOR_MODULE} is not installed; the lifted program is the only "
+            "candidate",
+        ),
+    )
 
 
 def default_search() -> SearchFn:
@@ -47,7 +58,10 @@ def default_search() -> SearchFn:
 
 
 def _signature(kg: KernelGraph) -> tuple:
-    return (tuple((n.shape, n.dtype) for n in kg.inputs), tuple((n.shape, n.dtype) for n in kg.outputs))
+    return (
+        tuple((n.shape, n.dtype) for n in kg.inputs),
+        tuple((n.shape, n.dtype) for n in kg.outputs),
+    )
 
 
 def conform(result: SearchResult, target: KernelGraph, region: int) -> SearchResult:
@@ -60,16 +74,39 @@ def conform(result: SearchResult, target: KernelGraph, region: int) -> SearchRes
     fixed = []
     for i, c in enumerate(result.candidates):
         if _signature(c.graph) != want:
-            raise MlsoError(f"search candidate {i} of region {region} has inputs/outputs {_signature(c.graph)}, "
-                            f"not the region's {want}", _BUG)
-        fixed.append(Candidate(c.graph.replace(input_names=target.input_names, output_names=target.output_names),
-                               c.estimate_us, c.kernels, c.bound))
-    return SearchResult(tuple(fixed), result.states, result.pruned, result.verified, result.seconds, result.bound,
-                        result.partial, result.notes)
+            raise MlsoError(
+                f"search candidate {i} of region {region} has inputs/outputs {_signature(c.graph)}, "
+                f"not the region's {want}",
+                _BUG,
+            )
+        fixed.append(
+            Candidate(
+                c.graph.replace(input_names=target.input_names, output_names=target.output_names),
+                c.estimate_us,
+                c.kernels,
+                c.bound,
+            )
+        )
+    return SearchResult(
+        tuple(fixed),
+        result.states,
+        result.pruned,
+        result.verified,
+        result.seconds,
+        result.bound,
+        result.partial,
+        result.notes,
+    )
 
 
-def search_region(lr: LiftedRegion, options: SearchOptions, targets: tuple[str, ...], search: SearchFn,
-                  cache: SearchCache | None, listener: Listener) -> Searched:
+def search_region(
+    lr: LiftedRegion,
+    options: SearchOptions,
+    targets: tuple[str, ...],
+    search: SearchFn,
+    cache: SearchCache | None,
+    listener: Listener,
+) -> Searched:
     """One region: a cache hit, or a search (whose final result is then stored)."""
     rid = lr.region.id
     digest = graph_hash(lr.graph)
@@ -79,7 +116,9 @@ def search_region(lr: LiftedRegion, options: SearchOptions, targets: tuple[str, 
     if hit is not None:
         result = conform(hit, lr.graph, rid)
         return Searched(rid, digest, result, True, time.perf_counter() - t0)
-    result = conform(search(lr.graph, options, lambda p: listener.search_progress(rid, p)), lr.graph, rid)
+    result = conform(
+        search(lr.graph, options, lambda p: listener.search_progress(rid, p)), lr.graph, rid
+    )
     if cache is not None:
         cache.put(key, result)  # refuses partial results
     return Searched(rid, digest, result, False, time.perf_counter() - t0)

@@ -61,8 +61,13 @@ def _verdict(speedup: float, min_speedup: float, how: str) -> tuple[bool, str]:
     return False, f"kept original: {how} {speedup:.2f}x < {max(min_speedup, 1.0):g}x"
 
 
-def choose(loaded: LoadedModel, lr: LiftedRegion, searched: Searched, min_speedup: float,
-           timings: Sequence[Timing] | None = None) -> Choice:
+def choose(
+    loaded: LoadedModel,
+    lr: LiftedRegion,
+    searched: Searched,
+    min_speedup: float,
+    timings: Sequence[Timing] | None = None,
+) -> Choice:
     """The region's program: the best estimate, or with `timings` the fastest measured."""
     ranked = rank(searched.result.candidates)
     if timings:
@@ -73,12 +78,31 @@ def choose(loaded: LoadedModel, lr: LiftedRegion, searched: Searched, min_speedu
         before, after, how = onnx_region_cost(loaded, lr.region).us, pick.cost.us, "estimated"
     speedup = before / after if after else 0.0
     packaged, why = _verdict(speedup, min_speedup, how)
-    return Choice(lr.region.id, lr.region.label, pick.candidate, pick.cost.us, pick.cost.launches, before, after,
-                  bool(timings), packaged, why)
+    return Choice(
+        lr.region.id,
+        lr.region.label,
+        pick.candidate,
+        pick.cost.us,
+        pick.cost.launches,
+        before,
+        after,
+        bool(timings),
+        packaged,
+        why,
+    )
 
 
-def measure_top_k(loaded: LoadedModel, regions: Sequence[LiftedRegion], searched: Sequence[Searched], *, k: int,
-                  gpu: int, builder: Builder, seed: int, measure: MeasureFn) -> dict[int, list[Timing]]:
+def measure_top_k(
+    loaded: LoadedModel,
+    regions: Sequence[LiftedRegion],
+    searched: Sequence[Searched],
+    *,
+    k: int,
+    gpu: int,
+    builder: Builder,
+    seed: int,
+    measure: MeasureFn,
+) -> dict[int, list[Timing]]:
     """Time the k best-estimated candidates of every region: trial model j packages each region's
     j-th candidate (regions with fewer candidates sit out), and one timing pass measures them all."""
     ranked = {s.region: rank(s.result.candidates) for s in searched}
@@ -99,5 +123,8 @@ def _owners(trial: onnx.ModelProto, members: Sequence[LiftedRegion]) -> dict[str
     """MlsoKernel node name -> region id, matched by the tensors the node produces (overload and
     node names can skip numbers when the input model already holds mlso kernels)."""
     by_outputs = {tuple(lr.graph.output_names): lr.region.id for lr in members}
-    return {n.name: by_outputs[tuple(n.output)] for n in trial.graph.node
-            if n.domain == MLSO_DOMAIN and tuple(n.output) in by_outputs}
+    return {
+        n.name: by_outputs[tuple(n.output)]
+        for n in trial.graph.node
+        if n.domain == MLSO_DOMAIN and tuple(n.output) in by_outputs
+    }

@@ -73,7 +73,9 @@ def _declared(value_type: onnx.TypeProto) -> DeclaredType:
     return (dtype, [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim])
 
 
-def graph_types(graph: onnx.GraphProto, outer: dict[str, DeclaredType] | None = None) -> dict[str, DeclaredType]:
+def graph_types(
+    graph: onnx.GraphProto, outer: dict[str, DeclaredType] | None = None
+) -> dict[str, DeclaredType]:
     """Declared types of every value a graph names (inputs, outputs, value_info, initializers),
     over those of the enclosing graphs."""
     types = dict(outer or {})
@@ -224,7 +226,9 @@ def _subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
 
 def iter_mlso_nodes(
     model: onnx.ModelProto,
-) -> Iterator[tuple[str, int, onnx.NodeProto, dict[str, onnx.TensorProto], dict[str, DeclaredType]]]:
+) -> Iterator[
+    tuple[str, int, onnx.NodeProto, dict[str, onnx.TensorProto], dict[str, DeclaredType]]
+]:
     """Every MlsoKernel node, in the main graph and in subgraphs (If/Loop/Scan bodies), as
     (graph path, index in its graph, node, visible initializers, visible declared types).
 

@@ -64,14 +64,18 @@ def _pycuda():
     try:
         import pycuda.driver as cuda
     except ImportError as exc:
-        raise EnvironmentProblem(f"PyCUDA is not importable ({exc})",
-                                 "Install it on a machine with an NVIDIA driver: pip install 'mlso[cuda]' "
-                                 "(pycuda>=2024.1).") from None
+        raise EnvironmentProblem(
+            f"PyCUDA is not importable ({exc})",
+            "Install it on a machine with an NVIDIA driver: pip install 'mlso[cuda]' "
+            "(pycuda>=2024.1).",
+        ) from None
     try:
         cuda.init()
     except Exception as exc:  # pycuda raises its own error types
-        raise EnvironmentProblem(f"the CUDA driver did not initialise ({exc})",
-                                 "Check that an NVIDIA GPU and driver are present (nvidia-smi).") from None
+        raise EnvironmentProblem(
+            f"the CUDA driver did not initialise ({exc})",
+            "Check that an NVIDIA GPU and driver are present (nvidia-smi).",
+        ) from None
     return cuda
 
 
@@ -82,9 +86,14 @@ class _DriverGraphs:
         lib = ctypes.CDLL("libcuda.so.1")
         vp, pvp = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
         self._fns = {}
-        for name, args in (("cuStreamBeginCapture_v2", [vp, ctypes.c_int]), ("cuStreamEndCapture", [vp, pvp]),
-                           ("cuGraphInstantiateWithFlags", [pvp, vp, ctypes.c_ulonglong]),
-                           ("cuGraphLaunch", [vp, vp]), ("cuGraphExecDestroy", [vp]), ("cuGraphDestroy", [vp])):
+        for name, args in (
+            ("cuStreamBeginCapture_v2", [vp, ctypes.c_int]),
+            ("cuStreamEndCapture", [vp, pvp]),
+            ("cuGraphInstantiateWithFlags", [pvp, vp, ctypes.c_ulonglong]),
+            ("cuGraphLaunch", [vp, vp]),
+            ("cuGraphExecDestroy", [vp]),
+            ("cuGraphDestroy", [vp]),
+        ):
             fn = getattr(lib, name)
             fn.argtypes = args
             fn.restype = ctypes.c_int
@@ -149,7 +158,9 @@ class Program:
                     self._funcs[name] = fn
             for name, smem in need.items():
                 if smem > DEFAULT_SMEM_LIMIT:
-                    self._funcs[name].set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+                    self._funcs[name].set_attribute(
+                        cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem
+                    )
             self.inputs = [self._alloc(_nbytes(t)) for t in plan["inputs"]]
             self.outputs = [self._alloc(_nbytes(t)) for t in plan["outputs"]]
             self.scratch = [self._alloc(int(s["bytes"])) for s in plan["scratch"]]
@@ -182,8 +193,11 @@ class Program:
         table = {"input": in_ptrs, "output": out_ptrs, "scratch": self.scratch}
         for z in self.plan.get("zero", []):
             ptr = table[z["kind"]][z["index"]]
-            size = _nbytes(self.plan["outputs"][z["index"]]) if z["kind"] == "output" \
+            size = (
+                _nbytes(self.plan["outputs"][z["index"]])
+                if z["kind"] == "output"
                 else int(self.plan["scratch"][z["index"]]["bytes"])
+            )
             cuda.memset_d8_async(ptr, 0, size, stream)
         for launch in self.plan["launches"]:
             args = [table[a["kind"]][a["index"]] for a in launch["args"]]
@@ -198,7 +212,9 @@ class Program:
 
     def _upload(self, inputs: Sequence[Any]) -> list[int]:
         if len(inputs) != len(self.plan["inputs"]):
-            raise ValueError(f"the program takes {len(self.plan['inputs'])} inputs, got {len(inputs)}")
+            raise ValueError(
+                f"the program takes {len(self.plan['inputs'])} inputs, got {len(inputs)}"
+            )
         ptrs = []
         for i, (x, t) in enumerate(zip(inputs, self.plan["inputs"])):
             if isinstance(x, (int, np.integer)):
@@ -206,7 +222,9 @@ class Program:
                 continue
             arr = np.ascontiguousarray(np.asarray(x), dtype=numpy_dtype(t["dtype"]))
             if list(arr.shape) != list(t["shape"]):
-                raise ValueError(f"input {i} has shape {list(arr.shape)}; the kernels were built for {t['shape']}")
+                raise ValueError(
+                    f"input {i} has shape {list(arr.shape)}; the kernels were built for {t['shape']}"
+                )
             self._cuda.memcpy_htod(self.inputs[i], arr)
             ptrs.append(self.inputs[i])
         return ptrs
@@ -234,28 +252,46 @@ class Program:
                 outs.append(arr)
             return outs
 
-    def run_device(self, inputs: Sequence[int], outputs: Sequence[int] | None = None,
-                   stream: Any = None) -> list[int]:
+    def run_device(
+        self, inputs: Sequence[int], outputs: Sequence[int] | None = None, stream: Any = None
+    ) -> list[int]:
         """Enqueue one run on device pointers (no copies, no synchronisation); returns the output
         pointers (the program's own buffers when `outputs` is None)."""
         outs = list(outputs) if outputs is not None else self.outputs
         with self._current():
-            self._enqueue([int(p) for p in inputs], outs, stream if stream is not None else self.stream)
+            self._enqueue(
+                [int(p) for p in inputs], outs, stream if stream is not None else self.stream
+            )
         return outs
 
-    def time(self, inputs: Sequence[Any] | None = None, warmup: int = 10, repeats: int = 5, iters: int = 200,
-             rotate_buffers: bool | int | None = None, seed: int = 0) -> TimingResult:
+    def time(
+        self,
+        inputs: Sequence[Any] | None = None,
+        warmup: int = 10,
+        repeats: int = 5,
+        iters: int = 200,
+        rotate_buffers: bool | int | None = None,
+        seed: int = 0,
+    ) -> TimingResult:
         """Median time of one program run: CUDA events around a CUDA graph of `iters` runs,
         `repeats` times, after `warmup` runs. inputs=None: random non-zero normal data.
         rotate_buffers: None = rotate when the inputs fit in L2 (60 MB); an int = that many sets."""
         rng = np.random.default_rng(seed)
         if inputs is None:
-            inputs = [rng.standard_normal(t["shape"]).astype(np.float32) for t in self.plan["inputs"]]
+            inputs = [
+                rng.standard_normal(t["shape"]).astype(np.float32) for t in self.plan["inputs"]
+            ]
         total = sum(_nbytes(t) for t in self.plan["inputs"])
         if rotate_buffers is None:
-            sets = min(64, max(2, math.ceil(2 * L2_BYTES / max(total, 1)))) if total < L2_BYTES else 1
+            sets = (
+                min(64, max(2, math.ceil(2 * L2_BYTES / max(total, 1)))) if total < L2_BYTES else 1
+            )
         else:
-            sets = max(1, int(rotate_buffers)) if not isinstance(rotate_buffers, bool) else (2 if rotate_buffers else 1)
+            sets = (
+                max(1, int(rotate_buffers))
+                if not isinstance(rotate_buffers, bool)
+                else (2 if rotate_buffers else 1)
+            )
         cuda = self._cuda
         with self._current():
             first = self._upload(inputs)
@@ -287,8 +323,13 @@ class Program:
                 graph, exe = graphs.capture(stream.handle, body)
                 graphs.launch(exe, stream.handle)  # warm the graph itself
                 stream.synchronize()
-            except Exception as exc:  # ctypes/libcuda missing, or capture refused (pycuda error types)
-                method, note = "events", f"CUDA graph capture unavailable ({exc}); timed plain launches"
+            except (
+                Exception
+            ) as exc:  # ctypes/libcuda missing, or capture refused (pycuda error types)
+                method, note = (
+                    "events",
+                    f"CUDA graph capture unavailable ({exc}); timed plain launches",
+                )
                 graph = exe = None
                 stream.synchronize()
             try:

@@ -83,7 +83,9 @@ SCRATCH_TOTAL_MAX = 16 * 2**30
 partials, a few MB; a plan that asks for more is refused rather than allowed to exhaust the GPU."""
 RANK_MAX = 16
 
-_TOP_KEYS = frozenset(("version", "targets", "smem_max", "inputs", "outputs", "scratch", "zero", "launches"))
+_TOP_KEYS = frozenset(
+    ("version", "targets", "smem_max", "inputs", "outputs", "scratch", "zero", "launches")
+)
 _TENSOR_KEYS = frozenset(("dtype", "shape"))
 _SCRATCH_KEYS = frozenset(("bytes", "dtype", "shape"))
 _REF_KEYS = frozenset(("kind", "index"))
@@ -201,7 +203,9 @@ def _check_declared(
         same = dtype is None or dtype == spec["dtype"]
         if dims is not None:
             same = same and len(dims) == len(spec["shape"])
-            same = same and all(d is None or d == p for d, p in zip(dims, spec["shape"], strict=False))
+            same = same and all(
+                d is None or d == p for d, p in zip(dims, spec["shape"], strict=False)
+            )
         if not same:
             raise PlanProblem(
                 f"{key}[{i}] is {spec['dtype']} {_shape_text(spec['shape'])} in the plan, but the "

@@ -22,13 +22,26 @@ from __future__ import annotations
 from mlso_cli.verify.equivalence import Verdict, check_equivalent
 from mlso_cli.verify.field import BadPrime, Field, FieldArray, ZeroDenominator
 from mlso_cli.verify.floatcheck import (
-           LIMITS,
-           FloatReport,
-           adversarial_inputs,
-           float_check,
-           relative_error,
+    LIMITS,
+    FloatReport,
+    adversarial_inputs,
+    float_check,
+    relative_error,
 )
 from mlso_cli.verify.interpreter import run, run_field
 
-__all__ = ["LIMITS", "BadPrime", "Field", "FieldArray", "FloatReport", "Verdict", "ZeroDenominator",
-           "adversarial_inputs", "check_equivalent", "float_check", "relative_error", "run", "run_field"]
+__all__ = [
+    "LIMITS",
+    "BadPrime",
+    "Field",
+    "FieldArray",
+    "FloatReport",
+    "Verdict",
+    "ZeroDenominator",
+    "adversarial_inputs",
+    "check_equivalent",
+    "float_check",
+    "relative_error",
+    "run",
+    "run_field",
+]

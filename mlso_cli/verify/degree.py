@@ -80,10 +80,22 @@ class ArgBound:
     count: int = 0
 
     def join(self, x: Deg) -> ArgBound:
-        return ArgBound(max(self.n, x.n), max(self.d, x.d), max(self.hn, x.hn), max(self.hd, x.hd), self.count + 1)
+        return ArgBound(
+            max(self.n, x.n),
+            max(self.d, x.d),
+            max(self.hn, x.hn),
+            max(self.hd, x.hd),
+            self.count + 1,
+        )
 
     def merge(self, o: ArgBound) -> ArgBound:
-        return ArgBound(max(self.n, o.n), max(self.d, o.d), max(self.hn, o.hn), max(self.hd, o.hd), self.count + o.count)
+        return ArgBound(
+            max(self.n, o.n),
+            max(self.d, o.d),
+            max(self.hn, o.hn),
+            max(self.hd, o.hd),
+            self.count + o.count,
+        )
 
     @property
     def degree(self) -> int:
@@ -121,16 +133,30 @@ class DegreeAlgebra:
     def add(self, a: Deg, b: Deg) -> Deg:
         shape = broadcast_shapes(a.shape, b.shape)
         r = len(shape)
-        return Deg(shape, max(a.n + b.d, b.n + a.d), a.d + b.d, max(a.hn + b.hd, b.hn + a.hd) + 1, a.hd + b.hd,
-                   _shift(a.vary, len(a.shape), r) | _shift(b.vary, len(b.shape), r), a.q and b.q)
+        return Deg(
+            shape,
+            max(a.n + b.d, b.n + a.d),
+            a.d + b.d,
+            max(a.hn + b.hd, b.hn + a.hd) + 1,
+            a.hd + b.hd,
+            _shift(a.vary, len(a.shape), r) | _shift(b.vary, len(b.shape), r),
+            a.q and b.q,
+        )
 
     sub = add
 
     def mul(self, a: Deg, b: Deg) -> Deg:
         shape = broadcast_shapes(a.shape, b.shape)
         r = len(shape)
-        return Deg(shape, a.n + b.n, a.d + b.d, a.hn + b.hn, a.hd + b.hd,
-                   _shift(a.vary, len(a.shape), r) | _shift(b.vary, len(b.shape), r), a.q and b.q)
+        return Deg(
+            shape,
+            a.n + b.n,
+            a.d + b.d,
+            a.hn + b.hn,
+            a.hd + b.hd,
+            _shift(a.vary, len(a.shape), r) | _shift(b.vary, len(b.shape), r),
+            a.q and b.q,
+        )
 
     def neg(self, a: Deg) -> Deg:
         return a
@@ -159,22 +185,27 @@ class DegreeAlgebra:
 
     def oracle_reduce(self, name: str, a: Deg, axis: int) -> Deg:
         self.oracle_args = self.oracle_args.join(a)
-        return self._atom(a.shape[:axis] + (1,) + a.shape[axis + 1:], True)
+        return self._atom(a.shape[:axis] + (1,) + a.shape[axis + 1 :], True)
 
     def q_known(self, a: Deg) -> bool:
         return a.q
 
     def reduce_sum(self, a: Deg, axis: int) -> Deg:
-        shape = a.shape[:axis] + (1,) + a.shape[axis + 1:]
+        shape = a.shape[:axis] + (1,) + a.shape[axis + 1 :]
         return _sum_copies(a, a.shape[axis], axis in a.vary, shape, a.vary - {axis})
 
     def matmul(self, a: Deg, b: Deg) -> Deg:
         k = a.shape[-1]
         shape = broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
         r = len(shape)
-        batch = _shift(frozenset(x for x in a.vary if x < len(a.shape) - 2), len(a.shape), r) | \
-            _shift(frozenset(x for x in b.vary if x < len(b.shape) - 2), len(b.shape), r)
-        vary = batch | ({r - 2} if len(a.shape) - 2 in a.vary else set()) | ({r - 1} if len(b.shape) - 1 in b.vary else set())
+        batch = _shift(
+            frozenset(x for x in a.vary if x < len(a.shape) - 2), len(a.shape), r
+        ) | _shift(frozenset(x for x in b.vary if x < len(b.shape) - 2), len(b.shape), r)
+        vary = (
+            batch
+            | ({r - 2} if len(a.shape) - 2 in a.vary else set())
+            | ({r - 1} if len(b.shape) - 1 in b.vary else set())
+        )
         prod = Deg(shape, a.n + b.n, a.d + b.d, a.hn + b.hn, a.hd + b.hd, frozenset(), a.q and b.q)
         distinct = len(a.shape) - 1 in a.vary or len(b.shape) - 2 in b.vary
         return _sum_copies(prod, k, distinct, shape, frozenset(vary))
@@ -184,14 +215,25 @@ class DegreeAlgebra:
         return Deg(tuple(shape), a.n, a.d, a.hn, a.hd, vary, a.q)
 
     def transpose(self, a: Deg, perm: tuple[int, ...]) -> Deg:
-        return Deg(tuple(a.shape[p] for p in perm), a.n, a.d, a.hn, a.hd,
-                   frozenset(i for i, p in enumerate(perm) if p in a.vary), a.q)
+        return Deg(
+            tuple(a.shape[p] for p in perm),
+            a.n,
+            a.d,
+            a.hn,
+            a.hd,
+            frozenset(i for i, p in enumerate(perm) if p in a.vary),
+            a.q,
+        )
 
     def broadcast(self, a: Deg, shape: tuple[int, ...]) -> Deg:
-        return Deg(tuple(shape), a.n, a.d, a.hn, a.hd, _shift(a.vary, len(a.shape), len(shape)), a.q)
+        return Deg(
+            tuple(shape), a.n, a.d, a.hn, a.hd, _shift(a.vary, len(a.shape), len(shape)), a.q
+        )
 
 
-def _sum_copies(a: Deg, k: int, distinct: bool, shape: tuple[int, ...], vary: frozenset[int]) -> Deg:
+def _sum_copies(
+    a: Deg, k: int, distinct: bool, shape: tuple[int, ...], vary: frozenset[int]
+) -> Deg:
     """A sum of k terms bounded by `a`: common denominator, or k different ones (cleared)."""
     lk = math.log2(k) if k > 1 else 0.0
     if not distinct or a.d == 0:
@@ -227,7 +269,11 @@ class DegreeBackend(AlgebraBackend):
         npart = len(shape) - len(save.shape)
         vary = _shift(value.vary, len(value.shape), len(shape))
         if value.d:  # different blocks may divide by different denominators
-            placed = {npart + d for g, d in zip(bg.grid, save.arg.omap) if d is not None and d != PARTIAL and g > 1}
+            placed = {
+                npart + d
+                for g, d in zip(bg.grid, save.arg.omap)
+                if d is not None and d != PARTIAL and g > 1
+            }
             vary = vary | frozenset(range(npart)) | placed
         buf.value = Deg(shape, value.n, value.d, value.hn, value.hd, frozenset(vary), value.q)
 

@@ -104,7 +104,12 @@ def trial_bound(pa: Profile, pb: Profile, fld: Field) -> float:
     ex = pa.exp_args.merge(pb.exp_args)
     orc = pa.oracle_args.merge(pb.oracle_args)
     s = fld.q if (pa.has_exp or pb.has_exp) else fld.p
-    args_term = orc.degree / s + ex.degree / fld.q + _bad(orc.height, LOG_P_MIN) + _bad(ex.height, LOG_Q_MIN)
+    args_term = (
+        orc.degree / s
+        + ex.degree / fld.q
+        + _bad(orc.height, LOG_P_MIN)
+        + _bad(ex.height, LOG_Q_MIN)
+    )
     worst = 0.0
     for a, b in zip(pa.outputs, pb.outputs):
         deg, height = _cleared(a, b)
@@ -138,8 +143,9 @@ def interface_mismatch(a: KernelGraph, b: KernelGraph) -> str | None:
     return None
 
 
-def _evaluate_pair(a: KernelGraph, b: KernelGraph, fld: Field,
-                   rng: np.random.Generator) -> tuple[list[FieldArray], list[FieldArray]] | None:
+def _evaluate_pair(
+    a: KernelGraph, b: KernelGraph, fld: Field, rng: np.random.Generator
+) -> tuple[list[FieldArray], list[FieldArray]] | None:
     """Both programs on the same random inputs, resampling on zero denominators (None: give up)."""
     for _ in range(MAX_RESAMPLES):
         xs = [fld.random(n.shape, rng) for n in a.inputs]
@@ -150,20 +156,31 @@ def _evaluate_pair(a: KernelGraph, b: KernelGraph, fld: Field,
     return None
 
 
-def _difference(a: KernelGraph, oa: list[FieldArray], ob: list[FieldArray], fld: Field) -> str | None:
+def _difference(
+    a: KernelGraph, oa: list[FieldArray], ob: list[FieldArray], fld: Field
+) -> str | None:
     for i, (x, y) in enumerate(zip(oa, ob)):
         if not x.equal(y):
             bad = x.p != y.p
             if x.q is not None and y.q is not None:
                 bad = bad | (x.q != y.q)
             first = tuple(int(j) for j in np.argwhere(bad)[0])
-            return (f"output {i} ({a.output_names[i]}) differs in {int(bad.sum())} of {bad.size} entries, "
-                    f"first at {first} (p={fld.p}, q={fld.q})")
+            return (
+                f"output {i} ({a.output_names[i]}) differs in {int(bad.sum())} of {bad.size} entries, "
+                f"first at {first} (p={fld.p}, q={fld.q})"
+            )
     return None
 
 
-def check_equivalent(a: KernelGraph, b: KernelGraph, *, seed: int | None = None,
-                     target_bound: float = 2.0**-60, runs_so_far: int = 1, max_trials: int = 32) -> Verdict:
+def check_equivalent(
+    a: KernelGraph,
+    b: KernelGraph,
+    *,
+    seed: int | None = None,
+    target_bound: float = 2.0**-60,
+    runs_so_far: int = 1,
+    max_trials: int = 32,
+) -> Verdict:
     """Test a == b by field fingerprints until the false-accept bound reaches the run's target."""
     why = interface_mismatch(a, b)
     if why:
@@ -174,7 +191,12 @@ def check_equivalent(a: KernelGraph, b: KernelGraph, *, seed: int | None = None,
     bound, trials, redraws = 1.0, 0, 0
     while bound > target:
         if trials >= max_trials or redraws > max_trials:
-            return Verdict(False, bound, trials, f"bound {bound:.3g} did not reach {target:.3g} in {trials} trials")
+            return Verdict(
+                False,
+                bound,
+                trials,
+                f"bound {bound:.3g} did not reach {target:.3g} in {trials} trials",
+            )
         fld = Field.draw(rng)
         eps = trial_bound(pa, pb, fld)
         try:
@@ -190,8 +212,18 @@ def check_equivalent(a: KernelGraph, b: KernelGraph, *, seed: int | None = None,
         if diff:
             return Verdict(False, 0.0, trials, diff)
         if eps >= 1:
-            return Verdict(False, 1.0, trials, "agreed, but the degree is too high for a useful bound "
-                           f"(per-trial bound {eps:.3g}); not accepted")
+            return Verdict(
+                False,
+                1.0,
+                trials,
+                "agreed, but the degree is too high for a useful bound "
+                f"(per-trial bound {eps:.3g}); not accepted",
+            )
         bound *= eps
-    return Verdict(True, bound, trials, f"{trials} trials agreed; per-trial bound {eps:.3g}, "
-                   f"false-accept bound {bound:.3g} <= {target:.3g}")
+    return Verdict(
+        True,
+        bound,
+        trials,
+        f"{trials} trials agreed; per-trial bound {eps:.3g}, "
+        f"false-accept bound {bound:.3g} <= {target:.3g}",
+    )

@@ -145,7 +145,9 @@ class FieldArray:
 
     def __getitem__(self, idx: Any) -> FieldArray:
         shape = np.broadcast_to(np.zeros((), np.int8), self.shape)[idx].shape
-        return FieldArray(lambda: self.p[idx], None if self._q is None else (lambda: self.q[idx]), shape)
+        return FieldArray(
+            lambda: self.p[idx], None if self._q is None else (lambda: self.q[idx]), shape
+        )
 
     def equal(self, other: FieldArray) -> bool:
         """Equal p-residues, and equal q-residues where both are known."""
@@ -173,10 +175,11 @@ def mix64(x: np.ndarray) -> np.ndarray:
 
 def _key(name: str, salt: int) -> tuple[np.uint64, np.uint64, np.uint64]:
     h = hashlib.sha256(f"{name}:{salt}".encode()).digest()
-    return tuple(np.uint64(int.from_bytes(h[i:i + 8], "little")) for i in (0, 8, 16))  # type: ignore[return-value]
+    return tuple(np.uint64(int.from_bytes(h[i : i + 8], "little")) for i in (0, 8, 16))  # type: ignore[return-value]
 
 
 # ---- modular helpers on int64 arrays -----------------------------------------------------------
+
 
 def _pow_mod(a: np.ndarray, e: int, r: int) -> np.ndarray:
     result = np.ones_like(a)
@@ -210,7 +213,10 @@ def matmul_mod(a: np.ndarray, b: np.ndarray, r: int) -> np.ndarray:
     w = (2**53 // (k * r)).bit_length() - 1
     if w < 4:  # K too large for operands of this size: split the contraction
         mid = k // 2
-        return (matmul_mod(a[..., :mid], b[..., :mid, :], r) + matmul_mod(a[..., mid:], b[..., mid:, :], r)) % r
+        return (
+            matmul_mod(a[..., :mid], b[..., :mid, :], r)
+            + matmul_mod(a[..., mid:], b[..., mid:, :], r)
+        ) % r
     split_a = a.size <= b.size
     small, other = (a, b) if split_a else (b, a)
     fo = other.astype(np.float64)
@@ -263,8 +269,10 @@ class Field:
     # -- sources --
     def random(self, shape: tuple[int, ...], rng: np.random.Generator) -> FieldArray:
         """Uniform independent residues mod p and mod q (a uniform value mod pq, by CRT)."""
-        return FieldArray(rng.integers(0, self.p, size=shape, dtype=np.int64),
-                          rng.integers(0, self.q, size=shape, dtype=np.int64))
+        return FieldArray(
+            rng.integers(0, self.p, size=shape, dtype=np.int64),
+            rng.integers(0, self.q, size=shape, dtype=np.int64),
+        )
 
     def const(self, value: Fraction) -> FieldArray:
         """n/d -> n * d^-1 in each residue: one fixed rule for every constant in every program."""
@@ -277,18 +285,31 @@ class Field:
         return FieldArray(out[0], out[1])
 
     # -- ring ops (lazy: each residue is computed when first read) --
-    def _lazy(self, shape: tuple[int, ...], fp: Callable[[int], np.ndarray],
-              fq: Callable[[int], np.ndarray] | None) -> FieldArray:
+    def _lazy(
+        self,
+        shape: tuple[int, ...],
+        fp: Callable[[int], np.ndarray],
+        fq: Callable[[int], np.ndarray] | None,
+    ) -> FieldArray:
         return FieldArray(lambda: fp(self.p), None if fq is None else (lambda: fq(self.q)), shape)
 
-    def _binary(self, a: FieldArray, b: FieldArray, fn: Callable[[np.ndarray, np.ndarray, int], np.ndarray],
-                shape: tuple[int, ...] | None = None) -> FieldArray:
+    def _binary(
+        self,
+        a: FieldArray,
+        b: FieldArray,
+        fn: Callable[[np.ndarray, np.ndarray, int], np.ndarray],
+        shape: tuple[int, ...] | None = None,
+    ) -> FieldArray:
         shape = shape if shape is not None else np.broadcast_shapes(a.shape, b.shape)
         fq = (lambda r: fn(a.q, b.q, r)) if a.q_known() and b.q_known() else None
         return self._lazy(shape, lambda r: fn(a.p, b.p, r), fq)
 
-    def _unary(self, a: FieldArray, fn: Callable[[np.ndarray, int], np.ndarray],
-               shape: tuple[int, ...] | None = None) -> FieldArray:
+    def _unary(
+        self,
+        a: FieldArray,
+        fn: Callable[[np.ndarray, int], np.ndarray],
+        shape: tuple[int, ...] | None = None,
+    ) -> FieldArray:
         fq = (lambda r: fn(a.q, r)) if a.q_known() else None
         return self._lazy(shape if shape is not None else a.shape, lambda r: fn(a.p, r), fq)
 
@@ -327,7 +348,7 @@ class Field:
         return self._binary(a, b, matmul_mod, shape)
 
     def reduce_sum(self, a: FieldArray, axis: int) -> FieldArray:
-        shape = a.shape[:axis] + (1,) + a.shape[axis + 1:]
+        shape = a.shape[:axis] + (1,) + a.shape[axis + 1 :]
         return self._unary(a, lambda x, r: np.sum(x, axis=axis, keepdims=True) % r, shape)
 
     # -- exp and oracles --
@@ -358,8 +379,11 @@ class Field:
     def _atom(self, h: Callable[[], np.ndarray], name: str, shape: tuple[int, ...]) -> FieldArray:
         """An oracle value from the hash h of its argument: independent p- and q-residues."""
         _, kp, kq = self._salted(name)
-        return FieldArray(lambda: (mix64(h() ^ kp) % np.uint64(self.p)).astype(np.int64),
-                          lambda: (mix64(h() ^ kq) % np.uint64(self.q)).astype(np.int64), shape)
+        return FieldArray(
+            lambda: (mix64(h() ^ kp) % np.uint64(self.p)).astype(np.int64),
+            lambda: (mix64(h() ^ kq) % np.uint64(self.q)).astype(np.int64),
+            shape,
+        )
 
     def oracle(self, name: str, *args: FieldArray) -> FieldArray:
         """A keyed random function of the p-residues; several arguments combine symmetrically."""
@@ -387,10 +411,14 @@ class Field:
 
         def h() -> np.ndarray:
             if not memo:
-                memo.append(np.sum(mix64(a.p.astype(np.uint64) ^ k1), axis=axis, keepdims=True, dtype=np.uint64))
+                memo.append(
+                    np.sum(
+                        mix64(a.p.astype(np.uint64) ^ k1), axis=axis, keepdims=True, dtype=np.uint64
+                    )
+                )
             return memo[0]
 
-        return self._atom(h, name, a.shape[:axis] + (1,) + a.shape[axis + 1:])
+        return self._atom(h, name, a.shape[:axis] + (1,) + a.shape[axis + 1 :])
 
     def q_known(self, a: FieldArray) -> bool:
         return a.q_known()

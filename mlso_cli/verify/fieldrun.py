@@ -27,7 +27,9 @@ class AlgebraBackend(LiteralBackend):
 
     def input(self, node: Node, value: Any) -> Any:
         if tuple(value.shape) != node.shape:
-            raise ValueError(f"input #{node.arg}: shape {tuple(value.shape)}, graph expects {node.shape}")
+            raise ValueError(
+                f"input #{node.arg}: shape {tuple(value.shape)}, graph expects {node.shape}"
+            )
         return value
 
     def const(self, node: Node) -> Any:
@@ -70,7 +72,9 @@ class FieldBackend(AlgebraBackend):
     def buffer(self, bg: BlockGraph, save: Node) -> _FieldBuffer:
         return _FieldBuffer(bg.output_shape(save))
 
-    def put(self, buf: _FieldBuffer, index: tuple[int | slice, ...], value: FieldArray, save: Node) -> None:
+    def put(
+        self, buf: _FieldBuffer, index: tuple[int | slice, ...], value: FieldArray, save: Node
+    ) -> None:
         buf.p[index] = value.p
         if not value.q_known():
             buf.q = None

@@ -23,8 +23,15 @@ from mlso_cli.verify.storage import round_to
 LIMITS: dict[DType, float] = {DType.F32: 1e-5, DType.F16: 2e-3, DType.BF16: 1e-2}
 """Storage dtype -> largest allowed norm-wise relative error (all with fp32 accumulation)."""
 
-_DTYPE_NAMES = {"fp32": DType.F32, "float32": DType.F32, "fp16": DType.F16, "float16": DType.F16,
-                "half": DType.F16, "bf16": DType.BF16, "bfloat16": DType.BF16}
+_DTYPE_NAMES = {
+    "fp32": DType.F32,
+    "float32": DType.F32,
+    "fp16": DType.F16,
+    "float16": DType.F16,
+    "half": DType.F16,
+    "bf16": DType.BF16,
+    "bfloat16": DType.BF16,
+}
 
 
 @dataclass(frozen=True)
@@ -59,26 +66,40 @@ def stored_inputs(kg: KernelGraph, inputs: Sequence[np.ndarray]) -> list[np.ndar
     return [round_to(np.asarray(x, np.float64), n.dtype) for x, n in zip(inputs, kg.inputs)]
 
 
-def float_check(a_or_ref: KernelGraph | Sequence[np.ndarray], b: KernelGraph, inputs: Sequence[np.ndarray],
-                dtype: DType | str, mode: str = "float32") -> FloatReport:
+def float_check(
+    a_or_ref: KernelGraph | Sequence[np.ndarray],
+    b: KernelGraph,
+    inputs: Sequence[np.ndarray],
+    dtype: DType | str,
+    mode: str = "float32",
+) -> FloatReport:
     """Run b in `mode` on the stored inputs and compare with the fp64 reference (a graph or arrays)."""
     dt = as_dtype(dtype)
     limit = LIMITS[dt]
     xs = stored_inputs(b, inputs)
-    ref = run(a_or_ref, xs, "float64") if isinstance(a_or_ref, KernelGraph) else [np.asarray(r) for r in a_or_ref]
+    ref = (
+        run(a_or_ref, xs, "float64")
+        if isinstance(a_or_ref, KernelGraph)
+        else [np.asarray(r) for r in a_or_ref]
+    )
     if not all(np.all(np.isfinite(r)) for r in ref):
         return FloatReport(False, (), limit, dt, "the fp64 reference is not finite at these inputs")
     out = run(b, xs, mode)
     if len(out) != len(ref):
-        return FloatReport(False, (), limit, dt, f"{len(out)} outputs vs {len(ref)} reference outputs")
+        return FloatReport(
+            False, (), limit, dt, f"{len(out)} outputs vs {len(ref)} reference outputs"
+        )
     errs = tuple(relative_error(o, r) for o, r in zip(out, ref))
     worst = max(errs, default=0.0)
     ok = worst <= limit
     detail = ", ".join(f"{name}: {e:.3g}" for name, e in zip(b.output_names, errs))
-    return FloatReport(ok, errs, limit, dt, f"{'ok' if ok else 'FAIL'} ({dt.value} limit {limit:g}): {detail}")
+    return FloatReport(
+        ok, errs, limit, dt, f"{'ok' if ok else 'FAIL'} ({dt.value} limit {limit:g}): {detail}"
+    )
 
 
 # ---- inputs ----------------------------------------------------------------------------------
+
 
 def _unit(kg: KernelGraph, rng: np.random.Generator) -> list[np.ndarray]:
     return [rng.standard_normal(n.shape) for n in kg.inputs]
@@ -106,9 +127,9 @@ def _logits(kg: KernelGraph, rng: np.random.Generator, target: float = 100.0) ->
 
 ADVERSARIAL: dict[str, Callable[[KernelGraph, np.random.Generator], list[np.ndarray]]] = {
     "unit": _unit,
-    "scale": _scaled(1e3),       # norm inputs x1e3: stresses sums of squares and rsqrt
+    "scale": _scaled(1e3),  # norm inputs x1e3: stresses sums of squares and rsqrt
     "small": _scaled(1e-3),
-    "logits": _logits,           # softmax logits of about +-100: the stabiliser must hold
+    "logits": _logits,  # softmax logits of about +-100: the stabiliser must hold
 }
 """Input kind -> generator of float64 inputs for a graph."""
 

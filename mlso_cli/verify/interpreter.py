@@ -164,7 +164,9 @@ class Float32Backend(FloatBackend):
     def compute(self, node: Node, args: list[Any]) -> Any:
         if isinstance(node.arg, Stabilised):
             with np.errstate(all="ignore"):
-                return sc.stabilised_exp(node.arg.axis, sc.plain(args[0]), [sc.plain(a) for a in args[1:]])
+                return sc.stabilised_exp(
+                    node.arg.axis, sc.plain(args[0]), [sc.plain(a) for a in args[1:]]
+                )
         if node.op is Op.MATMUL and node.phase is None:
             args = [self._operand(s, a) for s, a in zip(node.src, args)]
         if any(isinstance(a, sc.Scaled) for a in args):
@@ -189,7 +191,9 @@ class Float32Backend(FloatBackend):
         if isinstance(value, sc.Scaled):
             # codegen keeps scaled intermediates as their scaled numbers (rounded where they are
             # 16-bit); graph outputs are materialised by run()
-            return value if node.dtype is DType.F32 else sc.Scaled(self._round(value.v, node), value.m)
+            return (
+                value if node.dtype is DType.F32 else sc.Scaled(self._round(value.v, node), value.m)
+            )
         return self._round(value, node)
 
     def acc_step(self, node: Node, state: Any, args: list[Any]) -> Any:
@@ -236,8 +240,12 @@ def backend(mode: str) -> FloatBackend:
     return Float32Backend() if mode == "float32" else FloatBackend(rounding=mode == "simulate")
 
 
-def run(kg: KernelGraph, inputs: Sequence[np.ndarray], mode: str = "float64",
-        observe: Observer | None = None) -> list[np.ndarray]:
+def run(
+    kg: KernelGraph,
+    inputs: Sequence[np.ndarray],
+    mode: str = "float64",
+    observe: Observer | None = None,
+) -> list[np.ndarray]:
     """Execute kg on numpy inputs; outputs are float64 (float32 in "float32" mode) arrays."""
     be = backend(mode)
     if isinstance(be, Float32Backend):
@@ -246,8 +254,12 @@ def run(kg: KernelGraph, inputs: Sequence[np.ndarray], mode: str = "float64",
     outs = evaluate(kg, inputs, be, observe)
     if mode != "float32":
         return [np.asarray(sc.plain(o)) for o in outs]
-    return [round_to(np.asarray(sc.plain(o)), n.dtype, np.float32) if isinstance(o, sc.Scaled) else np.asarray(o)
-            for o, n in zip(outs, kg.outputs)]
+    return [
+        round_to(np.asarray(sc.plain(o)), n.dtype, np.float32)
+        if isinstance(o, sc.Scaled)
+        else np.asarray(o)
+        for o, n in zip(outs, kg.outputs)
+    ]
 
 
 def run_field(kg: KernelGraph, inputs: Sequence[Any], fld: Any) -> list[Any]:

@@ -68,10 +68,12 @@ def _old_softmax_as_flatten(g: onnx.GraphProto, opset: int) -> None:
             continue
         axis = next((a.i for a in n.attribute if a.name == "axis"), 1)
         x, y, tag = n.input[0], n.output[0], f"mlso_ref_{k}_{n.op_type.lower()}"
-        nodes += [helper.make_node("Shape", [x], [tag + "_shape"]),
-                  helper.make_node("Flatten", [x], [tag + "_flat"], axis=axis),
-                  helper.make_node(n.op_type, [tag + "_flat"], [tag + "_out"], axis=1),
-                  helper.make_node("Reshape", [tag + "_out", tag + "_shape"], [y])]
+        nodes += [
+            helper.make_node("Shape", [x], [tag + "_shape"]),
+            helper.make_node("Flatten", [x], [tag + "_flat"], axis=axis),
+            helper.make_node(n.op_type, [tag + "_flat"], [tag + "_out"], axis=1),
+            helper.make_node("Reshape", [tag + "_out", tag + "_shape"], [y]),
+        ]
     del g.node[:]
     g.node.extend(nodes)
 
@@ -90,7 +92,9 @@ def promote_to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
-def reference_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def reference_outputs(
+    model: onnx.ModelProto, feeds: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     from onnx.reference import ReferenceEvaluator
 
     m64 = promote_to_float64(model)

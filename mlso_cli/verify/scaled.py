@@ -159,13 +159,16 @@ def stabilised_exp(axis: int, x: np.ndarray, factors: list[np.ndarray]) -> Scale
 def _view(fn: Callable[[np.ndarray, Any], np.ndarray]) -> Callable[[Node, Scaled], Scaled]:
     def rule(n: Node, a: Scaled) -> Scaled:
         return Scaled(fn(a.v, n.arg), fn(a.full_m(), n.arg))
+
     return rule
 
 
 def _power(p: float) -> Callable[[Node, Scaled], Scaled]:
     """f(v e^m) = f(v) e^(p m) for f = x^p (square, sqrt, rsqrt): codegen's UNARY_DEGREE."""
     fns = {2.0: np.square, 0.5: np.sqrt, -0.5: lambda x: 1 / np.sqrt(x)}
-    return lambda n, a: Scaled(fns[p](a.v).astype(np.float32), (a.m * np.float32(p)).astype(np.float32))
+    return lambda n, a: Scaled(
+        fns[p](a.v).astype(np.float32), (a.m * np.float32(p)).astype(np.float32)
+    )
 
 
 def _reduce_mean(n: Node, a: Scaled) -> Scaled:
@@ -209,7 +212,10 @@ every other op materialises its arguments first."""
 
 # ---- the online-softmax accumulators -----------------------------------------------------------
 
-def exp_sum_step(state: tuple[np.ndarray, np.ndarray] | None, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+
+def exp_sum_step(
+    state: tuple[np.ndarray, np.ndarray] | None, s: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(m, l): running row max and sum of exp(s - m), rescaled when the max grows."""
     rowmax = np.max(s, axis=-1, keepdims=True)
     if state is None:
@@ -220,8 +226,9 @@ def exp_sum_step(state: tuple[np.ndarray, np.ndarray] | None, s: np.ndarray) -> 
     return m, l0 * _exp(m0 - m) + np.sum(_exp(s - m), axis=-1, keepdims=True)
 
 
-def exp_wsum_step(state: tuple[np.ndarray, np.ndarray] | None, s: np.ndarray,
-                  v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def exp_wsum_step(
+    state: tuple[np.ndarray, np.ndarray] | None, s: np.ndarray, v: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(m, acc): running row max and sum of exp(s - m) @ v, rescaled when the max grows."""
     rowmax = np.max(s, axis=-1, keepdims=True)
     if state is None:

@@ -16,7 +16,9 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
     """Round to bfloat16 (nearest-even on the top 16 bits of fp32); returns fp32 values."""
     f = np.ascontiguousarray(x, dtype=np.float32)
     bits = f.view(np.uint32)
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(
+        0xFFFF0000
+    )
     out = rounded.view(np.float32)
     nan = np.isnan(f)
     if nan.any():

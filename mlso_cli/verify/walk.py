@@ -32,6 +32,7 @@ class Backend(Protocol):
     def compute(self, node: Node, args: list[Any]) -> Any: ...
     def store(self, node: Node, value: Any) -> Any:
         """A kernel-level tensor is written to device memory in node.dtype (storage rounding)."""
+
     def tile(self, value: Any, index: tuple[slice, ...]) -> Any: ...
     def blocks(self, bg: BlockGraph) -> Iterable[Index]: ...
     def acc_init(self, node: Node) -> Any: ...
@@ -42,7 +43,9 @@ class Backend(Protocol):
     def finish(self, buf: Any) -> Any: ...
 
 
-def evaluate(kg: KernelGraph, inputs: Sequence[Any], be: Backend, observe: Observer | None = None) -> list[Any]:
+def evaluate(
+    kg: KernelGraph, inputs: Sequence[Any], be: Backend, observe: Observer | None = None
+) -> list[Any]:
     """Evaluate every kernel-level node in topological order; return the graph's outputs."""
     if len(inputs) != len(kg.inputs):
         raise ValueError(f"graph takes {len(kg.inputs)} inputs, got {len(inputs)}")
@@ -80,8 +83,10 @@ def compute(be: Backend, n: Node, args: list[Any]) -> Any:
 
 # ---- block level ------------------------------------------------------------------------------
 
-def chunk_bounds(shape: tuple[int, ...], im: InputMap, grid: tuple[int, int, int],
-                 idx: Index) -> list[tuple[int, int]]:
+
+def chunk_bounds(
+    shape: tuple[int, ...], im: InputMap, grid: tuple[int, int, int], idx: Index
+) -> list[tuple[int, int]]:
     """(start, length) per tensor dim of this block's chunk: grid dim g with imap[g] = d takes
     chunk idx[g] of grid[g] equal chunks of dim d; unmapped dims are whole (replicated)."""
     bounds = [(0, s) for s in shape]
@@ -92,7 +97,9 @@ def chunk_bounds(shape: tuple[int, ...], im: InputMap, grid: tuple[int, int, int
     return bounds
 
 
-def step_index(bounds: list[tuple[int, int]], fmap: int | None, loop: int, step: int) -> tuple[slice, ...]:
+def step_index(
+    bounds: list[tuple[int, int]], fmap: int | None, loop: int, step: int
+) -> tuple[slice, ...]:
     """The tile read at for-loop `step`: dim fmap walks the block's chunk in `loop` equal steps."""
     sl = [slice(s, s + n) for s, n in bounds]
     if fmap is not None:
@@ -147,7 +154,9 @@ class _Plan:
         self.post = [n for n in body if n.phase is Phase.POST and n.op not in ACCUMULATORS]
 
 
-def run_block(bg: BlockGraph, srcs: list[Any], be: Backend, observe: Observer | None = None) -> list[Any]:
+def run_block(
+    bg: BlockGraph, srcs: list[Any], be: Backend, observe: Observer | None = None
+) -> list[Any]:
     """Execute a graph-defined kernel block by block, step by step; return its output buffers."""
     plan = _Plan(bg)
     shapes = [_shape(s) for s in srcs]
@@ -170,8 +179,16 @@ def run_block(bg: BlockGraph, srcs: list[Any], be: Backend, observe: Observer | 
     return [be.finish(b) for b in bufs]
 
 
-def _phase(nodes: list[Node], env: dict[Node, Any], be: Backend, srcs: list[Any],
-           bounds: list[list[tuple[int, int]]], bg: BlockGraph, step: int, observe: Observer | None) -> None:
+def _phase(
+    nodes: list[Node],
+    env: dict[Node, Any],
+    be: Backend,
+    srcs: list[Any],
+    bounds: list[list[tuple[int, int]]],
+    bg: BlockGraph,
+    step: int,
+    observe: Observer | None,
+) -> None:
     for n in nodes:
         if n.op is Op.ITER:
             im = bg.inputs[n.arg]
