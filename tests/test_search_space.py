@@ -131,3 +131,14 @@ def test_a_wrong_recipe_is_rejected_and_a_misfit_size_raises(tmp_path):
 
 def test_divisors():
     assert divisors(12) == [1, 2, 3, 4, 6, 12]
+
+
+def test_a_reshape_replays_on_a_tile_only_where_the_regrouped_dims_are_whole():
+    from mlso_cli.search.enumerate import _tile_reshape
+
+    # rows split by the grid, the regrouped (4096 -> 32 x 128) dim whole: rows keep their tile size
+    assert _tile_reshape((8, 4096), (8, 32, 128), (2, 4096)) == (2, 32, 128)
+    assert _tile_reshape((8, 32, 128), (8, 4096), (2, 32, 128)) == (2, 4096)
+    # the regrouped dim itself is split: a block holds only part of a group
+    assert _tile_reshape((8, 4096), (8, 32, 128), (8, 1024)) is None
+    assert _tile_reshape((32,), (32, 1), (32,)) == (32, 1)

@@ -221,6 +221,20 @@ class Vocabulary:
         )
 
 
+def _tile_reshape(
+    full_src: tuple[int, ...], full_dst: tuple[int, ...], tile_src: tuple[int, ...]
+) -> tuple[int, ...] | None:
+    """The target's reshape applied to one tile: the leading dims both shapes share keep their
+    tile sizes, and the dims it splits or merges must be whole in the tile (None otherwise:
+    a block cannot regroup an index it holds only part of)."""
+    p = 0
+    while p < min(len(full_src), len(full_dst)) and full_src[p] == full_dst[p]:
+        p += 1
+    if tuple(tile_src[p:]) != tuple(full_src[p:]):
+        return None
+    return tuple(tile_src[:p]) + tuple(full_dst[p:])
+
+
 class BlockSearch:
     """One signature's enumeration (at provisional dims)."""
 
@@ -315,7 +329,14 @@ class BlockSearch:
                 summed = n.arg
             elif n.op is Op.MATMUL:
                 summed = len(vals[0].node.shape) - 1
-            if n.op not in ELEMENTWISE | REDUCE | {Op.MATMUL, Op.TRANSPOSE} or (
+            arg, classes = n.arg, None
+            if n.op is Op.RESHAPE:
+                arg = _tile_reshape(n.src[0].shape, n.shape, vals[0].node.shape)
+                classes = self.dc.node_class.get(n)
+                if arg is None or classes is None:
+                    at[n] = None
+                    continue
+            if n.op not in ELEMENTWISE | REDUCE | {Op.MATMUL, Op.TRANSPOSE, Op.RESHAPE} or (
                 summed is not None
                 and (
                     not vals[0].classes
@@ -326,12 +347,21 @@ class BlockSearch:
                 at[n] = None
                 continue
             at[n] = self._add(
-                Step(n.op, tuple(range(len(srcs))), n.arg), list(srcs), 0, existing=True
+                Step(n.op, tuple(range(len(srcs))), arg),
+                list(srcs),
+                0,
+                existing=True,
+                classes=classes,
             )
 
     # ---- growth ------------------------------------------------------------------------------
     def _add(
-        self, step: Step, operands: list[int | Value], rnd: int, existing: bool = False
+        self,
+        step: Step,
+        operands: list[int | Value],
+        rnd: int,
+        existing: bool = False,
+        classes: tuple[int | None, ...] | None = None,
     ) -> int | None:
         """Grow the pool by one op; the new value's number, or None when it is refused or a
         duplicate (with `existing`, a duplicate answers the number of the value it equals)."""
@@ -343,7 +373,8 @@ class BlockSearch:
         if ops > self.limits.block_ops:
             return None
         rank = max((len(v.node.shape) for v in srcs), default=0) + (1 if step.arg == ROW else 0)
-        classes = value_classes(step.op, step.arg, [v.classes for v in srcs], rank)
+        if classes is None:
+            classes = value_classes(step.op, step.arg, [v.classes for v in srcs], rank)
         if classes is None and self.typed:
             self.stats.pruned += 1
             return None
