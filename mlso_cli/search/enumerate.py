@@ -221,6 +221,25 @@ class Vocabulary:
         )
 
 
+def _rsqrt_of(search: BlockSearch, v: int | Value) -> int | None:
+    return search._add(Step(Op.RSQRT, (0,)), [v], 0, existing=True)
+
+
+def _div_sqrt(search: BlockSearch, srcs: list, v: int | Value) -> int | None:
+    r = _rsqrt_of(search, v)
+    return None if r is None else search._add(Step(Op.MUL, (0, 1)), [srcs[0], r], 0, existing=True)
+
+
+_CHEAPER: dict[tuple[Op, Op], Callable[..., int | None]] = {
+    (Op.DIV, Op.SQRT): _div_sqrt,
+    (Op.RECIPROCAL, Op.SQRT): lambda search, srcs, v: _rsqrt_of(search, v),
+}
+"""Replay rewrites, (op, op of its last operand) -> the cheaper spelling: x / sqrt(v) becomes
+x * rsqrt(v), and 1 / sqrt(v) becomes rsqrt(v). The abstract expressions are the same (rsqrt is
+1/sqrt in the algebra), but codegen computes a per-element IEEE sqrt and division for the first
+spelling: ntrans's block took 5.3 µs with it and 3.3 µs without on the H200."""
+
+
 def _tile_reshape(
     full_src: tuple[int, ...], full_dst: tuple[int, ...], tile_src: tuple[int, ...]
 ) -> tuple[int, ...] | None:
@@ -322,6 +341,10 @@ class BlockSearch:
                 continue
             if n.op is Op.CAST:
                 at[n] = srcs[0]
+                continue
+            rule = _CHEAPER.get((n.op, n.src[-1].op))
+            if rule is not None and at.get(n.src[-1].src[0]) is not None:
+                at[n] = rule(self, srcs, at[n.src[-1].src[0]])
                 continue
             vals = [self.values[s] if isinstance(s, int) else s for s in srcs]
             summed = None
