@@ -121,3 +121,16 @@ def test_unknown_kind_is_an_error():
     with pytest.raises(ValueError, match="logits"):
         adversarial_inputs(ex.attention(1, 2, 2, 2), 0, "huge")
     assert set(ADVERSARIAL) >= {"unit", "scale", "logits"}
+
+
+def test_an_output_the_dtype_cannot_hold_is_not_compared():
+    """verify skips a sample whose float64 reference overflows the output dtype (fp16 above
+    65504): any fp16 program must answer inf there, whatever the original model answers."""
+    import numpy as np
+
+    from mlso_cli.commands.verify import representable
+
+    assert not representable(np.array([6.4e7, 1.0]), np.dtype(np.float16))
+    assert representable(np.array([6.4e7, 1.0]), np.dtype(np.float32))
+    assert representable(np.array([6.0e4, -6.0e4]), np.dtype(np.float16))
+    assert representable(np.array([3, 7]), np.dtype(np.int64))

@@ -170,6 +170,17 @@ def _feeds(
     return feeds
 
 
+def representable(ref: np.ndarray, dtype: np.dtype) -> bool:
+    """Is the float64 reference finite once stored in the output's dtype? At an adversarial
+    scale a float16 output can exceed 65504 (rmsnorm_linear with every input x1000: about 6e7).
+    The right answer is then inf, the original model's answer is whatever its overflow gives,
+    and comparing either with the float64 value says nothing about the rewrite."""
+    if np.dtype(dtype).kind != "f":
+        return True
+    with np.errstate(over="ignore"):
+        return bool(np.all(np.isfinite(np.asarray(ref).astype(dtype))))
+
+
 def _rel(out: np.ndarray, ref: np.ndarray) -> float:
     out = out.astype(np.float64)
     if not np.all(np.isfinite(out)):
@@ -293,6 +304,8 @@ def verify_cmd(
             got_b = dict(zip(outs_a, sess_b.run(outs_a, feeds)))
             for name in outs_a:
                 dt = got_b[name].dtype
+                if not representable(ref[name], dt):
+                    continue  # no program can be right: the true output overflows its dtype
                 exact = dt.kind in "iub"  # integers and booleans must match exactly
                 limit = 0.0 if exact else LIMITS[_DTYPE_OF.get(dt, DType.BF16)]
                 ea, eb = _rel(got_a[name], ref[name]), _rel(got_b[name], ref[name])
