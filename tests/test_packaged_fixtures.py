@@ -175,3 +175,28 @@ def test_verify_float_checks_a_ugraph_that_rounds_its_row_sums(tmp_path):
     assert b"as code generation computes it" in r.stderr
     rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
     assert any(x["type"] == "kernel" and not x["equivalent"] for x in rows)
+
+
+def test_the_kernel_node_alone_computes_what_its_region_alone_computes():
+    """bench/harness.py times a region as served by cutting out (a) the original nodes and (b)
+    the MlsoKernel node with its function and binary; both standalone models must compute the
+    same thing (here in stock ONNX Runtime, where the node runs its fallback function)."""
+    import onnxruntime as ort
+
+    from mlso_cli.bench.harness import kernel_model, random_feeds, region_model
+
+    packed = package_fixture(
+        _small("rmsnorm_linear"),
+        SMALL_FIXTURES["rmsnorm_linear"](),
+        placeholder(SMALL_FIXTURES["rmsnorm_linear"]()),
+    )
+    (node,) = [n for n in packed.graph.node if n.domain == "ai.mlso"]
+    km, rm = kernel_model(packed, node), region_model(packed, node)
+    onnx.checker.check_model(km)
+    assert [n.op_type for n in km.graph.node] == ["MlsoKernel"] and km.functions
+    feeds = random_feeds(rm)
+    assert set(feeds) == set(random_feeds(km))
+    cpu = ["CPUExecutionProvider"]
+    got = ort.InferenceSession(km.SerializeToString(), providers=cpu).run(None, feeds)
+    want = ort.InferenceSession(rm.SerializeToString(), providers=cpu).run(None, feeds)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)

@@ -78,6 +78,7 @@ def bench_cmd(orig, fast, gpu, input_shapes, as_json, repeats, iters, cuda_graph
                 "node": rt.node,
                 "orig_us": rt.orig_us,
                 "kernel_us": rt.kernel_us,
+                "served_us": rt.served_us,
                 "speedup": rt.speedup,
             }
         )
@@ -92,6 +93,6 @@ def bench_cmd(orig, fast, gpu, input_shapes, as_json, repeats, iters, cuda_graph
             t.add_column(col)
         for r in rows:
             what = f"model ({r['mode']})" if r["type"] == "model" else f"region {r['node']}"
-            fast_us = r.get("fast_us", r.get("kernel_us"))
+            fast_us = r.get("fast_us") or r.get("served_us") or r.get("kernel_us")
             t.add_row(what, f"{r['orig_us']:.1f}", f"{fast_us:.1f}", f"{r['speedup']:.2f}x")
         stderr().print(t)
