@@ -64,18 +64,28 @@ def time_session(
     return Timing(statistics.median(per_call), per_call)
 
 
-def _standalone(
-    model: onnx.ModelProto, node: onnx.NodeProto, body: list[onnx.NodeProto], name: str, **extra
-) -> onnx.ModelProto:
-    """A model of `body` with `node`'s inputs (those the body reads: graph inputs, or the
-    initializers they are in `model`) and `node`'s outputs."""
+def _value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    """Every typed tensor of `model` (inputs, inferred intermediates, outputs), by name."""
     inferred = onnx.shape_inference.infer_shapes(model)
-    infos = {
+    return {
         vi.name: vi
         for vi in list(inferred.graph.input)
         + list(inferred.graph.value_info)
         + list(inferred.graph.output)
     }
+
+
+def _standalone(
+    model: onnx.ModelProto,
+    node: onnx.NodeProto,
+    body: list[onnx.NodeProto],
+    name: str,
+    infos: dict[str, onnx.ValueInfoProto] | None,
+    **extra,
+) -> onnx.ModelProto:
+    """A model of `body` with `node`'s inputs (those the body reads: graph inputs, or the
+    initializers they are in `model`) and `node`'s outputs."""
+    infos = infos if infos is not None else _value_infos(model)
     inits = {t.name: t for t in model.graph.initializer}
     used = {x for n in body for x in n.input}
     graph_inputs, graph_inits = [], []
@@ -93,8 +103,13 @@ def _standalone(
     return m
 
 
-def region_model(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.ModelProto:
-    """A standalone model computing one MlsoKernel node's fallback body (the original region)."""
+def region_model(
+    model: onnx.ModelProto,
+    node: onnx.NodeProto,
+    infos: dict[str, onnx.ValueInfoProto] | None = None,
+) -> onnx.ModelProto:
+    """A standalone model computing one MlsoKernel node's fallback body (the original region).
+    `infos`: `model`'s value infos, when the caller has them (shape inference is per model)."""
     from mlso_cli.package.unpack import fallback_function
 
     fn = fallback_function(model, node)
@@ -110,10 +125,14 @@ def region_model(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.ModelProt
         c.output[:] = [rename.get(x, x) for x in n.output]
         body.append(c)
     opsets = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    return _standalone(model, node, body, f"region_{node.name}", opset_imports=opsets)
+    return _standalone(model, node, body, f"region_{node.name}", infos, opset_imports=opsets)
 
 
-def kernel_model(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.ModelProto:
+def kernel_model(
+    model: onnx.ModelProto,
+    node: onnx.NodeProto,
+    infos: dict[str, onnx.ValueInfoProto] | None = None,
+) -> onnx.ModelProto:
     """A standalone model of one MlsoKernel node as packaged (attributes, binary, and the
     function its fallback names): what the region costs when ONNX Runtime runs mlso's op."""
     c = onnx.NodeProto()
@@ -123,34 +142,38 @@ def kernel_model(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.ModelProt
         node,
         [c],
         f"kernel_{node.name}",
+        infos,
         opset_imports=list(model.opset_import),
         functions=list(model.functions),
     )
 
 
-def _time_in_ort(runtime, sub: onnx.ModelProto, gpu: int, repeats: int, iters: int):
-    """The faster of plain and CUDA-graph runs of `sub` in ONNX Runtime (see _time_original)."""
-    runs = [_time_original(runtime, sub, gpu, graph, repeats, iters) for graph in (False, True)]
-    return min((t for t in runs if t is not None), key=lambda t: t.median_us)
-
-
-def _time_original(runtime, sub: onnx.ModelProto, gpu: int, graph: bool, repeats: int, iters: int):
-    """The original region in ONNX Runtime on the CUDA EP, plain or under ORT's CUDA graph.
+def _time_in_ort(sub: onnx.ModelProto, gpu: int, repeats: int, iters: int) -> Timing:
+    """`sub` in ONNX Runtime on the CUDA EP, plain and under ORT's CUDA graph: the faster.
 
     Why both: mlso's program is timed by CUDA-graph replay, and small-batch models are served
     with ORT's CUDA graphs, which remove the per-node launch cost the plain timing includes. A
     region judged against its plain time only (groupnorm_linear at bs 1: 65.5 µs plain, the
     whole model 32.5 µs under a graph) was packaged at a measured 1.02x and made the served
-    model 2.2x slower. The faster of the two is the bar. None when the graph cannot be captured
-    (a node off the CUDA EP)."""
-    opts = {"device_id": gpu, "enable_cuda_graph": "1" if graph else "0"}
-    try:
-        sess = runtime.session(sub.SerializeToString(), providers=[("CUDAExecutionProvider", opts)])
-        return time_session(sess, random_feeds(sub), gpu, repeats=repeats, iters=iters)
-    except Exception:  # noqa: BLE001 - a region ORT cannot capture keeps its plain timing
-        if not graph:
-            raise
-        return None
+    model 2.2x slower. A model whose graph cannot be captured (a node off the CUDA EP) keeps
+    its plain time."""
+    from mlso_cli import runtime
+
+    best = None
+    for graph in (False, True):
+        opts = {"device_id": gpu, "enable_cuda_graph": "1" if graph else "0"}
+        try:
+            sess = runtime.session(
+                sub.SerializeToString(), providers=[("CUDAExecutionProvider", opts)]
+            )
+            t = time_session(sess, random_feeds(sub), gpu, repeats=repeats, iters=iters)
+        except Exception:  # noqa: BLE001 - a graph ORT cannot capture: the plain time stands
+            if not graph:
+                raise
+            continue
+        if best is None or t.median_us < best.median_us:
+            best = t
+    return best
 
 
 @dataclass(frozen=True)
@@ -185,12 +208,12 @@ def time_regions(
     from mlso_cli.runtime.launcher import Program
 
     out = []
+    infos = _value_infos(model)
     for checked in runtime.check_model(model):
-        sub = region_model(model, checked.node)
-        t_orig = _time_in_ort(runtime, sub, gpu, repeats, iters)
+        t_orig = _time_in_ort(region_model(model, checked.node, infos), gpu, repeats, iters)
         try:
             served = _time_in_ort(
-                runtime, kernel_model(model, checked.node), gpu, repeats, iters
+                kernel_model(model, checked.node, infos), gpu, repeats, iters
             ).median_us
         except Exception:  # noqa: BLE001 - the program's own time still stands
             served = None
