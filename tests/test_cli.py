@@ -16,9 +16,10 @@ def test_inspect_json_one_object_per_region():
     path = next(p for p in SMALL if p.stem == "gqa")
     r = run_cli("inspect", str(path), "--json")
     assert r.returncode == 0, r.stderr
-    lines = r.stdout.decode().splitlines()
-    assert len(lines) == 1
-    obj = json.loads(lines[0])
+    rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
+    regions = [x for x in rows if x["type"] == "region"]  # left_out rows name its Constants
+    assert len(regions) == 1
+    obj = regions[0]
     assert obj["label"] == "attention" and obj["ops"] == {"MatMul": 2, "Softmax": 1}
     assert obj["dram_bytes_fused_min"] < obj["dram_bytes_unfused"] and obj["flops"] > 0
 
@@ -35,13 +36,15 @@ def test_inspect_transformer_json():
     r = run_cli("inspect", str(TRANSFORMER), *TRANSFORMER_SHAPE, "--json")
     assert r.returncode == 0
     objs = [json.loads(x) for x in r.stdout.decode().splitlines()]
-    assert len(objs) >= 4 and all(o["type"] == "region" for o in objs)
+    assert len([o for o in objs if o["type"] == "region"]) >= 4
+    assert {o["type"] for o in objs} == {"region", "split", "left_out"}
 
 
 def test_stdin_model():
     r = run_cli("inspect", "-", "--json", stdin=attention_model().SerializeToString())
     assert r.returncode == 0, r.stderr
-    assert len(r.stdout.decode().splitlines()) == 1
+    rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
+    assert [x["type"] for x in rows].count("region") == 1
 
 
 def test_exit_codes_for_bad_input(tmp_path):

@@ -1,12 +1,23 @@
-"""`mlso inspect MODEL`: what is fusable, what is not, and why."""
+"""`mlso inspect MODEL`: what is fusable, what is not, and why.
+
+`--json` prints, one object a line: a `region` row per region, a `split` row per cut between
+regions, a `left_out` row per node of the model file in no region (folded shape arithmetic
+included), then an `mlso_kernel` row per MlsoKernel node. Region and left_out rows together
+name every node of the file's main graph exactly once (schema: README.md, "inspect --json").
+"""
 
 from __future__ import annotations
 
+import io
 import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 import onnx
+from rich.markup import escape
 from rich.table import Table
 
 from mlso_cli.commands.options import input_shape_option, json_option
@@ -15,7 +26,8 @@ from mlso_cli.errors import InputError, MlsoError
 from mlso_cli.frontend.analyse import analyse
 from mlso_cli.frontend.load import load_model, parse_input_shapes, read_proto
 from mlso_cli.frontend.partition import PartitionBounds
-from mlso_cli.frontend.report import partition_reports
+from mlso_cli.frontend.report import InspectReport, inspect_report
+from mlso_cli.package.shapes import recorded_input_shapes
 from mlso_cli.runtime.check import check_one, iter_mlso_nodes
 
 
@@ -60,30 +72,51 @@ def inspect_cmd(
     as the runtime would. Each failure is printed; any failure makes the command exit 1, after
     the usual report, so a tampered model never looks clean.
     """
-    kernels = None
-    if model != "-":
-        raw, base_dir = read_proto(model)  # before loading: a hostile model may not load
-        kernels = _check_kernels(raw, base_dir, model)
-    loaded = load_model(model, parse_input_shapes(input_shapes))
-    if kernels is None:
-        kernels = _check_kernels(loaded.model, loaded.base_dir, loaded.source)
+    # The file as it is, read before loading: a hostile model may not load, and the report
+    # names the file's nodes (loading folds some away).
+    raw, base_dir = read_proto(model)
+    kernels = _check_kernels(raw, base_dir, model if model != "-" else "stdin")
+    with _stdin_holding(raw if model == "-" else None):
+        loaded = load_model(model, parse_input_shapes(input_shapes))
     part = analyse(
         loaded, PartitionBounds(max_ops=max_ops, max_contractions=max_contractions)
     ).partition
-    reports = partition_reports(loaded, part)
+    report = inspect_report(loaded, part, raw)
     if as_json:
-        for r in reports:
+        for r in report.regions:
             click.echo(json.dumps({"type": "region", **r.to_json()}))
+        for s in report.splits:
+            click.echo(json.dumps({"type": "split", **s.to_json()}))
+        for e in report.left_out:
+            click.echo(json.dumps({"type": "left_out", **e.to_json()}))
         for k in kernels:
             click.echo(json.dumps({"type": "mlso_kernel", **k, "executable_code": True}))
     if chatty():
-        _print_tables(loaded.source, reports, part)
+        _print_tables(loaded.source, report)
     bad = [k for k in kernels if not k["valid"]]
     if bad:
         raise InputError(
             f"{len(bad)} of {len(kernels)} MlsoKernel node(s) in {loaded.source} failed their plan or hash check",
             "Do not run this model with the mlso library; re-run `mlso optimize` on the original model",
         )
+
+
+@contextmanager
+def _stdin_holding(model: onnx.ModelProto | None) -> Iterator[None]:
+    """Serve `model` as stdin while the loader reads it (None: leave stdin alone).
+
+    Why: a model on stdin can be read only once, and inspect needs it twice: as the file holds
+    it (read_proto, above) and loaded. The loader reads stdin itself, so it gets the same bytes
+    again; serializing a parsed model gives back an equal model."""
+    if model is None:
+        yield
+        return
+    saved = sys.stdin
+    sys.stdin = io.TextIOWrapper(io.BytesIO(model.SerializeToString()))
+    try:
+        yield
+    finally:
+        sys.stdin = saved
 
 
 def _check_kernels(model: onnx.ModelProto, base_dir: Path | None, source: str) -> list[dict]:
@@ -110,9 +143,18 @@ def _check_kernels(model: onnx.ModelProto, base_dir: Path | None, source: str) -
     if rows:
         nested = sum(r["graph"] != "main" for r in rows)
         where = f", {nested} of them inside subgraphs" if nested else ""
+        shapes = recorded_input_shapes(model) or {}
+        made_for = " ".join(
+            f"{n}=" + ",".join("N" if d is None else str(d) for d in dims)
+            for n, dims in shapes.items()
+        )
+        made_for = (
+            f"; it was optimized for input shape {made_for} and runs only at it" if shapes else ""
+        )
         stderr().print(
-            f"[bold yellow]note:[/] {source} carries executable GPU code: {len(rows)} mlso kernel "
-            f"node(s) (ai.mlso::MlsoKernel){where}; each plan and binary hash was checked",
+            f"[bold yellow]note:[/] {escape(source)} carries executable GPU code: {len(rows)} mlso "
+            f"kernel node(s) (ai.mlso::MlsoKernel){where}; each plan and binary hash was checked"
+            + escape(made_for),
             markup=True,
             highlight=False,
         )
@@ -122,8 +164,9 @@ def _check_kernels(model: onnx.ModelProto, base_dir: Path | None, source: str) -
     return rows
 
 
-def _print_tables(source: str, reports, part) -> None:
+def _print_tables(source: str, report: InspectReport) -> None:
     con = stderr()
+    reports = report.regions
     table = Table(title=f"{source}: {len(reports)} fusable region(s)", title_justify="left")
     for col in (
         "id",
@@ -153,15 +196,18 @@ def _print_tables(source: str, reports, part) -> None:
             _fmt_bytes(r.dram_bytes_fused_min),
         )
     con.print(table)
-    if part.splits:
+    if report.splits:
         con.print("[bold]Splits[/bold]")
-        for s in part.splits:
-            con.print(f"  {s}")
-    if part.excluded:
-        ex = Table(title=f"{len(part.excluded)} node(s) left out", title_justify="left")
+        for s in report.splits:
+            con.print(f"  {s.reason}", markup=False, highlight=False)
+    if report.left_out:
+        ex = Table(
+            title=f"{len(report.left_out)} of {report.node_count} node(s) left out",
+            title_justify="left",
+        )
         ex.add_column("node")
         ex.add_column("op")
         ex.add_column("reason", overflow="fold")
-        for e in part.excluded:
-            ex.add_row(e.name, e.op_type, e.reason)
+        for e in report.left_out:
+            ex.add_row(e.node.name, e.node.op_type, e.reason)
         con.print(ex)

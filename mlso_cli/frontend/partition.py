@@ -7,6 +7,9 @@
    from the group must leave it to reach the node); nodes of equal depth stay together.
 4. Split groups larger than the search bounds at points in topological order, and report where.
 
+Every cut (steps 3 and 4) is recorded as a `Cut` naming the nodes on either side, so `inspect`
+can say why two neighbouring regions are not one. Recording changes no region.
+
 Pattern labels are computed at the end from op counts, for reports only.
 """
 
@@ -48,6 +51,29 @@ class Excluded:
     name: str
     op_type: str
     reason: str
+    category: str = ""
+    """Why, for machines: "constant", "unsupported" or "layout_only" here; empty for nodes
+    excluded later (a region that could not be lifted, see frontend/analyse.py)."""
+
+
+@dataclass(frozen=True)
+class Cut:
+    """One place where fusable nodes that are connected were put in different regions.
+
+    `before` and `after` are graph.node indices on either side of the cut: for a size bound, the
+    last node of the earlier segment and the first node of the next (in topological order); for
+    convexity, a node and its direct consumer that landed at different re-entry depths.
+    """
+
+    cause: str
+    """"max_ops", "max_contractions" (the partition bounds) or "convexity"."""
+    reason: str
+    before: int
+    after: int
+    limit: int | None = None
+    """The bound that was hit (None for convexity)."""
+    count: int | None = None
+    """The count the segment would have reached with `after` in it (None for convexity)."""
 
 
 @dataclass
@@ -55,6 +81,9 @@ class Partition:
     regions: list[Region] = field(default_factory=list)
     excluded: list[Excluded] = field(default_factory=list)
     splits: list[str] = field(default_factory=list)
+    """The size-bound cuts as sentences (the same text as their `Cut.reason`)."""
+    cuts: list[Cut] = field(default_factory=list)
+    """Every cut, size bounds and convexity, in the order the partitioner made them."""
 
 
 def constant_values(model: onnx.ModelProto, limit: int = 1 << 16) -> dict[str, np.ndarray]:
@@ -86,8 +115,9 @@ def partition(loaded: LoadedModel, bounds: PartitionBounds | None = None) -> Par
     for i, node in enumerate(nodes):
         kind, reason = classify(NodeContext(node, loaded.shapes, loaded.dtypes, consts))
         if kind is None:
+            category = "constant" if node.op_type == "Constant" else "unsupported"
             result.excluded.append(
-                Excluded(i, node.name or f"#{i}", node.op_type, reason or "unsupported")
+                Excluded(i, node.name or f"#{i}", node.op_type, reason or "unsupported", category)
             )
         else:
             kinds[i] = kind
@@ -99,8 +129,10 @@ def partition(loaded: LoadedModel, bounds: PartitionBounds | None = None) -> Par
     groups = _connected(kinds, preds)
     pieces: list[list[int]] = []
     for grp in groups:
-        for convex in _convex_parts(grp, preds, len(nodes)):
-            pieces.extend(_split_to_bounds(convex, kinds, nodes, bounds, result.splits))
+        for convex in _convex_parts(grp, preds, len(nodes), nodes, result.cuts):
+            pieces.extend(
+                _split_to_bounds(convex, kinds, nodes, bounds, result.splits, result.cuts)
+            )
 
     graph_outputs = {o.name for o in g.output}
     consumers: dict[str, set[int]] = defaultdict(set)
@@ -116,6 +148,7 @@ def partition(loaded: LoadedModel, bounds: PartitionBounds | None = None) -> Par
                         nodes[i].name or f"#{i}",
                         nodes[i].op_type,
                         f"{nodes[i].op_type}: layout only, nothing to fuse around it",
+                        "layout_only",
                     )
                 )
             continue
@@ -162,8 +195,21 @@ def _connected(kinds: dict[int, OpKind], preds: dict[int, list[int]]) -> list[li
     return list(groups.values())
 
 
-def _convex_parts(group: list[int], preds: dict[int, list[int]], n: int) -> list[list[int]]:
-    """Split a group so no path leaves a part and re-enters it (graph.node is topologically sorted)."""
+def _node_label(nodes: list[onnx.NodeProto], i: int) -> str:
+    return f"{nodes[i].op_type} '{nodes[i].name or i}'"
+
+
+def _convex_parts(
+    group: list[int],
+    preds: dict[int, list[int]],
+    n: int,
+    nodes: list[onnx.NodeProto],
+    cuts: list[Cut],
+) -> list[list[int]]:
+    """Split a group so no path leaves a part and re-enters it (graph.node is topologically sorted).
+
+    Every edge between two parts is recorded in `cuts`: the group was connected, so each part
+    touches another through such an edge, and the edge is where a reader sees the regions meet."""
     members = set(group)
     lo = group[0]
     reach: dict[int, int] = {}  # max re-entry depth of group nodes that reach this node (-1: none)
@@ -188,6 +234,23 @@ def _convex_parts(group: list[int], preds: dict[int, list[int]], n: int) -> list
         level = by_depth[d]
         sub = _connected({i: OpKind.COMPUTE for i in level}, preds)
         parts.extend(sub)
+    if len(parts) > 1:
+        part_of = {i: k for k, part in enumerate(parts) for i in part}
+        for i in group:
+            for p in preds[i]:
+                if p in members and part_of[p] != part_of[i]:
+                    cuts.append(
+                        Cut(
+                            "convexity",
+                            f"cut for convexity: {_node_label(nodes, i)} (re-entry depth "
+                            f"{depth[i]}) is fed by {_node_label(nodes, p)} (depth {depth[p]}); "
+                            "a path that leaves the group comes back into it at or before "
+                            f"{_node_label(nodes, i)}, and a region holds one depth so that it "
+                            "never depends on itself",
+                            p,
+                            i,
+                        )
+                    )
     return parts
 
 
@@ -197,6 +260,7 @@ def _split_to_bounds(
     nodes: list[onnx.NodeProto],
     bounds: PartitionBounds,
     splits: list[str],
+    cuts: list[Cut],
 ) -> list[list[int]]:
     """Cut a convex part into contiguous topological segments within the bounds."""
     out: list[list[int]] = []
@@ -207,14 +271,15 @@ def _split_to_bounds(
         add_ops = 0 if k is OpKind.LAYOUT else 1
         add_mm = 1 if k is OpKind.CONTRACTION else 0
         if cur and (ops + add_ops > bounds.max_ops or mms + add_mm > bounds.max_contractions):
-            why = (
-                f"{mms + add_mm} contractions > {bounds.max_contractions}"
-                if mms + add_mm > bounds.max_contractions
-                else f"{ops + add_ops} ops > {bounds.max_ops}"
-            )
-            splits.append(
-                f"region too large ({why}): split before {nodes[i].op_type} '{nodes[i].name or i}'"
-            )
+            if mms + add_mm > bounds.max_contractions:
+                cause, count, limit = "max_contractions", mms + add_mm, bounds.max_contractions
+                why = f"{count} contractions > {limit}"
+            else:
+                cause, count, limit = "max_ops", ops + add_ops, bounds.max_ops
+                why = f"{count} ops > {limit}"
+            text = f"region too large ({why}): split before {_node_label(nodes, i)}"
+            splits.append(text)
+            cuts.append(Cut(cause, text, cur[-1], i, limit, count))
             out.append(cur)
             cur, ops, mms = [], 0, 0
         cur.append(i)

@@ -29,6 +29,7 @@ from onnx import TensorProto, helper
 from mlso_cli import __version__
 from mlso_cli.errors import InputError
 from mlso_cli.package.irversion import output_ir_version
+from mlso_cli.package.shapes import META_INPUT_SHAPES, input_shapes_json
 from mlso_cli.runtime.check import MLSO_DOMAIN, MLSO_OP, check_node, is_mlso_node
 from mlso_cli.runtime.plan import DTYPE_OF_ONNX, ONNX_DTYPE, PlanProblem, plan_json, validate_plan
 
@@ -425,6 +426,8 @@ def package_model(
     props.setdefault(META_VERSION, __version__)
     props.update(metadata)
     props[META_EXECUTABLE] = "true"
+    # The shapes the kernels and the folded graph are specialised to (package/shapes.py says why).
+    props[META_INPUT_SHAPES] = input_shapes_json(out)
     del out.metadata_props[:]
     for key in sorted(props):
         out.metadata_props.add(key=key, value=props[key])

@@ -10,6 +10,9 @@
 //   ORT's stream, which keeps it safe under ORT's CUDA-graph capture.
 // - Compute refuses inputs whose shape or dtype differ from the plan *before* anything is
 //   launched: the kernels are compiled for static shapes and would read or write out of bounds.
+//   A node whose declared shapes differ from the plan only in their dims is refused at kernel
+//   creation as a shape mismatch (the model's inputs were given other shapes), not as tampering.
+//   Both messages name the shapes and the fix (package/shapes.py: mlso.input_shapes).
 //
 // Op contract: input 0 is the kernel binary (uint8 initializer, CPU memory), then a variadic,
 // heterogeneous list of tensors; variadic heterogeneous outputs. Attributes: plan (JSON, see
@@ -137,6 +140,50 @@ struct Kernel {
   }
 };
 
+// How to get a model for other shapes, or run this one: ends every shape-mismatch message.
+constexpr const char* kShapeFix =
+    " Fix: feed the shapes the model was optimized for (its metadata lists them as "
+    "mlso.input_shapes), or re-run `mlso optimize` on the original model with --input-shape for "
+    "the shapes you feed.";
+
+// The first declared input or output whose shape differs from the plan's only in its dims: same
+// dtype, same rank, every dim known. That is what ORT declares when the model's graph inputs were
+// given other static shapes than mlso optimized for (an edited model, or a tool that fixes input
+// shapes), so it is reported as a shape mismatch before check_declared would call the plan
+// tampered. Empty when there is none.
+std::string reshaped(const Kernel& k, const std::vector<mlso::Declared>& ins,
+                     const std::vector<mlso::Declared>& outs) {
+  auto differs = [](const mlso::TensorSpec& spec, const mlso::Declared& d) {
+    if (d.dtype != spec.dtype || !d.has_shape || d.dims.size() != spec.shape.size()) return false;
+    bool other = false;
+    for (size_t i = 0; i < d.dims.size(); ++i) {
+      if (d.dims[i] < 0) return false;
+      other = other || d.dims[i] != spec.shape[i];
+    }
+    return other;
+  };
+  for (int side = 0; side < 2; ++side) {
+    const auto& specs = side == 0 ? k.plan.inputs : k.plan.outputs;
+    const auto& declared = side == 0 ? ins : outs;
+    for (size_t i = 0; i < specs.size() && i < declared.size(); ++i) {
+      if (!differs(specs[i], declared[i])) continue;
+      const auto& spec = specs[i];
+      std::string what = side == 0 ? "input '" + k.input_names[i] + "' (tensor input " +
+                                         std::to_string(i) + ")"
+                                   : "output " + std::to_string(i);
+      return std::string(kOpName) + " node '" + k.node + "' was optimized for " + what +
+             " of shape " + mlso::shape_str(spec.shape.data(), spec.shape.size()) + " " +
+             spec.dtype_str + ", but the graph gives it shape " +
+             mlso::shape_str(declared[i].dims.data(), declared[i].dims.size()) +
+             "; its kernels are compiled for static shapes, so the session was refused." +
+             kShapeFix +
+             " (If the model's shapes were not changed, the node was edited after mlso wrote "
+             "it: tampered?)";
+    }
+  }
+  return std::string();
+}
+
 std::string arch_list(const std::vector<std::string>& targets) {
   std::string s;
   for (const auto& t : targets) s += (s.empty() ? "" : ", ") + t;
@@ -224,6 +271,8 @@ OrtStatus* create_kernel(const OrtKernelInfo* info, Kernel* k) {
     for (size_t j = 0; j < k->plan.outputs.size(); ++j) {
       outs.push_back(declared_type(info, false, j, k->plan.outputs[j].shape.size()));
     }
+    std::string shape_problem = reshaped(*k, ins, outs);
+    if (!shape_problem.empty()) return error(ORT_INVALID_ARGUMENT, shape_problem);
     if (!mlso::check_declared(k->plan, ins, outs, &problem)) {
       return error(ORT_INVALID_ARGUMENT,
                    k->where() + "attribute 'plan' " + problem + " (tampered?)." + kRerunFix);
@@ -424,12 +473,15 @@ OrtStatus* compute(Kernel* k, OrtKernelContext* context) {
     std::string problem =
         mlso::check_tensor(plan.inputs[i], static_cast<int>(type), dims.data(), dims.size());
     if (!problem.empty()) {
-      return error(ORT_INVALID_ARGUMENT,
-                   k->where() + "input '" + k->input_names[i] + "' (tensor input " +
-                       std::to_string(i) + ") " + problem +
-                       ". The kernel was compiled for these static shapes and was not launched. "
-                       "Fix: feed the shapes the model was optimized for, or re-run `mlso "
-                       "optimize` with --input-shape for the new shapes.");
+      bool same_shape = dims == plan.inputs[i].shape;  // then only the dtype differs
+      std::string why = same_shape ? std::string("; the node was not launched.") + kRerunFix
+                                   : std::string(". The node was optimized for that shape and its "
+                                                 "kernels are compiled for static shapes, so it "
+                                                 "was not launched.") +
+                                         kShapeFix;
+      return error(ORT_INVALID_ARGUMENT, k->where() + "input '" + k->input_names[i] +
+                                             "' (tensor input " + std::to_string(i) + ") " +
+                                             problem + why);
     }
     if ((s = g_api->GetTensorMutableData(const_cast<OrtValue*>(value), &inputs[i]))) return s;
   }
