@@ -176,6 +176,29 @@ _COUNTED = frozenset({Op.MATMUL, Op.ACC_SUM, Op.ACC_EXP_SUM, Op.ACC_EXP_WSUM}) |
 )
 
 
+_OP_WEIGHT = {Op.MATMUL: 8.0, Op.DIV: 4.0, Op.SQRT: 4.0, Op.EXP: 2.0, Op.ERF: 4.0}
+"""Relative price of one output element of an op, against a multiply (1). A divide or a sqrt is
+an IEEE-rounded multi-instruction sequence where rsqrt and a multiply are one instruction each."""
+LOOP_PASS_WEIGHT = 4.0
+"""Extra weight of a loop-phase op that is not a contraction: codegen runs it as a pass over the
+tile in every step, through shared memory with a barrier, and a value between a matmul and the
+online-softmax accumulator keeps the step off the register path (codegen/blocklayout.py). The
+reduced shapes understate this: their loops take 2-4 steps where full shapes take up to 32, and
+their score tiles are a few hundred elements, so without the weight the enumeration kept
+`(q k) / sqrt(s)` in the loop over `(q / sqrt(s)) k` with q normalised once (qknorm: 29 µs
+against the fixture's 18 µs on the H200, benchmarks/RESULTS.md)."""
+
+
+def construction_cost(op: Op, node: Node, loop: int) -> float:
+    """The enumeration's price of computing `node` once per block: which of two constructions of
+    one value to keep. Elements computed, times loop steps in the loop phase, times the op's
+    weight. A ranking heuristic only; sizes and the cost model decide between programs."""
+    weight = _OP_WEIGHT.get(op, 1.0)
+    if node.phase is Phase.LOOP:
+        weight *= loop * (1.0 if op in _COUNTED else LOOP_PASS_WEIGHT)
+    return node.numel * weight
+
+
 @dataclass(frozen=True)
 class Vocabulary:
     """The ops and constants the enumeration tries, read off the target: an op that appears in no
@@ -433,8 +456,7 @@ class BlockSearch:
             self.stats.pruned += 1  # a partial sum only matters through an accumulator
             return None
         key = (node.phase, node.shape, self.alg.key(e))
-        per = self.dims.loop if node.phase is Phase.LOOP else 1
-        cost = sum(v.cost for v in srcs) + node.numel * per * (8 if step.op is Op.MATMUL else 1)
+        cost = sum(v.cost for v in srcs) + construction_cost(step.op, node, self.dims.loop)
         # constants used as operands become steps of their own when the recipe is extracted
         srcs_idx = []
         for o in operands:
