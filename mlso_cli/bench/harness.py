@@ -3,13 +3,15 @@
 A model is timed per `run_with_iobinding` call with inputs and outputs already on the GPU (the
 call synchronises its stream), after warm-up, as the median of several repeats of many calls.
 Optionally ONNX Runtime's own CUDA graph replays the whole model. Inputs are random normal,
-never zeros.
+never zeros. `device_values` and `bind_session` are the pieces `mlso bench` interleaves several
+models with (bench/compare.py); `time_session` times one session alone.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +35,42 @@ def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]
     }
 
 
+def device_values(feeds: dict[str, np.ndarray], gpu: int | None) -> dict:
+    """The feeds as ONNX Runtime values on GPU `gpu` (None: in host memory), to bind once and
+    share between sessions: every model reads the same input buffers."""
+    import onnxruntime as ort
+
+    where = ("cuda", gpu) if gpu is not None else ("cpu", 0)
+    return {
+        name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), *where)
+        for name, arr in feeds.items()
+    }
+
+
+@dataclass(frozen=True)
+class BoundSession:
+    """A session with its inputs and outputs bound. `call` runs it once; `sync` waits for its
+    outputs. Why IOBinding: no host copy per call, so a call costs what the model costs."""
+
+    call: Callable[[], object]
+    sync: Callable[[], object]
+    values: dict
+    """The bound input values (kept alive here while the binding uses them)."""
+
+
+def bind_session(sess, values: dict, gpu: int | None) -> BoundSession:
+    """Bind `values` (from device_values) as `sess`'s inputs, and its outputs on the same device."""
+    io = sess.io_binding()
+    for name, v in values.items():
+        io.bind_ortvalue_input(name, v)
+    for o in sess.get_outputs():
+        if gpu is None:
+            io.bind_output(o.name, "cpu")
+        else:
+            io.bind_output(o.name, "cuda", gpu)
+    return BoundSession(lambda: sess.run_with_iobinding(io), io.synchronize_outputs, values)
+
+
 def time_session(
     sess,
     feeds: dict[str, np.ndarray],
@@ -42,24 +80,17 @@ def time_session(
     repeats: int = 5,
     iters: int = 100,
 ) -> Timing:
-    import onnxruntime as ort
-
-    io = sess.io_binding()
-    keep = []
-    for name, arr in feeds.items():
-        v = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), "cuda", gpu)
-        keep.append(v)
-        io.bind_ortvalue_input(name, v)
-    for o in sess.get_outputs():
-        io.bind_output(o.name, "cuda", gpu)
+    """One session alone: `repeats` blocks of `iters` calls after `warmup`, the median per call.
+    (`mlso bench` interleaves its models instead; see bench/interleave.py.)"""
+    bound = bind_session(sess, device_values(feeds, gpu), gpu)
     for _ in range(warmup):
-        sess.run_with_iobinding(io)
+        bound.call()
     per_call = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         for _ in range(iters):
-            sess.run_with_iobinding(io)
-        io.synchronize_outputs()
+            bound.call()
+        bound.sync()
         per_call.append((time.perf_counter() - t0) / iters * 1e6)
     return Timing(statistics.median(per_call), per_call)
 

@@ -1,8 +1,15 @@
-"""`mlso bench ORIG FAST --gpu N`: latency of both models in ONNX Runtime, and per region.
+"""`mlso bench A B [C ...]`: every model against the first, in ONNX Runtime, interleaved.
 
-Whole models run on the CUDA EP with IOBinding (inputs and outputs on the GPU), FAST with the
-mlso library registered. Each MlsoKernel region's program is timed by CUDA-graph replay through
-PyCUDA, next to the original region (its fallback body) as ONNX Runtime runs it.
+All the models are opened in one process and given the same inputs. Each round times every
+model's `--iters` calls, in an order rotated from round to round and mirrored within it, for
+`--repeats` rounds (bench/interleave.py says why). Per model and mode: the median per-call time
+over the rounds, its interquartile range, and the speedup against the first model taken round by
+round. With `--gpu N`: the CUDA EP with IOBinding (inputs and outputs on the GPU), plain and
+under ONNX Runtime's CUDA graph, and then each MlsoKernel region against its original nodes.
+Without `--gpu`: the CPU EP, plain only, where MlsoKernel nodes run their fallback bodies.
+
+Models are not checked by mlso's frontend: anything ONNX Runtime can run is accepted,
+`com.microsoft` contrib ops included (bench/models.py says why).
 """
 
 from __future__ import annotations
@@ -12,87 +19,198 @@ import json
 import click
 
 from mlso_cli.commands.options import input_shape_option, json_option
-from mlso_cli.console import chatty, stderr
-from mlso_cli.frontend.load import load_model, parse_input_shapes, with_weights
-from mlso_cli.pipeline.gpu import require_gpu
+from mlso_cli.console import chatty, log, stderr
+from mlso_cli.errors import EnvironmentProblem, UsageError
+
+# the names also live in bench/compare.py; repeated here so that `mlso --help` stays cheap
+PLAIN = "plain"
+CUDA_GRAPH = "cuda-graph"
+CUDA_EP = "CUDAExecutionProvider"
+
+
+def _modes(mode: str | None, cuda_graph: bool, gpu: int | None) -> list[str]:
+    """The modes to time, from --mode, the deprecated --cuda-graph and whether there is --gpu."""
+    if cuda_graph:
+        if mode == PLAIN:
+            raise UsageError(
+                "--cuda-graph and --mode plain contradict each other", "Give one of them"
+            )
+        log("--cuda-graph is deprecated: both modes are timed by default; use --mode")
+        mode = mode or "both"
+    if gpu is None:
+        if mode in (CUDA_GRAPH, "both"):
+            raise UsageError(
+                ("--cuda-graph" if cuda_graph else f"--mode {mode}") + " needs --gpu N",
+                "ONNX Runtime's CUDA graph runs on the CUDA EP only: add --gpu N, or drop the "
+                "flag to time plain runs on the CPU",
+            )
+        return [PLAIN]
+    mode = mode or "both"
+    return [PLAIN, CUDA_GRAPH] if mode == "both" else [mode]
+
+
+def _require_cuda_ep() -> None:
+    import onnxruntime as ort
+
+    if CUDA_EP not in ort.get_available_providers():
+        raise EnvironmentProblem(
+            f"this onnxruntime build has no {CUDA_EP}",
+            "Install onnxruntime-gpu (pip install onnxruntime-gpu), or drop --gpu to time on the CPU",
+        )
+
+
+def _table(rows: list[dict], title: str) -> None:
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for col in ("mode", "#", "model", "median µs", "IQR µs", "vs first (IQR)"):
+        t.add_column(col, justify="right" if col not in ("mode", "model") else "left")
+    models = [r for r in rows if r["type"] == "model"]
+    modes = list(dict.fromkeys(r["mode"] for r in models))
+    for r in sorted(models, key=lambda r: (modes.index(r["mode"]), r["index"])):
+        if "skipped" in r:
+            t.add_row(r["mode"], str(r["index"]), r["model"], "—", "—", r["skipped"])
+            continue
+        q1, q3 = r["iqr_us"]
+        s1, s3 = r["speedup_iqr"]
+        vs = "reference" if r["index"] == 0 else f"{r['speedup']:.2f}x ({s1:.2f}–{s3:.2f})"
+        t.add_row(
+            r["mode"],
+            str(r["index"]),
+            r["model"],
+            f"{r['median_us']:.1f}",
+            f"{q1:.1f}–{q3:.1f}",
+            vs,
+        )
+    stderr().print(t)
+    regions = [r for r in rows if r["type"] == "region"]
+    if regions:
+        t = Table(title="MlsoKernel regions", title_justify="left")
+        for col in ("model", "node", "original µs", "mlso µs", "speedup"):
+            t.add_column(col)
+        for r in regions:
+            fast = r["served_us"] if r["served_us"] is not None else r["kernel_us"]
+            t.add_row(
+                r["model"], r["node"], f"{r['orig_us']:.1f}", f"{fast:.1f}", f"{r['speedup']:.2f}x"
+            )
+        stderr().print(t)
 
 
 @click.command("bench")
-@click.argument("orig", metavar="ORIG")
-@click.argument("fast", metavar="FAST")
-@click.option("--gpu", type=int, required=True, help="GPU index to run on.")
+@click.argument("models", nargs=-1, required=True, metavar="ORIG FAST [MODEL]...")
+@click.option(
+    "--gpu",
+    type=int,
+    default=None,
+    help="GPU index: time on the CUDA EP. Without it: the CPU EP, plain mode only.",
+)
+@click.option(
+    "--mode",
+    type=click.Choice([PLAIN, CUDA_GRAPH, "both"]),
+    default=None,
+    help="Plain ONNX Runtime runs, its CUDA graph replay, or both. [default: both with --gpu, "
+    "plain without]",
+)
 @input_shape_option
 @json_option
 @click.option(
-    "--repeats", default=5, show_default=True, help="Timed repeats; the median is reported."
+    "--repeats",
+    "--rounds",
+    "repeats",
+    type=click.IntRange(min=1),
+    default=15,
+    show_default=True,
+    help="Rounds; each times every model once. Medians and spreads are over the rounds.",
 )
-@click.option("--iters", default=100, show_default=True, help="Calls per repeat.")
 @click.option(
-    "--cuda-graph", is_flag=True, help="Also time both models under ONNX Runtime's CUDA graph."
+    "--iters",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    help="Calls per model per round.",
 )
-def bench_cmd(orig, fast, gpu, input_shapes, as_json, repeats, iters, cuda_graph) -> None:
-    """Time ORIG and FAST in ONNX Runtime on the CUDA EP, whole models and per region."""
-    info = require_gpu(gpu)
-    from mlso_cli import runtime
-    from mlso_cli.bench.harness import random_feeds, time_regions, time_session
+@click.option(
+    "--warmup",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="Untimed calls per model before the first round.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="ONNX Runtime's intra-op threads per session. [default: ONNX Runtime's choice] On a "
+    "busy CPU, 1 gives steadier figures.",
+)
+@click.option(
+    "--regions/--no-regions",
+    default=True,
+    show_default=True,
+    help="With --gpu, also time each MlsoKernel region against its original nodes.",
+)
+@click.option(
+    "--cuda-graph",
+    is_flag=True,
+    hidden=True,
+    help="Deprecated: both modes are timed by default; use --mode.",
+)
+def bench_cmd(
+    models: tuple[str, ...],
+    gpu: int | None,
+    mode: str | None,
+    input_shapes: tuple[str, ...],
+    as_json: bool,
+    repeats: int,
+    iters: int,
+    warmup: int,
+    threads: int | None,
+    regions: bool,
+    cuda_graph: bool,
+) -> None:
+    """Time every model against the first in ONNX Runtime, interleaved round by round."""
+    if len(models) < 2:
+        raise UsageError(
+            "bench needs at least two models", "Give ORIG and FAST (and any more to compare)"
+        )
+    modes = _modes(mode, cuda_graph, gpu)
+    device = "cpu"
+    if gpu is not None:
+        from mlso_cli.pipeline.gpu import require_gpu
+
+        device = require_gpu(gpu).name
+        _require_cuda_ep()
+    from mlso_cli.bench.compare import compare
+    from mlso_cli.bench.models import open_model, require_same_inputs
+    from mlso_cli.frontend.load import parse_input_shapes
 
     shapes = parse_input_shapes(input_shapes)
-    a = with_weights(load_model(orig, shapes, fold=False))
-    b = with_weights(load_model(fast, shapes, fold=False))
-    feeds = random_feeds(a)
-    rows = []
-    for label, graph_opt in [("ort", False)] + ([("ort-cuda-graph", True)] if cuda_graph else []):
-        opts = [
-            (
-                "CUDAExecutionProvider",
-                {"device_id": gpu, "enable_cuda_graph": "1" if graph_opt else "0"},
-            )
-        ]
-        ta = time_session(
-            runtime.session(a.SerializeToString(), providers=opts),
-            feeds,
-            gpu,
-            repeats=repeats,
-            iters=iters,
-        )
-        tb = time_session(
-            runtime.session(b.SerializeToString(), providers=opts),
-            feeds,
-            gpu,
-            repeats=repeats,
-            iters=iters,
-        )
-        rows.append(
-            {
-                "type": "model",
-                "mode": label,
-                "orig_us": ta.median_us,
-                "fast_us": tb.median_us,
-                "speedup": ta.median_us / tb.median_us,
-            }
-        )
-    for rt in time_regions(b, gpu, repeats=repeats, iters=iters):
-        rows.append(
-            {
-                "type": "region",
-                "node": rt.node,
-                "orig_us": rt.orig_us,
-                "kernel_us": rt.kernel_us,
-                "served_us": rt.served_us,
-                "speedup": rt.speedup,
-            }
-        )
+    opened = [open_model(src, shapes) for src in models]
+    require_same_inputs(opened)
+    if gpu is None:
+        for m in opened:
+            if m.mlso_nodes:
+                log(
+                    f"note: {m.source} has {m.mlso_nodes} MlsoKernel nodes; on the CPU EP they run "
+                    "their fallback bodies (the original nodes), not mlso's kernels"
+                )
+    rows = compare(
+        opened,
+        modes,
+        gpu,
+        device=device,
+        rounds=repeats,
+        iters=iters,
+        warmup=warmup,
+        threads=threads,
+        regions=regions,
+    )
     if as_json:
         for r in rows:
-            click.echo(json.dumps({**r, "gpu": info.name}))
+            click.echo(json.dumps(r))
     if chatty():
-        from rich.table import Table
-
-        t = Table(title=f"bench on {info.name} ({info.arch})", title_justify="left")
-        for col in ("what", "original µs", "mlso µs", "speedup"):
-            t.add_column(col)
-        for r in rows:
-            what = f"model ({r['mode']})" if r["type"] == "model" else f"region {r['node']}"
-            fast_us = r.get("fast_us") or r.get("served_us") or r.get("kernel_us")
-            t.add_row(what, f"{r['orig_us']:.1f}", f"{fast_us:.1f}", f"{r['speedup']:.2f}x")
-        stderr().print(t)
+        _table(
+            rows,
+            f"bench on {device}: {repeats} rounds x {iters} calls per model, interleaved; "
+            "median and interquartile range of the rounds",
+        )
