@@ -17,8 +17,16 @@ argument under the same key gives the same value within one Field (one trial) an
 values across trials. An oracle value is a fresh atom with no algebraic law to respect, so it
 gets both residues (two independent hashes of the argument): its q-residue is known, and
 exp(x - max(x)) stays a true exp, so a softmax with an explicit stabiliser equals one without.
-max/reduce_max hash the multiset of their arguments (sum of mixed hashes), so they are
-symmetric: max(a, b) = max(b, a) = reduce_max([a, b]).
+
+max is a *set oracle* (SET_ORACLES): over the reals it is associative, commutative and
+idempotent, so its value depends only on the set of values it ranges over, and a tiled max (a max
+of partial maxima over the tiles of a grid split, at any nesting, or an elementwise MAX of two
+partial maxima) equals the plain REDUCE_MAX. So a max value remembers the residues of the values
+it is the max of (`Leaves`, one trailing axis of them per entry, carried through views, tiles
+and saved buffers); a max whose argument is itself a max takes that argument's leaves instead of
+the argument (flattening), and the value is a hash of the *set* of leaf p-residues (repeats
+dropped, the sum of the distinct leaves' mixed hashes), or the leaf itself when the set has one
+element (max{a} = a: max(x, x) = x, a max over a size-1 or broadcast axis is the identity).
 
 Exactness: residues are int64 below 2^27, so elementwise products (< 2^54) and sums are exact in
 int64. Matmul goes through float64 BLAS (matmul_mod): one matmul of centered residues when
@@ -113,11 +121,19 @@ class FieldArray:
     oracle); that is static, known without computing anything.
     """
 
-    __slots__ = ("_p", "_q", "shape")
+    __slots__ = ("_p", "_q", "leaves", "shape")
 
-    def __init__(self, p: Residue, q: Residue | None, shape: tuple[int, ...] | None = None) -> None:
+    def __init__(
+        self,
+        p: Residue,
+        q: Residue | None,
+        shape: tuple[int, ...] | None = None,
+        leaves: Leaves | None = None,
+    ) -> None:
         self._p, self._q = p, q
         self.shape: tuple[int, ...] = tuple(shape if shape is not None else p.shape)
+        self.leaves = leaves
+        """For a set-oracle (max) value: the values it is the max of; None for any other."""
 
     @property
     def p(self) -> np.ndarray:
@@ -145,8 +161,15 @@ class FieldArray:
 
     def __getitem__(self, idx: Any) -> FieldArray:
         shape = np.broadcast_to(np.zeros((), np.int8), self.shape)[idx].shape
+        leaves = None
+        if self.leaves is not None:
+            key = idx if isinstance(idx, tuple) else (idx,)
+            # ints and slices leave the trailing leaf axis alone; anything else drops the set
+            # (the value is unchanged, a later max just treats it as one opaque argument)
+            if len(key) <= self.ndim and all(isinstance(i, int | np.integer | slice) for i in key):
+                leaves = self.leaves.map(lambda x: x[key], self.leaves.k)
         return FieldArray(
-            lambda: self.p[idx], None if self._q is None else (lambda: self.q[idx]), shape
+            lambda: self.p[idx], None if self._q is None else (lambda: self.q[idx]), shape, leaves
         )
 
     def equal(self, other: FieldArray) -> bool:
@@ -157,6 +180,46 @@ class FieldArray:
 
     def __repr__(self) -> str:
         return f"FieldArray(shape={self.shape}, q_known={self.q_known()})"
+
+
+class Leaves:
+    """The arguments of a set-oracle value (max), flattened: residues with a trailing axis of k.
+
+    Why: max(max(S1), max(S2)) = max(S1 | S2) over the reals, but a hash of the two partial
+    maxima is not a hash of S1 | S2. Keeping the leaves lets the next max hash the union. k
+    counts leaves with repeats (the hash dedupes), so a union is a concatenation and a buffer
+    can pad a short set by repeating a leaf without changing it. q-residues are kept while every
+    leaf's is known; they are read only when a set has one element (max{a} = a).
+    """
+
+    __slots__ = ("_p", "_q", "k", "name")
+
+    def __init__(self, name: str, p: Residue, q: Residue | None, k: int) -> None:
+        self.name, self._p, self._q, self.k = name, p, q, k
+
+    @property
+    def p(self) -> np.ndarray:
+        if callable(self._p):
+            self._p = self._p()
+        return self._p
+
+    @property
+    def q(self) -> np.ndarray | None:
+        if callable(self._q):
+            self._q = self._q()
+        return self._q
+
+    def q_known(self) -> bool:
+        return self._q is not None
+
+    def map(self, fn: Callable[[np.ndarray], np.ndarray], k: int) -> Leaves:
+        """The same function applied (lazily) to both residue arrays; k is the result's width."""
+        return Leaves(
+            self.name,
+            lambda: fn(self.p),
+            None if self._q is None else (lambda: fn(self.q)),  # type: ignore[arg-type]
+            k,
+        )
 
 
 # ---- mixing hash (random oracles) -------------------------------------------------------------
@@ -386,11 +449,14 @@ class Field:
         )
 
     def oracle(self, name: str, *args: FieldArray) -> FieldArray:
-        """A keyed random function of the p-residues; several arguments combine symmetrically."""
-        k1 = self._salted(name)[0]
+        """A keyed random function of the p-residues; several arguments combine symmetrically.
+        A set oracle (max) is a function of the set of its flattened arguments (module doc)."""
         shape: tuple[int, ...] = ()
         for a in args:
             shape = np.broadcast_shapes(shape, a.shape)
+        if name in SET_ORACLES:
+            return self._set_atom(_union([self._leaves_of(name, a, shape) for a in args]), shape)
+        k1 = self._salted(name)[0]
         memo: list[np.ndarray] = []
 
         def h() -> np.ndarray:
@@ -405,7 +471,19 @@ class Field:
         return self._atom(h, name, shape)
 
     def oracle_reduce(self, name: str, a: FieldArray, axis: int) -> FieldArray:
-        """The oracle of the multiset of values along `axis` (keepdims)."""
+        """The oracle of the values along `axis` (keepdims): their multiset, or for a set oracle
+        the set of their flattened leaves, so a max over tiles' maxima is the max over all."""
+        out = a.shape[:axis] + (1,) + a.shape[axis + 1 :]
+        if name in SET_ORACLES:
+            leaves = self._leaves_of(name, a, a.shape)
+            n = a.shape[axis]
+
+            def fold(x: np.ndarray) -> np.ndarray:
+                # (..., n, k) -> (..., 1, ..., n*k): the reduced values' leaves side by side
+                y = np.moveaxis(x, axis, -2)
+                return np.expand_dims(y.reshape(y.shape[:-2] + (n * leaves.k,)), axis)
+
+            return self._set_atom(leaves.map(fold, n * leaves.k), out)
         k1 = self._salted(name)[0]
         memo: list[np.ndarray] = []
 
@@ -418,20 +496,147 @@ class Field:
                 )
             return memo[0]
 
-        return self._atom(h, name, a.shape[:axis] + (1,) + a.shape[axis + 1 :])
+        return self._atom(h, name, out)
+
+    def _leaves_of(self, name: str, a: FieldArray, shape: tuple[int, ...]) -> Leaves:
+        """a's leaves under oracle `name` (a itself, unless a is a value of that oracle: then
+        the values a is the max of), broadcast to `shape`."""
+        if a.leaves is not None and a.leaves.name == name:
+            leaves = a.leaves
+        else:
+            leaves = Leaves(
+                name,
+                lambda: a.p[..., None],
+                None if not a.q_known() else (lambda: a.q[..., None]),  # type: ignore[index]
+                1,
+            )
+        if a.shape == shape:
+            return leaves
+        return leaves.map(lambda x: np.broadcast_to(x, shape + (leaves.k,)), leaves.k)
+
+    def _set_atom(self, leaves: Leaves, shape: tuple[int, ...]) -> FieldArray:
+        """The set oracle's value on each entry's set of leaf p-residues: the leaf itself when
+        the set has one element (max{a} = a), else a hash of the set (`_set_hash`: the sum of
+        the distinct leaves' mixed hashes, independent of order and repeats), with both
+        residues from two further hashes as for any oracle."""
+        k1, kp, kq = self._salted(leaves.name)
+        memo: dict[str, np.ndarray] = {}
+
+        def stats() -> dict[str, np.ndarray]:
+            if not memo:
+                sig, single, first = _set_hash(leaves.p.reshape(-1, leaves.k), k1)
+                memo.update(sig=sig, single=single, first=first)
+            return memo
+
+        # hashes on the flat (entries,) arrays, reshaped last: numpy scalars (a 0-d value) would
+        # warn on the wrapping uint64 products of mix64
+        def fp() -> np.ndarray:
+            m = stats()
+            hashed = (mix64(m["sig"] ^ kp) % np.uint64(self.p)).astype(np.int64)
+            if m["single"].any():
+                hashed = np.where(m["single"], m["first"], hashed)
+            return hashed.reshape(shape)
+
+        def fq() -> np.ndarray:
+            m = stats()
+            hashed = (mix64(m["sig"] ^ kq) % np.uint64(self.q)).astype(np.int64)
+            # the leaves' q-residues are read only for one-element sets; a one-element set of
+            # an exp-dependent leaf (q unknown) keeps the hash
+            if leaves.q_known() and m["single"].any():
+                lq = leaves.q.reshape(-1, leaves.k)  # type: ignore[union-attr]
+                hashed = np.where(m["single"], lq[:, 0], hashed)
+            return hashed.reshape(shape)
+
+        return FieldArray(fp, fq, shape, leaves)
 
     def q_known(self, a: FieldArray) -> bool:
         return a.q_known()
 
-    # -- views (numpy views of each residue) --
+    # -- views (numpy views of each residue, and of a max value's leaves) --
     def reshape(self, a: FieldArray, shape: tuple[int, ...]) -> FieldArray:
-        return self._unary(a, lambda x, r: x.reshape(shape), tuple(shape))
+        return _view(
+            self._unary(a, lambda x, r: x.reshape(shape), tuple(shape)),
+            a,
+            lambda x, k: x.reshape(tuple(shape) + (k,)),
+        )
 
     def transpose(self, a: FieldArray, perm: tuple[int, ...]) -> FieldArray:
-        return self._unary(a, lambda x, r: x.transpose(perm), tuple(a.shape[i] for i in perm))
+        return _view(
+            self._unary(a, lambda x, r: x.transpose(perm), tuple(a.shape[i] for i in perm)),
+            a,
+            lambda x, k: x.transpose(tuple(perm) + (len(perm),)),
+        )
 
     def broadcast(self, a: FieldArray, shape: tuple[int, ...]) -> FieldArray:
-        return self._unary(a, lambda x, r: np.broadcast_to(x, shape), tuple(shape))
+        return _view(
+            self._unary(a, lambda x, r: np.broadcast_to(x, shape), tuple(shape)),
+            a,
+            lambda x, k: np.broadcast_to(x, tuple(shape) + (k,)),
+        )
+
+
+SET_ORACLES = frozenset({"max"})
+"""Oracles that are functions of the *set* of their arguments, flattened through nesting: max is
+associative, commutative and idempotent, so every tiling of a max over the same values is one
+value (module docstring)."""
+
+
+_SMALL_SET = 8
+"""Sets of at most this many leaves are deduplicated column against column, not sorted: a
+binary MAX or RELU (two leaves) would otherwise pay a sort of millions of two-element rows."""
+
+
+def _set_hash(flat: np.ndarray, k1: np.uint64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of flat (entries, k) of leaf p-residues: the sum of the mixed hashes of the
+    row's distinct values, whether the row holds one distinct value, and a value of the row."""
+    k = flat.shape[1]
+    h = mix64(flat.astype(np.uint64) ^ k1)
+    first = flat[:, 0]
+    if k == 1:
+        return h[:, 0], np.ones(first.shape, bool), first
+    if k <= _SMALL_SET:
+        sig = h[:, 0].copy()
+        single = np.ones(first.shape, bool)
+        for j in range(1, k):
+            col = flat[:, j]
+            fresh = col != first
+            single &= ~fresh
+            for i in range(1, j):
+                fresh &= col != flat[:, i]
+            sig += np.where(fresh, h[:, j], np.uint64(0))
+        return sig, single, first
+    sig = np.sum(h, axis=-1, dtype=np.uint64)
+    srt = np.sort(flat, axis=-1)
+    # drop each repeat's hash (a set, not a multiset); repeats are sparse on random inputs
+    # (birthday collisions), dense in replicated or nested maxes
+    rows, cols = np.nonzero(srt[:, 1:] == srt[:, :-1])
+    if rows.size:
+        np.subtract.at(sig, rows, mix64(srt[rows, cols + 1].astype(np.uint64) ^ k1))
+    return sig, srt[:, 0] == srt[:, -1], srt[:, 0]
+
+
+def _union(parts: list[Leaves]) -> Leaves:
+    """The leaves of a max of several values of one shape: all their leaves side by side."""
+    if len(parts) == 1:
+        return parts[0]
+    return Leaves(
+        parts[0].name,
+        lambda: np.concatenate([x.p for x in parts], axis=-1),
+        (lambda: np.concatenate([x.q for x in parts], axis=-1))  # type: ignore[misc]
+        if all(x.q_known() for x in parts)
+        else None,
+        sum(x.k for x in parts),
+    )
+
+
+def _view(
+    out: FieldArray, a: FieldArray, fn: Callable[[np.ndarray, int], np.ndarray]
+) -> FieldArray:
+    """out (a view of a) with a's leaves viewed the same way, the leaf axis last."""
+    if a.leaves is not None:
+        k = a.leaves.k
+        out.leaves = a.leaves.map(lambda x: fn(x, k), k)
+    return out
 
 
 def _mul_mod(x: np.ndarray, y: np.ndarray, r: int) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 
 from mlso_cli.ir.graph import BlockGraph, KernelGraph
 from mlso_cli.ir.node import Node, const_value
-from mlso_cli.verify.field import Field, FieldArray
+from mlso_cli.verify.field import Field, FieldArray, Leaves
 from mlso_cli.verify.semantics import ACC_TERMS, SEMANTICS, canonical_const
 from mlso_cli.verify.walk import LiteralBackend, evaluate
 
@@ -50,9 +50,49 @@ class AlgebraBackend(LiteralBackend):
 
 
 class _FieldBuffer:
+    """A saved kernel output being written block by block: residues, and the leaves of a saved
+    max (so a kernel-level max over the blocks' partial maxima hashes the union of their sets)."""
+
     def __init__(self, shape: tuple[int, ...]) -> None:
         self.p = np.zeros(shape, np.int64)
         self.q: np.ndarray | None = np.zeros(shape, np.int64)
+        self.sets = True
+        """False once a block saved a value that is not a max: the output keeps no leaves."""
+        self.name = ""
+        self.lp: np.ndarray | None = None
+        self.lq: np.ndarray | None = None
+
+    def put_leaves(self, index: tuple[int | slice, ...], leaves: Leaves | None) -> None:
+        if leaves is None or (self.lp is not None and leaves.name != self.name):
+            self.sets = False
+        if not self.sets:
+            self.lp = self.lq = None
+            return
+        lp, lq = leaves.p, leaves.q
+        if self.lp is None:
+            self.name = leaves.name
+            self.lp = np.zeros(self.p.shape + (lp.shape[-1],), np.int64)
+            self.lq = None if lq is None else np.zeros(self.lp.shape, np.int64)
+        k = self.lp.shape[-1]
+        if lp.shape[-1] < k:  # a short set is padded with a repeat of its last leaf: same set
+            lp, lq = _pad(lp, k), None if lq is None else _pad(lq, k)
+        elif lp.shape[-1] > k:
+            self.lp = _pad(self.lp, lp.shape[-1])
+            self.lq = None if self.lq is None else _pad(self.lq, lp.shape[-1])
+        self.lp[index] = lp
+        if lq is None:
+            self.lq = None
+        elif self.lq is not None:
+            self.lq[index] = lq
+
+    def leaves(self) -> Leaves | None:
+        if not self.sets or self.lp is None:
+            return None
+        return Leaves(self.name, self.lp, self.lq, self.lp.shape[-1])
+
+
+def _pad(x: np.ndarray, k: int) -> np.ndarray:
+    return np.concatenate([x, np.repeat(x[..., -1:], k - x.shape[-1], axis=-1)], axis=-1)
 
 
 class FieldBackend(AlgebraBackend):
@@ -80,9 +120,10 @@ class FieldBackend(AlgebraBackend):
             buf.q = None
         elif buf.q is not None:
             buf.q[index] = value.q
+        buf.put_leaves(index, value.leaves)
 
     def finish(self, buf: _FieldBuffer) -> FieldArray:
-        return FieldArray(buf.p, buf.q)
+        return FieldArray(buf.p, buf.q, leaves=buf.leaves())
 
 
 def run_field(kg: KernelGraph, inputs: Sequence[FieldArray], fld: Field) -> list[FieldArray]:

@@ -20,6 +20,11 @@ differ: two programs that differ only in such a constant are not told apart (the
 still is).
 Oracles (sqrt, erf, max) are keyed functions of the p-residue that return both residues
 (field.py), so exp(x - max(x)) is a true exp and a stabilised softmax equals a plain one.
+max (MAX, RELU, REDUCE_MAX) is one associative, commutative, idempotent reduction over a *set*:
+  max(max(S1), max(S2)) = reduce_max(S1 | S2) = max over S1 | S2,  max{a} = a
+so a tiled max (partial maxima of a grid split's tiles, at any nesting, combined by REDUCE_MAX
+or an elementwise MAX) meets the plain REDUCE_MAX. The field implements it (field.SET_ORACLES):
+a max value keeps the set of values it is the max of, and hashes that set.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import Op
+from mlso_cli.ir.shapes import broadcast as broadcast_shapes
 
 ONE, TWO, ZERO, HALF = Fraction(1), Fraction(2), Fraction(0), Fraction(1, 2)
 INV_SQRT2 = Fraction(0.7071067811865476)
@@ -63,6 +69,13 @@ def _tanh(A: Any, x: Any) -> Any:
     return A.sub(A.mul(A.const(TWO), sigmoid(A, A.mul(A.const(TWO), x))), A.const(ONE))
 
 
+def _max(A: Any, a: Any, b: Any) -> Any:
+    """MAX of operands broadcast to their joint shape: inside a THREAD body a node's own shape
+    is the element's, (), while the operands are whole tiles."""
+    shape = broadcast_shapes(tuple(a.shape), tuple(b.shape))
+    return A.oracle("max", A.broadcast(a, shape), A.broadcast(b, shape))
+
+
 def _mean(A: Any, n: Node, x: Any) -> Any:
     return A.mul(A.reduce_sum(x, n.arg), A.const(Fraction(1, n.src[0].shape[n.arg])))
 
@@ -79,13 +92,13 @@ SEMANTICS: dict[Op, Callable[..., Any]] = {
     Op.TANH: lambda A, n, x: _tanh(A, x),
     Op.ERF: lambda A, n, x: A.oracle("erf", x),
     Op.GELU: lambda A, n, x: gelu(A, x),
-    Op.RELU: lambda A, n, x: A.oracle("max", x, A.broadcast(A.const(ZERO), tuple(n.shape))),
+    Op.RELU: lambda A, n, x: A.oracle("max", x, A.broadcast(A.const(ZERO), tuple(x.shape))),
     Op.CAST: lambda A, n, x: x,
     Op.ADD: lambda A, n, a, b: A.add(a, b),
     Op.SUB: lambda A, n, a, b: A.sub(a, b),
     Op.MUL: lambda A, n, a, b: A.mul(a, b),
     Op.DIV: lambda A, n, a, b: A.mul(a, A.inv(b)),
-    Op.MAX: lambda A, n, a, b: A.oracle("max", A.broadcast(a, n.shape), A.broadcast(b, n.shape)),
+    Op.MAX: lambda A, n, a, b: _max(A, a, b),
     Op.MATMUL: lambda A, n, a, b: A.matmul(a, b),
     Op.REDUCE_SUM: lambda A, n, x: A.reduce_sum(x, n.arg),
     Op.REDUCE_MEAN: _mean,
