@@ -2,14 +2,17 @@
 
 When B holds mlso kernels (ai.mlso::MlsoKernel), each node's embedded μGraph is first checked
 against its function body (the original region, lifted) with the finite-field checker; every
-verdict carries its false-accept bound, and the bounds are union-bounded over the run.
+verdict carries its false-accept bound, and the bounds are union-bounded over the run. Two
+checks do not go through the lifter (verify/liftcheck.py): the μGraph in fp64 against onnx's
+reference evaluator on the original nodes, with its constants compared as values with A's, and
+the generated source on the host emulator. The report says per kernel which checks ran.
 
 B passes an output when its norm-wise relative error ||B - ref|| / ||ref|| is within the limit
 for its dtype (fp32 1e-5, fp16 2e-3, bf16 1e-2) or no worse than twice A's own error at the same
 inputs (A is the user's model as ONNX Runtime runs it; B is not blamed for A's rounding). With
 --rtol/--atol, every element must also satisfy |B - ref| <= atol + rtol * |ref|.
 
-Exit codes: 3 only when both models ran and differ. A model ONNX Runtime cannot load on the CPU
+Exit codes: 3 when a kernel of B fails one of its checks, or both models ran and differ. A model ONNX Runtime cannot load on the CPU
 (an op of a domain it does not know, such as com.example::FancyOp) is exit 1: the model, not the
 machine, is the problem, and verify cannot compare what it cannot run, so it says so instead of
 passing or failing. Exit 4 is kept for the machine: --gpu without a GPU, or ONNX Runtime without
@@ -36,6 +39,7 @@ from mlso_cli.errors import (
 from mlso_cli.frontend.load import load_model, parse_input_shapes, require_memory, with_weights
 from mlso_cli.ir import DType
 from mlso_cli.verify.floatcheck import LIMITS
+from mlso_cli.verify.liftcheck import EMULATOR_THREADS, index_bounds
 from mlso_cli.verify.reference64 import input_specs, reference_outputs
 
 _DTYPE_OF = {np.dtype(np.float32): DType.F32, np.dtype(np.float16): DType.F16}
@@ -127,33 +131,6 @@ def _require_input_memory(specs: list, source: str) -> None:
     require_memory(8 * nbytes, f"verifying {source} at these input shapes")
 
 
-def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
-    """For integer graph inputs that index a tensor of known shape (Gather, GatherElements,
-    GatherND's first axis), the number of valid indices: verify draws them over that whole range.
-    Why: drawn from {0, 1} only, a model whose embedding rows 2..999 differ passed."""
-    shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
-    for vi in list(model.graph.input) + list(model.graph.value_info):
-        dims = vi.type.tensor_type.shape.dim
-        if dims and all(d.HasField("dim_value") for d in dims):
-            shapes.setdefault(vi.name, tuple(d.dim_value for d in dims))
-    bounds: dict[str, int] = {}
-    for n in model.graph.node:
-        if n.op_type not in ("Gather", "GatherElements", "GatherND") or len(n.input) < 2:
-            continue
-        data = shapes.get(n.input[0])
-        if not data:
-            continue
-        axis = (
-            next((a.i for a in n.attribute if a.name == "axis"), 0)
-            if n.op_type != "GatherND"
-            else 0
-        )
-        size = data[axis % len(data)]
-        if size > 0:
-            bounds[n.input[1]] = min(bounds.get(n.input[1], size), size)
-    return bounds
-
-
 def _feeds(
     specs: list, rng: np.random.Generator, scale: float, bounds: dict[str, int]
 ) -> dict[str, np.ndarray]:
@@ -228,6 +205,20 @@ def _rel(out: np.ndarray, ref: np.ndarray) -> float:
     help="Check each mlso kernel's μGraph against its region in the finite field.",
 )
 @click.option(
+    "--lift/--no-lift",
+    default=True,
+    show_default=True,
+    help="Check each mlso kernel's μGraph against onnx's reference evaluator on its original "
+    "nodes (fp64), and its constants against A's values.",
+)
+@click.option(
+    "--emulate/--no-emulate",
+    default=True,
+    show_default=True,
+    help=f"Run each mlso kernel's generated source on the CPU host emulator (kernels up to "
+    f"{EMULATOR_THREADS} CUDA threads) against the fp64 reference.",
+)
+@click.option(
     "--trust-binary",
     is_flag=True,
     help="Check each kernel's source hash and plan against its μGraph, but not its binary (no nvcc here).",
@@ -244,9 +235,22 @@ def verify_cmd(
     atol,
     gpu,
     field,
+    lift,
+    emulate,
     trust_binary,
 ) -> None:
-    """Check that model B computes what model A computes (exit 3 when it does not)."""
+    """Check that model B computes what model A computes (exit 3 when it does not).
+
+    \b
+    Checks of each mlso kernel of B, in this order (the report says which ran):
+      chain     its source, plan and binary are what its μGraph compiles to
+      field     its μGraph equals its lifted fallback body in a finite field
+      float     its μGraph as code generation computes it (fp32) vs fp64
+      lifting   its μGraph (fp64) vs onnx's reference evaluator on its original nodes,
+                and its constants vs A's values (--no-lift to skip)
+      emulator  its generated source on the host emulator vs fp64 (CPU; --no-emulate)
+    Then A and B run in ONNX Runtime and are compared with an fp64 evaluation of A.
+    """
     scale_list = _parse_scales(scales)
     if seed is None:
         import secrets
@@ -275,8 +279,9 @@ def verify_cmd(
     from mlso_cli.runtime import check_model
 
     kernels = check_model(b)  # plans and binary hashes, once for both checks below
+    generated: dict = {}
     try:
-        chain_rows = chain_check_kernels(kernels, trust_binary)
+        chain_rows = chain_check_kernels(kernels, trust_binary, generated)
     except EnvironmentProblem as exc:
         raise EnvironmentProblem(
             f"binary not checked: {exc.what.rstrip('.')}",
@@ -290,14 +295,18 @@ def verify_cmd(
             f"{bad_chain['detail']}"
         )
     kernel_rows = field_check_kernels(b, kernels, seed) if field else []
+    outcomes = independent_check_kernels(
+        a, b, kernels, generated, seed, lift=lift, emulate=_emulate_skip(emulate, gpu, kernels)
+    )
     sess_a, sess_b = _session(a, gpu, "A"), _session(b, gpu, "B")
     rng = np.random.default_rng(seed)
-    bounds = _index_bounds(a)
+    bounds = index_bounds(a)
     rows, failed = [], False
     for scale in scale_list:
         for sample in range(samples):
             feeds = _feeds(specs_a, rng, scale, bounds)
-            ref = reference_outputs(a, feeds)
+            with np.errstate(all="ignore"):  # overflow at adversarial scales is skipped below
+                ref = reference_outputs(a, feeds)
             if not all(np.all(np.isfinite(v)) for v in ref.values()):
                 continue  # adversarial scales only where the reference stays finite
             got_a = dict(zip(outs_a, sess_a.run(outs_a, feeds)))
@@ -335,9 +344,13 @@ def verify_cmd(
     if not rows:
         raise VerificationFailed("no input scale gave a finite fp64 reference", "Try --scales 1")
     kernels_ok = all(k["equivalent"] for k in kernel_rows)
+    check_rows = _check_rows(
+        kernels, chain_rows, kernel_rows, outcomes, field, trust_binary, gpu, failed
+    )
+    independent_ok = all(o.status != "failed" for per in outcomes.values() for o in per.values())
     summary = {
         "type": "summary",
-        "pass": not failed and kernels_ok,
+        "pass": not failed and kernels_ok and independent_ok,
         "checks": len(rows),
         "failed": sum(not r["pass"] for r in rows),
         "kernels": len(kernel_rows),
@@ -346,18 +359,36 @@ def verify_cmd(
         "seed": seed,
         "binaries_checked": sum(c["binary"] is True for c in chain_rows),
         "binaries_trusted": sum(c["binary"] == "not checked" for c in chain_rows),
+        "lifting_checked": sum(per["lifting"].status != "skipped" for per in outcomes.values()),
+        "emulated": sum(per["emulator"].status != "skipped" for per in outcomes.values()),
     }
     if as_json:
-        for r in kernel_rows + rows:
+        for r in kernel_rows + check_rows + rows:
             click.echo(json.dumps(r))
         click.echo(json.dumps(summary))
     if chatty():
-        _print(rows, summary, kernel_rows)
+        _print(rows, summary, kernel_rows, check_rows)
     if not kernels_ok:
         bad = next(k for k in kernel_rows if not k["equivalent"])
         raise VerificationFailed(
             f"mlso kernel '{bad['node']}' does not compute its region: {bad['detail']}"
         )
+    for checked in kernels:
+        per = outcomes[checked.node_index]
+        if per["lifting"].status == "failed":
+            raise VerificationFailed(
+                f"mlso kernel '{checked.name}' fails the lifting check: {per['lifting'].detail}",
+                "Re-run `mlso optimize` on A; if a fresh B fails too, report it as a lifting bug",
+            )
+    for checked in kernels:
+        per = outcomes[checked.node_index]
+        if per["emulator"].status == "failed":
+            raise VerificationFailed(
+                f"mlso kernel '{checked.name}': its generated source, run on the host emulator, "
+                f"does not compute its original nodes: {per['emulator'].detail}",
+                "Re-run `mlso optimize` on A; if a fresh B fails too, report it as a code "
+                "generation bug",
+            )
     if failed:
         worst = max((r for r in rows if not r["pass"]), key=lambda r: r["rel_err_b"])
         raise VerificationFailed(
@@ -366,14 +397,17 @@ def verify_cmd(
         )
 
 
-def chain_check_kernels(kernels: list, trust_binary: bool) -> list[dict]:
+def chain_check_kernels(
+    kernels: list, trust_binary: bool, generated: dict | None = None
+) -> list[dict]:
     """Tie each MlsoKernel's binary to its μGraph: regenerate the CUDA source and launch plan from
     the embedded μGraph and compare them with the node's source_sha256 and plan, then recompile
     (nvcc, cached) and compare the fatbin with the node's binary. Why: the field check proves the
     μGraph; without this, a binary, plan or hash spliced in from another model would run
     unchecked. nvcc output is deterministic for one nvcc version (checked across cache folders),
     so a model optimized with another nvcc version fails here: re-run optimize, or pass
-    --trust-binary to check only source and plan."""
+    --trust-binary to check only source and plan. `generated`, when given, receives each node's
+    regenerated program by node index (the emulator check runs that very source)."""
     import hashlib
 
     from mlso_cli.codegen import DEFAULT_TARGETS, generate
@@ -400,6 +434,8 @@ def chain_check_kernels(kernels: list, trust_binary: bool) -> list[dict]:
                 f"its μGraph does not generate code: {type(exc).__name__}: {str(exc)[:200]}"
             )
             continue
+        if generated is not None:
+            generated[checked.node_index] = gp
         row["source"] = hashlib.sha256(gp.source.encode()).hexdigest() == checked.source_sha256
         row["plan"] = gp.plan == checked.plan
         if not row["source"]:
@@ -481,8 +517,15 @@ def _float_check(row: dict, reference, program, seed: int) -> None:
     rng = np.random.default_rng(seed)
     ins = [rng.standard_normal(n.shape).astype(numpy_dtype(n.dtype.value)) for n in program.inputs]
     want = interpreter.run(reference, ins, mode="float64")
-    own = interpreter.run(reference, ins, mode="float32")
-    got = interpreter.run(program, ins, mode="float32")
+    try:
+        own = interpreter.run(reference, ins, mode="float32")
+        got = interpreter.run(program, ins, mode="float32")
+    except Exception as exc:  # the float32 mode's own rewrite (codegen/ascomputed.py) refused it
+        row["float_check"] = (
+            f"skipped: the interpreter's float32 mode cannot run this μGraph "
+            f"({type(exc).__name__}: {str(exc)[:120]})"
+        )
+        return
     worst = 0.0
     for w, o, g, node in zip(want, own, got, program.outputs):
         if not np.all(np.isfinite(w)):
@@ -497,11 +540,130 @@ def _float_check(row: dict, reference, program, seed: int) -> None:
                 f"equivalent in the field, but as code generation computes it the error is "
                 f"{e_prog:.3g} (limit {limit:g}, the region's own {e_ref:.3g})"
             )
+            row["float_check"] = (
+                f"FAILED: {e_prog:.3g} (limit {limit:g}, the region's own {e_ref:.3g})"
+            )
             return
     row["float_check"] = f"ok: {worst:.3g}"
 
 
-def _print(rows, summary, kernel_rows=()) -> None:
+def independent_check_kernels(
+    original: onnx.ModelProto,
+    model: onnx.ModelProto,
+    kernels: list,
+    generated: dict,
+    seed: int,
+    *,
+    lift: bool = True,
+    emulate: str | None = None,
+) -> dict[int, dict]:
+    """The checks of each MlsoKernel that do not go through the lifter (verify/liftcheck.py):
+    its μGraph against onnx's reference evaluator on its original nodes, its constants against
+    A's values, and its generated source (`generated`, by node index, from the chain check) on
+    the host emulator. `emulate`: None to run the emulator, else why not. Returns, by node
+    index, {"lifting": CheckOutcome, "emulator": CheckOutcome}."""
+    from mlso_cli.ir import loads
+    from mlso_cli.verify.liftcheck import Constants, Originals, check_kernel, value_infos
+
+    if not kernels:
+        return {}
+    infos = value_infos(model)
+    originals, constants = Originals(original), Constants(model.graph)
+    return {
+        checked.node_index: check_kernel(
+            original,
+            model,
+            checked.node,
+            loads(checked.ugraph_json),
+            generated.get(checked.node_index),
+            seed,
+            lift=None if lift else "--no-lift",
+            emulate=emulate,
+            infos=infos,
+            originals=originals,
+            constants=constants,
+        )
+        for checked in kernels
+    }
+
+
+def _library_reason(gpu: int | None, kernels: list) -> tuple[bool, str]:
+    """Whether B's ONNX Runtime session runs the kernels' binaries (the mlso library is
+    registered), and why or why not: on the CPU it never does, ORT runs the fallback bodies."""
+    if gpu is None:
+        return False, "ONNX Runtime on the CPU runs its fallback body, not its binary"
+    if not kernels:
+        return False, "no kernels"
+    try:
+        from mlso_cli.runtime.session_helper import library_decision
+
+        decision = library_decision(kernels, [("CUDAExecutionProvider", {"device_id": gpu})])
+    except Exception as exc:  # the session itself reports a broken GPU setup, with its exit code
+        return False, f"the mlso library's use could not be decided: {type(exc).__name__}"
+    if decision.register:
+        return True, f"its binary ran on GPU {gpu}"
+    return False, f"its fallback body ran ({decision.reason})"
+
+
+def _emulate_skip(emulate: bool, gpu: int | None, kernels: list) -> str | None:
+    """None to run the emulator check, else why it is skipped: --no-emulate, or --gpu where B
+    runs the binaries themselves (the emulator stands in for the GPU on the CPU)."""
+    if not emulate:
+        return "--no-emulate"
+    binaries_run, why = _library_reason(gpu, kernels)
+    return f"--gpu: {why} instead" if binaries_run else None
+
+
+def _check_rows(
+    kernels: list,
+    chain_rows: list[dict],
+    kernel_rows: list[dict],
+    outcomes: dict[int, dict],
+    field: bool,
+    trust_binary: bool,
+    gpu: int | None,
+    outputs_failed: bool,
+) -> list[dict]:
+    """One row per kernel saying which checks ran, which were skipped and why, and each result
+    (JSON type "kernel_checks"; the stderr table shows the same)."""
+    _, ort_how = _library_reason(gpu, kernels)
+    rows = []
+    for i, checked in enumerate(kernels):
+        chain = chain_rows[i]
+        kr = kernel_rows[i] if field and i < len(kernel_rows) else None
+        per = outcomes[checked.node_index]
+        if kr is None:
+            field_text = "skipped: --no-field"
+            float_text = "skipped: --no-field (it runs on what the field check accepts)"
+        else:
+            float_text = kr.get("float_check", "")
+            if kr["equivalent"] or float_text.startswith("FAILED"):
+                field_text = f"ok: false-accept bound {kr['bound']:.2e} in {kr['trials']} trials"
+            else:
+                field_text = f"FAILED: {kr['detail']}"
+                float_text = "not run: the field check failed"
+        rows.append(
+            {
+                "type": "kernel_checks",
+                "node": checked.name,
+                "chain": "ok: source, plan and binary"
+                if chain["binary"] is True
+                else "ok: source and plan; binary not checked (--trust-binary)"
+                if trust_binary
+                else "ok: source and plan",
+                "field": field_text,
+                "float": float_text,
+                "lifting": per["lifting"].text(),
+                "lifting_error": per["lifting"].worst,
+                "emulator": per["emulator"].text(),
+                "emulator_error": per["emulator"].worst,
+                "ort": f"{'FAILED' if outputs_failed else 'ok'}: whole model; {ort_how}",
+            }
+        )
+    return rows
+
+
+def _print(rows, summary, kernel_rows=(), check_rows=()) -> None:
     from rich.table import Table
 
     if kernel_rows:
@@ -516,6 +678,16 @@ def _print(rows, summary, kernel_rows=()) -> None:
                 str(k["trials"]),
             )
         stderr().print(kt)
+
+    if check_rows:
+        ct = Table(title="mlso kernels: the checks that ran", title_justify="left")
+        for col in ("node", "chain", "field", "float", "lifting", "emulator", "ORT numeric"):
+            ct.add_column(col)
+        for c in check_rows:
+            ct.add_row(
+                c["node"], c["chain"], c["field"], c["float"], c["lifting"], c["emulator"], c["ort"]
+            )
+        stderr().print(ct)
 
     t = Table(
         title=f"verify: {'PASS' if summary['pass'] else 'FAIL'} ({summary['checks']} checks, "
