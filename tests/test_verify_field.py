@@ -185,3 +185,20 @@ def test_run_field_keeps_q_residues_of_polynomial_programs(fld):
             ((xv.astype(object) ** 2) @ wv.astype(object)).sum(0, keepdims=True) * pow(3, -1, r) % r
         )
         np.testing.assert_array_equal(res, want.astype(np.int64))
+
+
+@pytest.mark.parametrize("shape", [(1,), (7,), (9,), (5, 7), (3, 33, 17)])
+def test_batch_inverse_matches_fermat(shape):
+    """The product-tree inverse equals x^(r-2) elementwise, for sizes that are and are not
+    powers of two, and refuses a zero anywhere."""
+    from mlso_cli.verify.field import ZeroDenominator, _inverse, _pow_mod
+
+    r = 2147483647
+    x = np.random.default_rng(len(shape)).integers(1, r, size=shape, dtype=np.int64)
+    inv = _inverse(x, r)
+    assert inv.shape == x.shape
+    assert (inv == _pow_mod(x, r - 2, r)).all()
+    assert (x * inv % r == 1).all()
+    x.flat[-1] = 0
+    with pytest.raises(ZeroDenominator):
+        _inverse(x, r)

@@ -646,6 +646,25 @@ def _mul_mod(x: np.ndarray, y: np.ndarray, r: int) -> np.ndarray:
 
 
 def _inverse(x: np.ndarray, r: int) -> np.ndarray:
+    """Elementwise inverse mod r by batch inversion over a product tree: one modular power for the
+    whole array and about three products per element, where Fermat's x^(r-2) per element costs
+    about sixty. Why: the search divides tiles of up to 65,536 entries thousands of times per
+    signature, and the per-element power was half of qknorm_gqa's search time at batch 8."""
     if not np.all(x):
         raise ZeroDenominator(f"zero denominator mod {r}")
-    return _pow_mod(x, r - 2, r)
+    flat = np.asarray(x, dtype=np.int64).ravel()
+    n = flat.size
+    if n <= 8:
+        return _pow_mod(x, r - 2, r)
+    size = 1 << (n - 1).bit_length()
+    levels = [np.concatenate([flat, np.ones(size - n, np.int64)])]
+    while levels[-1].size > 1:
+        a = levels[-1]
+        levels.append(_mul_mod(a[0::2], a[1::2], r))
+    inv = np.array([pow(int(levels[-1][0]), r - 2, r)], dtype=np.int64)
+    for a in reversed(levels[:-1]):
+        down = np.empty_like(a)
+        down[0::2] = _mul_mod(inv, a[1::2], r)  # 1/x = (1/(x y)) * y
+        down[1::2] = _mul_mod(inv, a[0::2], r)
+        inv = down
+    return inv[:n].reshape(np.shape(x))
