@@ -20,8 +20,13 @@ __device__ __forceinline__ float rescale(float m_old, float m_new) {
   return m_new == neg_inf() ? 1.0f : expf(m_old - m_new);
 }
 
-// exp(s - m) with the safe offset: the per-element term of a stabilised sum.
-__device__ __forceinline__ float exp_rel(float s, float m) { return expf(s - safe_max(m)); }
+// exp(s - m) with the safe offset: the per-element term of a stabilised sum. Clamped at exp(0):
+// m is the max over the kept positions, so a kept s never exceeds it, but a masked-out logit may
+// (the row max skips positions whose mask weight is 0); its exp would overflow to inf and the
+// mask's 0 would then make the row NaN. Clamped, it is 1 * 0.
+__device__ __forceinline__ float exp_rel(float s, float m) {
+  return expf(fminf(s - safe_max(m), 0.0f));
+}
 
 // Combine step of split-KV: weight of partial i relative to the global max.
 __device__ __forceinline__ float partial_weight(float m_i, float m_global) {

@@ -411,3 +411,22 @@ def test_wide_values_split_columns_over_warps(name, warps, ksplit):
     assert f"(warp / 1) * {width}" in source
     step = next(line for line in source.splitlines() if "flash.step(" in line)
     assert (", nullptr, ps" in step) == (ksplit > 1)  # the partial-score buffer
+
+
+def test_masked_out_logit_far_above_the_kept_ones_leaves_no_nan():
+    """A masked-out logit 200 above every kept one (the row max skips masked positions): its
+    exp(s - M) overflowed to inf and the mask's 0 made the whole row NaN. exp_rel clamps at
+    exp(0), so the masked term is 1 * 0 and the row is the softmax of the kept logits. Found by
+    verify's emulator check on optimize's output for Where(mask, x, -inf) -> Softmax."""
+    kg = T.GRAPHS["masked_softmax_f32"]()
+    x = np.zeros((8, 48), np.float32)
+    mask = np.ones((8, 48), np.float32)
+    mask[:, 5] = 0.0
+    x[:, 5] = 200.0
+    x[3, 7] = 2.0
+    (got,) = hostemu.run(generate(kg), [x, mask])
+    assert np.isfinite(got).all()
+    want = np.exp(x.astype(np.float64)) * mask
+    want[:, 5] = 0.0
+    want /= want.sum(1, keepdims=True)
+    assert T.rel_error(got, want) < 1e-6

@@ -153,7 +153,7 @@ def stabilised_exp(axis: int, x: np.ndarray, factors: list[np.ndarray]) -> Scale
         keep = keep & (np.broadcast_to(f, x.shape) != 0)
     m = np.max(np.where(keep, x, -np.inf), axis=axis, keepdims=True)
     m = _finite(m)
-    return Scaled(_exp(x - m), m)
+    return Scaled(_exp(np.minimum(x - m, 0)), m)  # codegen's exp_rel clamps at exp(0)
 
 
 def _view(fn: Callable[[np.ndarray, Any], np.ndarray]) -> Callable[[Node, Scaled], Scaled]:
