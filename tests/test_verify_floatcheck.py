@@ -134,3 +134,30 @@ def test_an_output_the_dtype_cannot_hold_is_not_compared():
     assert representable(np.array([6.4e7, 1.0]), np.dtype(np.float32))
     assert representable(np.array([6.0e4, -6.0e4]), np.dtype(np.float16))
     assert representable(np.array([3, 7]), np.dtype(np.int64))
+
+
+def test_float32_mode_runs_a_block_graph_whose_exp_is_masked_downstream():
+    """exp(x) * mask inside a block graph: the mask tile is a source of the MUL only, so the
+    topological order of the block's outputs could reach the EXP before it. The float32 mode's
+    rewrite (codegen/ascomputed.py) raised KeyError there, and verify skipped its float check on
+    every optimized masked softmax."""
+    from mlso_cli.ir import build as b
+    from mlso_cli.verify.interpreter import run
+    from tests.fixtures.ugraphs import _Block
+
+    x, mask = b.input_(0, (2, 8, 16), DType.F32), b.input_(1, (2, 8, 16), DType.F32)
+
+    g = _Block((2, 1, 1), 1)
+    xt = g.it(x, (0, None, None))
+    mt = g.it(mask, (0, None, None))
+    e = b.mul(b.unary(Op.EXP, xt), mt)
+    p = b.div(e, b.reduce(Op.REDUCE_SUM, e, 2))
+    (o,) = g.launch([b.save(p, 0, (0, None, None), DType.F32)])
+    kg = b.kernel_graph([x, mask], [o], ["x", "mask"], ["y"])
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((2, 8, 16)).astype(np.float32) * 30
+    ms = np.tril(np.ones((8, 16), np.float32))[None].repeat(2, 0)
+    (got,) = run(kg, [xs, ms], "float32")
+    want = np.exp(xs.astype(np.float64) - xs.max(-1, keepdims=True)) * ms
+    want /= want.sum(-1, keepdims=True)
+    assert relative_error(got, want) < 1e-5

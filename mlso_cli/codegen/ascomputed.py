@@ -43,7 +43,8 @@ def _rebuild(
     """node -> node as computed, bottom-up."""
     stab = stabilised(nodes, consumers_of(nodes))
     done: dict[Node, Node] = {}
-    for n in toposort(list(roots)):
+
+    def rebuild(n: Node) -> None:
         src = tuple(done[s] for s in n.src)
         if n in rounded:
             dt = rounded[n]
@@ -52,6 +53,11 @@ def _rebuild(
             )
         if n in stab:
             axis, factors = stab[n]
+            # a mask factor meets the EXP only downstream (exp * mask), so the topological order
+            # of the roots may not have reached it yet: rebuild its cone first
+            for m in toposort(list(factors)):
+                if m not in done:
+                    rebuild(m)
             done[n] = Node(
                 Op.EXP,
                 src + tuple(done[f] for f in factors),
@@ -68,6 +74,10 @@ def _rebuild(
             )
         else:
             done[n] = n if src == n.src else n.replace(src=src)
+
+    for n in toposort(list(roots)):
+        if n not in done:
+            rebuild(n)
     return done
 
 
