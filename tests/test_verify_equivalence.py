@@ -276,8 +276,13 @@ def test_degree_analysis_of_attention():
     assert (o_cand.n, o_cand.d) == (2, 1)  # sum of partial numerators / sum of partial denominators
     assert pr.has_exp and pr.exp_args.degree == 2 and not o_ref.q
     assert pr.risk == 2 * 8 and pc.risk == 2 * 8  # one inverted row sum per (batch, row), degree 1
-    eps = trial_bound(pr, pc, field_mod.Field.draw(np.random.default_rng(0)))
-    assert eps < 2.0**-20
+    # an output entry reads its row's 32 scores through E V and through the row sum, in each
+    # program: 128 exp atoms; C has two atoms per monomial, each may meet any of the other 127
+    assert (o_ref.ne, o_cand.ne, o_ref.an, o_ref.ad) == (64, 64, 1, 1)
+    fld = field_mod.Field.draw(np.random.default_rng(0))
+    eps = trial_bound(pr, pc, fld)
+    collisions = 2 * 127 * 2 / fld.q  # scores Q.K have degree 2
+    assert eps == pytest.approx((3 / fld.q + collisions) / (1 - 2 * 32 / fld.q), rel=1e-12)
 
 
 def test_degree_grows_for_sums_of_different_denominators():
@@ -362,8 +367,9 @@ def test_an_exp_arguments_unused_p_residue_is_never_computed(monkeypatch):
 
 def test_oracle_outputs_keep_q_residues():
     """rsqrt is an oracle atom with both residues, so a norm's output is exp-free and its p- and
-    q-residue tests multiply: what is left of the per-trial bound is the bad-prime term of the
-    oracle argument (two primes >= 2^23 could divide its 52-bit coefficients)."""
+    q-residue tests multiply: what is left of the per-trial bound is the chance that the two
+    programs' rsqrt atoms of a row are identified although their arguments differ (degree 2 mod
+    p). No bad-prime term: mean(x^2) + eps has dyadic coefficients, whose odd parts are small."""
     eps = Fraction(1, 2**20)
     x = _x(0, (4, 32))
     ref = _kg([x], [ex.rmsnorm(x, eps)])
@@ -373,8 +379,9 @@ def test_oracle_outputs_keep_q_residues():
     )
     pr, pc = analyse(ref), analyse(cand)
     assert pr.outputs[0].q and pc.outputs[0].q
-    eps = trial_bound(pr, pc, field_mod.Field.draw(np.random.default_rng(0)))
-    assert eps <= 2.1 / field_mod.Q_ELIGIBLE
+    fld = field_mod.Field.draw(np.random.default_rng(0))
+    eps = trial_bound(pr, pc, fld)
+    assert 2 / fld.p <= eps <= 2.001 / fld.p
     v = check_equivalent(ref, cand, seed=0)
     assert v.equivalent and v.trials <= 4
 

@@ -8,39 +8,103 @@ compares every output. Trials repeat until the product of per-trial bounds reach
 Derivation of the per-trial bound (computed by `trial_bound` from degree.analyse)
 --------------------------------------------------------------------------------------------
 Model. A program's entries are rational functions over Q in *atoms*: the inputs x, the exp
-results z_j = exp(u_j) and the oracle results o_k = F_k(w_k). Two programs are equivalent when
-every output is the same rational function of the atoms, where exp atoms with equal arguments
-are equal and exp(a)exp(b) = exp(a+b), and oracles with equal keys and arguments are equal.
-In the field an input is a uniform pair (x mod p, x mod q); exp(u) = g^(u mod q) lies in the
-order-q subgroup H of Z_p* and its q-residue is unknown; an oracle value is a uniform pair
-(o mod p, o mod q) drawn by hashing its argument's p-residue.
+results z = exp(u) and the oracle results o = F(w) (F a key: sqrt, erf, max, ...). Two programs
+are equivalent when every output is the same rational function of the atoms, where two atoms of
+one kind with formally equal arguments are one atom (and exp(a)exp(b) = exp(a+b); max is a
+function of the set of its flattened leaves, max{a} = a). In the field an input is a uniform
+pair (x mod p, x mod q); exp(u) = g^(u mod q) lies in the order-q subgroup H of Z_p* and its
+q-residue is unknown; an oracle value is a pair of hashes of its argument's p-residue (for max,
+of the set of its leaves' p-residues). The field *identifies* two atoms of one kind when their
+arguments agree at the sample (mod q for exp, as p-residues or leaf sets for oracles).
 
-Suppose A and B are not equivalent, and fix an output entry where they differ, A = N_A/D_A,
-B = N_B/D_B. A false accept at that entry needs one of these events:
- (1) C = N_A*D_B - N_B*D_A (nonzero, degree D = max(nA+dB, nB+dA) in the atoms, coefficients of
-     L1 norm <= 2^H after clearing the constants' denominators) vanishes at the sample.
-     - The prime may kill C: a nonzero coefficient |c| <= 2^H has at most H/log2(r_min) prime
-       factors >= r_min, and any given prime is drawn with probability <= 1/Q_ELIGIBLE
-       (field.py): bad(H) = floor(H / log2 r_min) / Q_ELIGIBLE.
-     - Otherwise Schwartz-Zippel over Z_p with every atom drawn from a set of size >= S gives
-       D/S, where S = q if the programs contain a true exp (exp atoms range over H, |H| = q),
-       else S = p.
- (2) Two formally different exp arguments u1 != u2 collide mod q, so the field identifies two
-     exp atoms that the model keeps apart. The exponent enters as a variable over Z_q: u_j is a
-     rational function of (x mod q, o mod q) of degree <= (n_u, d_u), and u1 - u2 = 0 is a zero
-     of a polynomial of degree <= n_u + d_u: probability (n_u + d_u)/q + bad(h_u) for q.
- (3) Two formally different oracle arguments collide mod p: (n_w + d_w)/S + bad(h_w) for p.
-As in Mirage's analysis of LAX programs, (2) and (3) are charged once per trial for the pair of
-arguments that distinguishes the programs; atoms with distinct arguments are then modelled as
-independent uniform values (exp: uniform on H, oracle: uniform pair). For programs without exp
-and oracles this is Schwartz-Zippel exactly; with them it is that idealisation.
-    eps_p = (D + deg_oracle_args)/S + deg_exp_args/q + bad_p(H) + bad_p(h_w) + bad_q(h_u)
+Fix an output entry where A and B differ, A = N_A/D_A, B = N_B/D_B. C = N_A*D_B - N_B*D_A is a
+nonzero polynomial of degree D = max(nA+dB, nB+dA), of degree D_a = max(anA+adB, anB+adA) in the
+atoms alone, in at most N_e = ne_A + ne_B exp atoms and N_o = no_A + no_B oracle atoms (degree.py
+counts per entry; an atom reached along two paths, or in both programs, is counted twice).
+
+Step 1, which collisions matter. Take a monomial m of C, coefficient c != 0. Identification
+merges atoms into classes and maps each monomial of C to a monomial in the classes. If no atom
+of m is identified with another atom of C, then (exponents being non-negative) m is the only
+monomial mapped to m's image, which keeps coefficient c: C stays nonzero. So C can only be made
+to vanish identically by one of the at most min(D_a, N_kind) atoms of m of a kind meeting one of
+the N_kind - 1 other atoms of its kind in C. The union runs over those pairs: not over all pairs
+in the programs (a collision between atoms C does not depend on cannot change C, nor one that
+leaves m's coefficient standing), and not once per trial, the old charge (for full-size gqa one
+output entry depends on 4096 scores per program: 8.4M pairs of arguments, where one charge of
+2/q ~ 2^-22 was made). With k_e, k_o the probabilities that two given formally different atoms
+are identified (step 2):
+    K = min(D_a, N_e) (N_e - 1) k_e + min(D_a, N_o) (N_o - 1) k_o   (or D_a max(..), if smaller)
+
+Step 2, one pair. Two exp atoms: their arguments u1 != u2 are rational functions over Z_q of the
+inputs' q-residues and of the q-residues of the oracle atoms inside them, and they agree where
+P = N1*D2 - N2*D1 (degree <= n_u + d_u) vanishes. Three ways:
+  - the prime divides every coefficient of P. A nonzero integer c has at most
+    floor(log2(odd part of c) / log2 r_min) prime factors >= r_min (the primes drawn are odd), and
+    a given prime is drawn with probability <= 1/Q_ELIGIBLE (field.py): bad(h) =
+    floor(h / log2 r_min) / Q_ELIGIBLE, h from degree.Height (float constants are dyadic, so the
+    odd parts are small where an L1 norm would not be). Per pair when P has a non-constant
+    coefficient (h = its odd part). When P is a constant the arguments differ by a constant;
+    every entry of one op's argument is one formula in its own variables and constants are
+    scalars, so that constant is a difference of the constant terms of two recorded argument
+    ops, and its primes are charged once per trial over the pairs of ops
+    (`Identification.constant`). Not with max: a max that is its leaf on some entries only
+    (max{a} = a on a diagonal) gives an op several constant terms, so then per pair too;
+  - nested oracle atoms are identified so that P vanishes identically: step 1 one level down,
+    at most min(an_u + ad_u, 2 no_u) designated atoms with 2 no_u - 1 partners each;
+  - otherwise P vanishes at uniform (x mod q, oracle q-residues): Schwartz-Zippel, (n_u+d_u)/q.
+    k_e = bad_q(h_u) + (n_u + d_u)/q + nested(k_o) + 2 no_u (q/2^64 + [k_w for max])
+Two oracle atoms of one key: their arguments are multisets (sets for max) of k elements (the
+arity; the flattened leaves for max). Take an element f whose multiplicity differs: unless f
+meets one of the other <= 2k - 1 elements of the two arguments, the hashed multisets differ, and
+the 64-bit sums of hashes of two different multisets of <= k values agree with probability
+<= k/2^64. One pair of elements is as above, with p-residues (exp atoms nested in an oracle
+argument are values in H, so S below):
+    k_w = bad_p(h_w) + (n_w + d_w)/S + nested(k_e, k_o) + 2 no_w (p/2^64 + [k_w for max])
+    k_o = (2k - 1) k_w + k/2^64
+Nested atoms are one level down: the recursion runs innermost first (degree.Deg.depth) with
+bounds that are maxima over the program (`identification`).
+
+Step 3, no collision. Given the identification pattern with C still nonzero mod p (bad_p(H): the
+prime divides c, H from the odd part of C's coefficients), C is a nonzero polynomial in the
+inputs and the classes of atoms, and Schwartz-Zippel gives D/S if those are independent uniform
+values, S = q if the programs contain a true exp (exp values lie in H, |H| = q), else S = p.
+Two more ways for a class not to be uniform are charged: a max whose leaves all agree at the
+sample is that leaf, not a hash (k_w per oracle atom), and a uniform 64-bit hash reduced mod p
+or q is within p/2^64 or q/2^64 of uniform (N_o (p + q)/2^64).
+    eps_p = D/S + K + N_o ((p + q)/2^64 + [k_w for max]) + constant + bad_p(H)
 If the differing output is exp-free in both programs, its q-residues are compared too. Given the
-p-side sample (x mod p, hence every oracle argument), its q-residue is a rational function of
-fresh uniform values (x mod q, o mod q), so the two Schwartz-Zippel events multiply:
-    eps_pq = (D/p)(D/q) + deg_oracle_args/S + bad_p(H) + bad_q(H) + bad_p(h_w)
+p-side sample (x mod p, hence every oracle argument and the identification pattern), its
+q-residue is a rational function of fresh uniform values (x mod q, o mod q), so the two
+Schwartz-Zippel events multiply:
+    eps_pq = (D/p)(D/q) + K + N_o (...) + constant + bad_p(H) + bad_q(H)
 and eps = min(eps_p, eps_pq). The differing entry is unknown, so a trial's bound is the maximum
 over outputs.
+
+Step 4, atoms in another form. For an atom a and a constant c, 1/(c + a) is a bijection of
+a's values (send the value -c, which the resampling below conditions away, to 0): for an oracle
+it is again a uniform random function of the argument, for exp a value in a set of q values.
+So degree.analyse also analyses each program with such 1/(c + a) taken as the atom
+(`Profile.inverted`): rsqrt's 1/sqrt(w), sigmoid's 1/(1 + exp(-x)). A per-row rsqrt or a
+per-key sigmoid then no longer puts one more denominator per row or key into C. This is valid
+only when every kind of atom (an oracle key, or exp) appears in one form in the pairs of steps
+1 and 2 (a and 1/(c + a) of one class satisfy a relation that can cancel monomials without a
+designated atom): `one_form`. Where it is valid, an output's bound is the smaller of the two.
+
+What is proved and what is assumed. Given two idealisations, everything above is proved (prime
+counting, Schwartz-Zippel, union bounds). They are:
+  (I1) exp: in step 3 (and in step 2 for exp atoms nested in oracle arguments) the classes of
+       exp atoms are treated as independent uniform elements of H. They are not: g^(u(x mod q))
+       is a fixed function of the inputs' q-residues and satisfies exp(a)exp(b) = exp(a+b)
+       exactly. It holds where the distinct arguments are jointly uniform mod q (attention: the
+       scores Q_i.K_j of one row, each linear in its own key column, given Q_i != 0); in general
+       it is the idealisation of Mirage's analysis. Argument collisions are not part of it:
+       steps 1 and 2 charge them in full.
+  (I2) oracles: the salted 64-bit hash (field.mix64) is treated as a random function.
+For a program pair with neither exp nor oracles the bound is Schwartz-Zippel and prime counting
+exactly. `assumptions` words what a bound rests on; `Verdict.heuristic` carries it.
+Consequence (docs/verification.md, The bound): with q < 2^24 an attention row of 4096 keys
+costs about 2^-7 per trial where the old charge claimed 2^-17, so full-size attention needs
+about 9 trials for 2^-60 instead of 4.
 
 Division. Inverses are kept as rational functions (N and D swap), so clearing denominators is
 the C above. A zero denominator makes the evaluator raise and the checker resample the inputs,
@@ -67,7 +131,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mlso_cli.ir.graph import KernelGraph
-from mlso_cli.verify.degree import Deg, Profile, analyse
+from mlso_cli.verify.degree import ArgBound, Deg, Profile, analyse, cleared
 from mlso_cli.verify.field import (
     K_CHOICES,
     Q_ELIGIBLE,
@@ -93,37 +157,162 @@ class Verdict:
     """False-accept probability bound for this verdict (0.0 for a rejection by a witness)."""
     trials: int
     detail: str
+    heuristic: str | None = None
+    """What `bound` assumes beyond proof, in words, for a caller to print ("bound assumes ..."):
+    the module docstring's idealisations (I1) and (I2) where the programs have exp or oracles;
+    None when the bound is a theorem or no bound is claimed (a witness, an interface mismatch)."""
 
 
 def _bad(height: float, log_min: float) -> float:
     return math.floor(height / log_min) / Q_ELIGIBLE if height > 0 else 0.0
 
 
-def trial_bound(pa: Profile, pb: Profile, fld: Field) -> float:
-    """Per-trial false-accept bound for programs with these degree profiles (module docstring)."""
+HASH_SPACE = 2.0**64
+"""Oracle hashes are 64-bit (field.mix64): sums of hashes and residues of hashes are charged
+against this (module docstring, steps 2 and 3)."""
+
+
+@dataclass(frozen=True)
+class Identification:
+    """Per-trial probabilities that the field identifies two formally different atoms of one
+    kind (module docstring, step 2): `exp` for two exp atoms, `oracle` for two oracle atoms of
+    one key, `element` for two elements (arguments, or max leaves) of oracle atoms; `constant`
+    is charged once per trial: the prime divides the difference of the constant terms of two
+    recorded argument ops (the only way two arguments that differ by a constant meet for
+    every input)."""
+
+    exp: float
+    oracle: float
+    element: float
+    constant: float
+
+
+def identification(pa: Profile, pb: Profile, fld: Field) -> Identification:
+    """kappa_e, kappa_o, kappa_w and the constant-term prime term of the module docstring,
+    innermost atoms first."""
     ex = pa.exp_args.merge(pb.exp_args)
     orc = pa.oracle_args.merge(pb.oracle_args)
     s = fld.q if (pa.has_exp or pb.has_exp) else fld.p
-    args_term = (
-        orc.degree / s
-        + ex.degree / fld.q
-        + _bad(orc.height, LOG_P_MIN)
-        + _bad(ex.height, LOG_Q_MIN)
-    )
-    worst = 0.0
+    sets = orc.sets
+    # a max that is its leaf on some entries only gives one op several constant terms: then the
+    # constant case is charged per pair like the rest
+    odd_e = max(ex.odd_rest, ex.odd_constant) if sets else ex.odd_rest
+    odd_w = max(orc.odd_rest, orc.odd_constant) if sets else orc.odd_rest
+    ke = ko = kw = 0.0
+    for _ in range(max(ex.depth, orc.depth) + 1):
+        e = _element(ex, odd_e, fld.q, fld.q, LOG_Q_MIN, ke, ko, kw, sets) if ex.count else 0.0
+        w = _element(orc, odd_w, s, fld.p, LOG_P_MIN, ke, ko, kw, sets) if orc.count else 0.0
+        o = (2 * orc.arity - 1) * w + orc.arity / HASH_SPACE if orc.count else 0.0
+        ke, ko, kw = min(1.0, e), min(1.0, o), min(1.0, w)
+    constant = 0.0
+    if not sets:
+        constant = _op_pairs(ex.count) * _bad(ex.odd_constant, LOG_Q_MIN)
+        constant += _op_pairs(orc.count) * _bad(orc.odd_constant, LOG_P_MIN)
+    return Identification(ke, ko, kw, min(1.0, constant))
+
+
+def _op_pairs(ops: int) -> int:
+    return ops * (ops - 1) // 2
+
+
+def _element(
+    ab: ArgBound,
+    odd: float,
+    size: int,
+    modulus: int,
+    log_min: float,
+    ke: float,
+    ko: float,
+    kw: float,
+    sets: bool,
+) -> float:
+    """Pr[two formally different argument elements of this kind coincide at the sample], given
+    the identification probabilities of the atoms nested inside them (one level down); `odd`
+    bounds the odd part of the coefficient whose primes are charged per pair."""
+    nested = designated_pairs(ab.an + ab.ad, 2 * ab.ne, 2 * ab.no, ke, ko)
+    loose = 2 * ab.no * (modulus / HASH_SPACE + (kw if sets else 0.0))
+    return _bad(odd, log_min) + ab.degree / size + nested + loose
+
+
+def designated_pairs(degree: int, n_exp: int, n_orc: int, ke: float, ko: float) -> float:
+    """Step 1's union: Pr[one of the atoms of a monomial (at most `degree` of them, and at
+    most as many of a kind as there are) is identified with another of its kind], with n_exp
+    exp atoms and n_orc oracle atoms to be identified with."""
+    de, do = min(degree, n_exp), min(degree, n_orc)
+    by_kind = de * max(n_exp - 1, 0) * ke + do * max(n_orc - 1, 0) * ko
+    worst = max(max(n_exp - 1, 0) * ke, max(n_orc - 1, 0) * ko)
+    return min(by_kind, degree * worst)
+
+
+def collision_term(a: Deg, b: Deg, ident: Identification, fld: Field, sets: bool) -> float:
+    """Pr[an atom of one monomial of the difference at an output entry is identified with
+    another atom of its kind that the entry depends on], plus the oracle atoms that are not
+    uniform values (module docstring, steps 1 and 3), for output records a (of A) and b (of B)."""
+    degree = max(a.an + b.ad, b.an + a.ad)
+    n_exp, n_orc = a.ne + b.ne, a.no + b.no
+    loose = n_orc * ((fld.p + fld.q) / HASH_SPACE + (ident.element if sets else 0.0))
+    return designated_pairs(degree, n_exp, n_orc, ident.exp, ident.oracle) + loose
+
+
+def trial_bound(pa: Profile, pb: Profile, fld: Field) -> float:
+    """Per-trial false-accept bound for programs with these degree profiles (module docstring):
+    per output the smaller of the plain analysis's bound and, where it applies, the bound with
+    1/(c + atom) as atoms (step 4); the largest over outputs."""
+    rho = 2 * (pa.risk + pb.risk) / fld.q
+    if rho >= 1:
+        return 1.0
+    per = _output_bounds(pa, pb, fld)
+    if pa.inverted is not None or pb.inverted is not None:
+        ia, ib = pa.inverted or pa, pb.inverted or pb
+        args = ia.exp_args.signs | ia.oracle_args.signs | ib.exp_args.signs | ib.oracle_args.signs
+        if one_form(args):
+            alt = _output_bounds(ia, ib, fld)
+            per = [
+                min(x, y) if one_form(a.signs | b.signs) else x
+                for x, y, a, b in zip(per, alt, ia.outputs, ib.outputs)
+            ]
+    return min(1.0, max(per, default=0.0) / (1 - rho))
+
+
+def one_form(signs: frozenset[tuple[str, str]]) -> bool:
+    """Every kind of atom in one form only (step 4)."""
+    return len({key for key, _ in signs}) == len(signs)
+
+
+def _output_bounds(pa: Profile, pb: Profile, fld: Field) -> list[float]:
+    """eps of the module docstring for each output, before the denominator conditioning."""
+    s = fld.q if (pa.has_exp or pb.has_exp) else fld.p
+    ident = identification(pa, pb, fld)
+    sets = pa.oracle_args.sets or pb.oracle_args.sets
+    out = []
     for a, b in zip(pa.outputs, pb.outputs):
         deg, height = _cleared(a, b)
-        eps = deg / s + args_term + _bad(height, LOG_P_MIN)
+        kill = collision_term(a, b, ident, fld, sets) + ident.constant
+        eps = deg / s + kill + _bad(height, LOG_P_MIN)
         if a.q and b.q:
-            both = (deg / fld.p) * (deg / fld.q) + orc.degree / s + _bad(orc.height, LOG_P_MIN)
+            both = (deg / fld.p) * (deg / fld.q) + kill
             eps = min(eps, both + _bad(height, LOG_P_MIN) + _bad(height, LOG_Q_MIN))
-        worst = max(worst, eps)
-    rho = 2 * (pa.risk + pb.risk) / fld.q
-    return 1.0 if rho >= 1 else min(1.0, worst / (1 - rho))
+        out.append(eps)
+    return out
+
+
+def assumptions(pa: Profile, pb: Profile) -> str | None:
+    """The idealisations the bound for these programs rests on, in words (None: none, the
+    bound is Schwartz-Zippel and prime counting only). Module docstring, "What is proved"."""
+    parts = []
+    if pa.has_exp or pb.has_exp:
+        parts.append(
+            "exp values of formally different arguments behave as independent uniform elements "
+            "of the order-q subgroup (collisions of the arguments are charged in full)"
+        )
+    if pa.oracle_args.count or pb.oracle_args.count:
+        parts.append("the salted 64-bit oracle hash (sqrt, erf, max, ...) is a random function")
+    return "; ".join(parts) or None
 
 
 def _cleared(a: Deg, b: Deg) -> tuple[int, float]:
-    return max(a.n + b.d, b.n + a.d), max(a.hn + b.hd, b.hn + a.hd) + 1
+    """Degree of N_A*D_B - N_B*D_A, and log2 of a bound on the odd part of its coefficients."""
+    return max(a.n + b.d, b.n + a.d), cleared(a.hN, a.hD, b.hN, b.hD).odd
 
 
 def interface_mismatch(a: KernelGraph, b: KernelGraph) -> str | None:
@@ -186,6 +375,7 @@ def check_equivalent(
     if why:
         return Verdict(False, 0.0, 0, why)
     pa, pb = analyse(a), analyse(b)
+    assumes = assumptions(pa, pb)
     target = target_bound / (runs_so_far * (runs_so_far + 1))
     rng = np.random.default_rng(seed)
     bound, trials, redraws = 1.0, 0, 0
@@ -196,6 +386,7 @@ def check_equivalent(
                 bound,
                 trials,
                 f"bound {bound:.3g} did not reach {target:.3g} in {trials} trials",
+                assumes,
             )
         fld = Field.draw(rng)
         eps = trial_bound(pa, pb, fld)
@@ -216,8 +407,10 @@ def check_equivalent(
                 False,
                 1.0,
                 trials,
-                "agreed, but the degree is too high for a useful bound "
-                f"(per-trial bound {eps:.3g}); not accepted",
+                "agreed, but there is no useful bound: the per-trial bound is 1 (too high a "
+                "degree, too many atoms or too large coefficients for these primes); "
+                "not accepted",
+                assumes,
             )
         bound *= eps
     return Verdict(
@@ -226,4 +419,5 @@ def check_equivalent(
         trials,
         f"{trials} trials agreed; per-trial bound {eps:.3g}, "
         f"false-accept bound {bound:.3g} <= {target:.3g}",
+        assumes,
     )
