@@ -272,6 +272,10 @@ def verify_cmd(
             "A and B have different graph inputs",
             f"A: {[(n, s) for n, s, _ in specs_a]}; B: {[(n, s) for n, s, _ in specs_b]}",
         )
+    from mlso_cli.package import check_input_shapes
+
+    # B was optimized for fixed shapes: say so in mlso's words before the checks trip on them
+    check_input_shapes(b, {n: s for n, s, _ in specs_a}, model_b)
     outs_a = [o.name for o in a.graph.output]
     if outs_a != [o.name for o in b.graph.output]:
         raise VerificationFailed("A and B have different graph outputs")
@@ -356,6 +360,7 @@ def verify_cmd(
         "kernels": len(kernel_rows),
         "kernels_equivalent": sum(k["equivalent"] for k in kernel_rows),
         "false_accept_bound": sum(k["bound"] for k in kernel_rows) if kernel_rows else None,
+        "bound_assumes": sorted({k["assumes"] for k in kernel_rows if k.get("assumes")}),
         "seed": seed,
         "binaries_checked": sum(c["binary"] is True for c in chain_rows),
         "binaries_trusted": sum(c["binary"] == "not checked" for c in chain_rows),
@@ -492,6 +497,8 @@ def field_check_kernels(model: onnx.ModelProto, kernels: list, seed: int) -> lis
             trials=verdict.trials,
             detail=verdict.detail,
         )
+        if verdict.heuristic:
+            row["assumes"] = verdict.heuristic
         if verdict.equivalent:
             _float_check(row, reference, program, seed)
     return rows
@@ -639,6 +646,8 @@ def _check_rows(
             float_text = kr.get("float_check", "")
             if kr["equivalent"] or float_text.startswith("FAILED"):
                 field_text = f"ok: false-accept bound {kr['bound']:.2e} in {kr['trials']} trials"
+                if kr.get("assumes"):
+                    field_text += f"; the bound assumes {kr['assumes']}"
             else:
                 field_text = f"FAILED: {kr['detail']}"
                 float_text = "not run: the field check failed"

@@ -371,6 +371,7 @@ def search(
     lifted = program_cost(target)
     candidates: list[Candidate] = [Candidate(target, lifted.us, lifted.launches, 0.0)]
     bound, runs, verified = 0.0, 0, 0
+    assumes: set[str] = set()
     for f in found[:FULL_CHECKS]:
         if f.estimate_us >= lifted.us:
             break
@@ -381,15 +382,23 @@ def search(
             continue
         verified += 1
         bound += verdict.bound
+        if verdict.heuristic:
+            assumes.add(verdict.heuristic)
         candidates.append(Candidate(kg, f.estimate_us, f.launches, verdict.bound))
     candidates.sort(key=lambda c: (c.estimate_us, c.kernels))
     partial = any(ex.partial for ex in done)
     notes = (
-        f"{len(sigs)} signatures, {sum(len(ex.found) for ex in done)} structures sized, "
-        f"{sum(ex.filtered for ex in done)} rejected at reduced shapes, "
-        f"{sum(ex.duplicates for ex in done)} duplicate values",
-    ) + tuple(
-        f"signature {ex.sig}: internal error, skipped ({ex.error[:200]})" for ex in done if ex.error
+        (
+            f"{len(sigs)} signatures, {sum(len(ex.found) for ex in done)} structures sized, "
+            f"{sum(ex.filtered for ex in done)} rejected at reduced shapes, "
+            f"{sum(ex.duplicates for ex in done)} duplicate values",
+        )
+        + tuple(
+            f"signature {ex.sig}: internal error, skipped ({ex.error[:200]})"
+            for ex in done
+            if ex.error
+        )
+        + tuple(f"the verification bound assumes {a}" for a in sorted(assumes))
     )
     if progress is not None:
         progress(
