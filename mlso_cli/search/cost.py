@@ -197,11 +197,45 @@ def block_graph_time(gd: Node, nbytes: int, flops: int, tensor: bool, hw: Hardwa
         share_flops = min(share_flops, threads // 32 * hw.warp_flops)
     per_block_bytes, per_block_flops = (nbytes + _element_path_penalty(gd)) / blocks, flops / blocks
     steps = max(bg.loop, 1)
-    step = max(
-        hw.step_latency_s, per_block_bytes / steps / share_bw, per_block_flops / steps / share_flops
+    parts = (
+        per_block_bytes / steps / share_bw,
+        per_block_flops / steps / share_flops,
+        _mma_chain_s(gd, threads // 32, hw) / steps if tensor else 0.0,
     )
+    if steps == 1 and per_sm == 1:
+        # one resident block per SM and no loop: nothing overlaps its tile loads with its
+        # compute (the pipeline stages overlap steps, other resident blocks overlap blocks)
+        step = max(hw.step_latency_s, sum(parts))
+    else:
+        step = max(hw.step_latency_s, *parts)
     step += 0.0 if layout.register_path else hw.smem_step_s
     return waves * (hw.pre_latency_s + steps * step) + hw.launch_s
+
+
+MMA_TILE = (16, 8, 16)
+"""M, N, K of one mma.sync (m16n8k16): a tensor-core matmul is done in whole tiles."""
+
+
+def _mma_chain_s(gd: Node, warps: int, hw: Hardware) -> float:
+    """Time of one block's tensor-core work when it is bound by the mma.sync chains: each matmul's
+    work in whole m16n8k16 tiles (a 2-row operand still costs 16 rows), spread over at most one
+    warp per output tile, each warp at `warp_flops`. Why: the flop count alone misses both. A
+    block that multiplies 2 rows by a 4096 x 8 weight tile has one output tile, so one warp runs
+    256 dependent mma steps (measured: layernorm_linear's loop-free program, 16 µs per wave of
+    such blocks, where the flop share said 3 µs). Loop-phase matmuls count once per step."""
+    bg = gd.arg
+    tm, tn, tk = MMA_TILE
+    total = 0.0
+    for n in bg.nodes():
+        if n.op is not Op.MATMUL and n.op is not Op.ACC_EXP_WSUM:
+            continue
+        *batch, m, cols = n.shape
+        k = n.src[0].shape[-1]
+        tiles = math.prod(batch) * -(-m // tm) * -(-cols // tn)
+        padded = 2 * tiles * tm * tn * (-(-k // tk) * tk)
+        times = bg.loop if (n.phase is Phase.LOOP or n.op is Op.ACC_EXP_WSUM) else 1
+        total += times * padded / (max(1, min(warps, tiles)) * hw.warp_flops)
+    return total
 
 
 def _input_reads(gd: Node):
@@ -232,17 +266,30 @@ def _block_graph_traffic(gd: Node) -> tuple[int, int]:
     return read + written, flops
 
 
+DRAM_BURST = 64
+"""Bytes DRAM moves per access (two 32-byte sectors): a strided tile row narrower than this
+costs as much as this."""
+
+
 def _element_path_penalty(gd: Node) -> int:
-    """Extra bytes to charge for input tiles codegen cannot copy in 16-byte chunks (a tile row or
-    a source row that is not a multiple of 16 bytes): it loads those one element at a time,
-    synchronously, so each element costs about a 16-byte transaction. Measured on the H200: an
-    rmsnorm_linear program with 12-column weight tiles ran 136 µs where the model said 27 µs
-    (benchmarks/RESULTS.md, "cost model calibration")."""
+    """Extra bytes to charge for input tiles that DRAM or codegen's copies move inefficiently.
+    - Tiles codegen cannot copy in 16-byte chunks (a tile row or a source row that is not a
+      multiple of 16 bytes): it loads those one element at a time, synchronously, so each element
+      costs about a 16-byte transaction. Measured on the H200: an rmsnorm_linear program with
+      12-column weight tiles ran 136 µs where the model said 27 µs (benchmarks/RESULTS.md, "cost
+      model calibration").
+    - Strided tiles whose rows are narrower than a DRAM burst (an 8-column fp16 weight tile: 16
+      bytes of every 8 KB row) pay the whole burst per row. Measured: layernorm_linear's program
+      with such tiles moved its weight at about a quarter of DRAM bandwidth."""
     extra = 0
     for src, tile, nbytes in _input_reads(gd):
         vec = max(1, 16 // src.dtype.itemsize)
         if not (tile and tile[-1] % vec == 0 and src.shape[-1] % vec == 0):
             extra += nbytes * (vec - 1)
+            continue
+        row = tile[-1] * src.dtype.itemsize
+        if len(tile) >= 2 and tile[-1] < src.shape[-1] and row < DRAM_BURST:
+            extra += nbytes * (DRAM_BURST // row - 1)
     return extra
 
 
