@@ -26,7 +26,7 @@ from mlso_cli.runtime.plan import DTYPE_OF_ONNX, DeclaredType, PlanProblem, pars
 MLSO_DOMAIN = "ai.mlso"
 MLSO_OP = "MlsoKernel"
 ATTRIBUTES = ("plan", "binary_sha256", "ugraph", "source_sha256")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")  # \Z: $ would also take a final newline
 _FIX = "Re-run `mlso optimize` on the original model; do not edit MlsoKernel nodes by hand"
 
 
@@ -173,7 +173,9 @@ def check_one(
         raise _tampered(label, f"attribute 'plan' {e}") from None
     try:
         json.loads(attrs["ugraph"])
-    except (json.JSONDecodeError, RecursionError) as e:
+    # ValueError, not only JSONDecodeError: an integer of more than 4300 digits raises a plain
+    # ValueError (int_max_str_digits), which would escape as a traceback, not a refusal.
+    except (ValueError, RecursionError) as e:
         raise _tampered(label, f"attribute 'ugraph' is not valid JSON ({e})") from None
     recorded = attrs["binary_sha256"].lower()
     if not _HEX64.match(recorded):

@@ -64,8 +64,9 @@ _KEY_ORDER = [
     "args",
 ]
 _RANK = {k: i for i, k in enumerate(_KEY_ORDER)}
-_TARGET = re.compile(r"^(sm|compute)_[0-9]+[a-z]?$")
-_KERNEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,1023}$")
+# \Z, not $: $ also matches before a final newline, so "sm_90a\n" would pass here and fail in C++.
+_TARGET = re.compile(r"^(sm|compute)_[0-9]+[a-z]?\Z")
+_KERNEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,1023}\Z")
 
 GRID_MAX = (2**31 - 1, 65535, 65535)
 """CUDA's grid limits (x, y, z) on every architecture mlso targets."""
@@ -361,6 +362,18 @@ def _json_problem(value: Any) -> str:
     return ""
 
 
+def _parse_int(lexeme: str) -> int | float:
+    """A JSON integer as csrc/mlso_json.h reads it: an int when it fits in int64, else a float
+    (which no rule accepts). Why: int() refuses literals of more than 4300 digits (Python's
+    int_max_str_digits), which would make a plan invalid JSON here but a plain rule violation
+    (e.g. "version") in C++."""
+    if len(lexeme) <= 20:
+        value = int(lexeme)
+        if -(2**63) <= value < 2**63:
+            return value
+    return float(lexeme)
+
+
 def parse_plan(
     text: str,
     n_inputs: int | None = None,
@@ -370,7 +383,12 @@ def parse_plan(
     """JSON text -> validated plan dict; raises PlanProblem. Keyword arguments go to
     validate_plan (declared_inputs, declared_outputs, kernels)."""
     try:
-        plan = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        plan = json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_no_constant,
+            parse_int=_parse_int,
+        )
     except (json.JSONDecodeError, RecursionError, ValueError) as e:
         raise PlanProblem(f"is not valid JSON ({e})", "json") from None
     problem = _json_problem(plan)

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -107,7 +108,25 @@ class Parser {
     return fail(std::string("unexpected character '") + c + "'");
   }
 
+  // Whether `key` is not yet a field of obj. Why a hash set past a few fields: a scan per key
+  // is quadratic, and a hostile plan can hold one object of a million keys (seconds to hours).
+  static bool new_key(const Value& obj, const std::string& key,
+                      std::unordered_set<std::string>* seen) {
+    constexpr size_t kScanMax = 16;
+    if (obj.fields.size() < kScanMax) {
+      for (const auto& f : obj.fields) {
+        if (f.first == key) return false;
+      }
+      return true;
+    }
+    if (seen->empty()) {
+      for (const auto& f : obj.fields) seen->insert(f.first);
+    }
+    return seen->insert(key).second;
+  }
+
   bool object(Value* out, int depth) {
+    std::unordered_set<std::string> seen;  // filled only for objects of kScanMax fields or more
     out->kind = Value::Object;
     ++p_;  // {
     skip_ws();
@@ -126,9 +145,7 @@ class Parser {
       skip_ws();
       Value v;
       if (!value(&v, depth + 1)) return false;
-      for (const auto& f : out->fields) {
-        if (f.first == key) return fail("duplicate key \"" + key + "\"");
-      }
+      if (!new_key(*out, key, &seen)) return fail("duplicate key \"" + key + "\"");
       out->fields.emplace_back(std::move(key), std::move(v));
       skip_ws();
       if (p_ == end_) return fail("unexpected end of JSON in an object");
@@ -209,13 +226,49 @@ class Parser {
     return true;
   }
 
+  // Copies one well-formed UTF-8 sequence (Unicode Table 3-7: no overlong forms, no
+  // surrogates, nothing above U+10FFFF) from p_ to out. Why: RFC 8259 text is UTF-8, the Python
+  // side decodes the attribute strictly, and both must refuse the same bytes.
+  bool utf8(std::string* out) {
+    const unsigned char b0 = static_cast<unsigned char>(*p_);
+    int n = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte
+    if (b0 >= 0xC2 && b0 <= 0xDF) {
+      n = 1;
+    } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+      n = 2;
+      if (b0 == 0xE0) lo = 0xA0;
+      if (b0 == 0xED) hi = 0x9F;
+    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+      n = 3;
+      if (b0 == 0xF0) lo = 0x90;
+      if (b0 == 0xF4) hi = 0x8F;
+    } else {
+      return false;
+    }
+    if (end_ - p_ <= n) return false;
+    for (int k = 1; k <= n; ++k) {
+      const unsigned char b = static_cast<unsigned char>(p_[k]);
+      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return false;
+    }
+    out->append(p_, static_cast<size_t>(n) + 1);
+    p_ += n + 1;
+    return true;
+  }
+
   bool string(std::string* out) {
     ++p_;  // opening quote
     for (;;) {
       if (p_ == end_) return fail("unterminated string");
       char c = *p_++;
       if (c == '"') return true;
-      if (static_cast<unsigned char>(c) < 0x20) return fail("control character in a string");
+      unsigned char u = static_cast<unsigned char>(c);
+      if (u < 0x20) return fail("control character in a string");
+      if (u >= 0x80) {
+        --p_;
+        if (!utf8(out)) return fail("invalid UTF-8 in a string");
+        continue;
+      }
       if (c != '\\') {
         out->push_back(c);
         continue;
