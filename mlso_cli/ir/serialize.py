@@ -139,7 +139,15 @@ def dumps(kg: KernelGraph) -> str:
 
 
 def loads(text: str) -> KernelGraph:
+    """The μGraph in `text`; SchemaError (one line) for anything that is not one.
+
+    Why ValueError and RecursionError, not only JSONDecodeError: the text comes from a model
+    file, and an integer of more than 4300 digits raises a plain ValueError (Python's
+    int_max_str_digits) and deep nesting a RecursionError; both escaped as tracebacks."""
     try:
-        return from_dict(json.loads(text))
-    except json.JSONDecodeError as exc:
-        raise SchemaError(f"μGraph JSON does not parse: {exc}") from None
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise SchemaError(f"μGraph JSON does not parse: {str(exc)[:200]}") from None
+    if not isinstance(data, dict):
+        raise SchemaError(f"μGraph JSON is a {type(data).__name__}, not an object")
+    return from_dict(data)

@@ -89,7 +89,9 @@ def regions_in(
             continue
         try:
             plan = json.loads(_attr(node, "plan"))
-        except (json.JSONDecodeError, RecursionError):
+        # ValueError, not only JSONDecodeError: an integer of more than 4300 digits raises a
+        # plain ValueError (int_max_str_digits); unparsable plans are described as None here
+        except (ValueError, RecursionError):
             plan = None
         binary = None
         binary_name = node.input[0] if node.input else ""
