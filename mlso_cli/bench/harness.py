@@ -20,6 +20,10 @@ from onnx import helper
 
 from mlso_cli.verify.reference64 import input_specs
 
+PLAIN = "plain"
+CUDA_GRAPH = "cuda-graph"
+"""The two ways ONNX Runtime serves a model on the CUDA EP (`optimize --serve`, `bench --mode`)."""
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -179,6 +183,37 @@ def kernel_model(
     )
 
 
+def _time_modes(
+    sub: onnx.ModelProto, gpu: int, repeats: int, iters: int
+) -> dict[str, Timing | None]:
+    """`sub` in ONNX Runtime on the CUDA EP, plain and under ORT's CUDA graph, keyed by the mode
+    names `optimize --serve` takes ("plain", "cuda-graph"). A plain run that fails raises; a
+    graph that cannot be captured (a node off the CUDA EP) is None.
+
+    Why both, each kept: the select stage decides by the mode the model will be served in
+    (`optimize --serve`), and reports the other for calibration."""
+    from mlso_cli import runtime
+
+    out: dict[str, Timing | None] = {}
+    for mode, graph in ((PLAIN, False), (CUDA_GRAPH, True)):
+        opts = {"device_id": gpu, "enable_cuda_graph": "1" if graph else "0"}
+        try:
+            sess = runtime.session(
+                sub.SerializeToString(), providers=[("CUDAExecutionProvider", opts)]
+            )
+            out[mode] = time_session(sess, random_feeds(sub), gpu, repeats=repeats, iters=iters)
+        except Exception:  # noqa: BLE001 - a graph ORT cannot capture: no figure in that mode
+            if not graph:
+                raise
+            out[mode] = None
+    return out
+
+
+def _faster(times: dict[str, Timing | None]) -> Timing | None:
+    got = [t for t in times.values() if t is not None]
+    return min(got, key=lambda t: t.median_us) if got else None
+
+
 def _time_in_ort(sub: onnx.ModelProto, gpu: int, repeats: int, iters: int) -> Timing:
     """`sub` in ONNX Runtime on the CUDA EP, plain and under ORT's CUDA graph: the faster.
 
@@ -187,24 +222,8 @@ def _time_in_ort(sub: onnx.ModelProto, gpu: int, repeats: int, iters: int) -> Ti
     region judged against its plain time only (groupnorm_linear at bs 1: 65.5 µs plain, the
     whole model 32.5 µs under a graph) was packaged at a measured 1.02x and made the served
     model 2.2x slower. A model whose graph cannot be captured (a node off the CUDA EP) keeps
-    its plain time."""
-    from mlso_cli import runtime
-
-    best = None
-    for graph in (False, True):
-        opts = {"device_id": gpu, "enable_cuda_graph": "1" if graph else "0"}
-        try:
-            sess = runtime.session(
-                sub.SerializeToString(), providers=[("CUDAExecutionProvider", opts)]
-            )
-            t = time_session(sess, random_feeds(sub), gpu, repeats=repeats, iters=iters)
-        except Exception:  # noqa: BLE001 - a graph ORT cannot capture: the plain time stands
-            if not graph:
-                raise
-            continue
-        if best is None or t.median_us < best.median_us:
-            best = t
-    return best
+    its plain time. (`optimize --serve` now decides by one named mode: `_time_modes`.)"""
+    return _faster(_time_modes(sub, gpu, repeats, iters))
 
 
 @dataclass(frozen=True)
@@ -220,6 +239,31 @@ class RegionTiming:
     """The region's MlsoKernel node alone in ONNX Runtime (the faster of plain and CUDA graph):
     the program plus what the custom op costs inside ORT (8-11 µs per region under CUDA graphs
     on the H200, measured 2026-12-02). None when it could not be timed."""
+    orig_plain_us: float | None = None
+    """The original nodes in plain ORT runs (None: not timed per mode, e.g. a test's timer)."""
+    orig_graph_us: float | None = None
+    """The original nodes replayed by ORT's CUDA graph (None: not capturable, or not timed)."""
+    served_plain_us: float | None = None
+    """The MlsoKernel node alone, one plain ORT call per run (None: could not be timed)."""
+    served_graph_us: float | None = None
+    """The MlsoKernel node alone under ORT's CUDA graph (None: not capturable, or not timed).
+
+    Why the four figures: a region is served in one mode, and the faster-of-two figures above
+    compare unlike things (a region fastest plain against a program fastest under a graph);
+    `optimize --serve MODE` compares the two sides in MODE only."""
+
+    @property
+    def per_mode(self) -> bool:
+        """Whether the per-mode figures were measured (the harness always does)."""
+        return any(
+            x is not None
+            for x in (
+                self.orig_plain_us,
+                self.orig_graph_us,
+                self.served_plain_us,
+                self.served_graph_us,
+            )
+        )
 
     @property
     def cost_us(self) -> float:
@@ -241,18 +285,29 @@ def time_regions(
     out = []
     infos = _value_infos(model)
     for checked in runtime.check_model(model):
-        t_orig = _time_in_ort(region_model(model, checked.node, infos), gpu, repeats, iters)
+        orig = _time_modes(region_model(model, checked.node, infos), gpu, repeats, iters)
         try:
-            served = _time_in_ort(
-                kernel_model(model, checked.node, infos), gpu, repeats, iters
-            ).median_us
+            served = _time_modes(kernel_model(model, checked.node, infos), gpu, repeats, iters)
         except Exception:  # noqa: BLE001 - the program's own time still stands
-            served = None
+            served = {PLAIN: None, CUDA_GRAPH: None}
         with Program(checked.binary, checked.plan, device=gpu) as prog:
             t_fast = prog.time(warmup=10, repeats=repeats, iters=iters)
+        fastest = _faster(served)
         out.append(
             RegionTiming(
-                checked.node.name, checked.overload, t_orig.median_us, t_fast.median_us, served
+                checked.node.name,
+                checked.overload,
+                _faster(orig).median_us,
+                t_fast.median_us,
+                None if fastest is None else fastest.median_us,
+                orig_plain_us=_us(orig[PLAIN]),
+                orig_graph_us=_us(orig[CUDA_GRAPH]),
+                served_plain_us=_us(served[PLAIN]),
+                served_graph_us=_us(served[CUDA_GRAPH]),
             )
         )
     return out
+
+
+def _us(t: Timing | None) -> float | None:
+    return None if t is None else t.median_us

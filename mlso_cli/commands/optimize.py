@@ -17,7 +17,17 @@ from mlso_cli.commands.options import input_shape_option, json_option
 from mlso_cli.console import chatty, stderr
 from mlso_cli.errors import InputError, UsageError
 from mlso_cli.frontend.load import parse_input_shapes
-from mlso_cli.pipeline import Listener, Outcome, PipelineOptions, RegionReport, Searched, optimize
+from mlso_cli.pipeline import (
+    CUDA_GRAPH,
+    SERVE_MODES,
+    Listener,
+    ModelCheck,
+    Outcome,
+    PipelineOptions,
+    RegionReport,
+    Searched,
+    optimize,
+)
 from mlso_cli.search.api import SearchOptions, SearchProgress
 
 
@@ -98,7 +108,16 @@ def _check_numbers(
     "--gpu",
     type=int,
     default=None,
-    help="Time the best candidates on this GPU; the never-slower rule then uses the measurement.",
+    help="Time the best candidates on this GPU; the never-slower rule then uses the measurement, "
+    "and the whole rewritten model is checked against the original.",
+)
+@click.option(
+    "--serve",
+    type=click.Choice(SERVE_MODES),
+    default=CUDA_GRAPH,
+    show_default=True,
+    help="How the model will be served in ONNX Runtime: replayed by its CUDA graph, or plain "
+    "runs. The never-slower rule compares both sides in this mode only.",
 )
 @click.option(
     "--budget",
@@ -139,6 +158,7 @@ def optimize_cmd(
     seed,
     force,
     gpu,
+    serve,
     budget,
     max_states,
     jobs,
@@ -163,6 +183,7 @@ def optimize_cmd(
         gpu=gpu,
         top_k=top_k,
         use_cache=not no_cache,
+        serve=serve,
     )
     with _Display() as display:
         outcome = optimize(
@@ -248,11 +269,18 @@ def _region_row(rep: RegionReport) -> dict:
         "region": c.region,
         "label": c.label,
         "packaged": c.packaged,
+        "serve": c.serve,
+        "measured": c.measured,
         "us_before": round(c.before_us, 3),
         "us_after": round(c.after_us, 3),
         "speedup": round(c.speedup, 3),
+        "program_us": _r(c.program_us),
+        "timed": {
+            m.mode: {"orig_us": _r(m.orig_us), "served_us": _r(m.served_us)} for m in c.modes
+        },
         "kernels": c.kernels,
         "estimate_us": round(c.estimate_us, 3),
+        "onnx_estimate_us": _r(c.onnx_estimate_us),
         "why": c.why,
         "searched": s.searched,
         "cached": s.cached,
@@ -265,6 +293,26 @@ def _region_row(rep: RegionReport) -> dict:
         "bound": r.bound,
         "notes": list(r.notes),
         "hash": s.region_hash,
+    }
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def _check_row(check: ModelCheck | None) -> dict | None:
+    if check is None:
+        return None
+    return {
+        "mode": check.mode,
+        "ran": check.ran,
+        "rewritten_kept": check.rewritten_kept,
+        "orig_us": _r(check.orig_us),
+        "rewritten_us": _r(check.rewritten_us),
+        "speedup": _r(check.speedup),
+        "speedup_iqr": None if check.speedup_iqr is None else [_r(x) for x in check.speedup_iqr],
+        "rounds": check.rounds,
+        "why": check.why,
     }
 
 
@@ -282,6 +330,8 @@ def _report(outcome: Outcome, out: str | None, as_json: bool) -> None:
                     "bound": outcome.bound,
                     "searched": sum(r.searched.searched for r in outcome.regions),
                     "cached": sum(r.searched.cached for r in outcome.regions),
+                    "serve": outcome.serve,
+                    "model_check": _check_row(outcome.check),
                 }
             )
         )
@@ -303,4 +353,7 @@ def _report(outcome: Outcome, out: str | None, as_json: bool) -> None:
                 "mlso kernel" if c.packaged else c.why,
             )
         stderr().print(t)
+        stderr().print(f"served as: {outcome.serve}")
+        if outcome.check is not None:
+            stderr().print(outcome.check.why)
         stderr().print(f"verification bound of the run: {outcome.bound:.3g}")

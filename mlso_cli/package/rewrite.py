@@ -40,6 +40,11 @@ META_TARGETS = "mlso.targets"
 META_SEED = "mlso.seed"
 META_BOUND = "mlso.verification_bound"
 META_EXECUTABLE = "mlso.executable_code"
+META_SERVE = "mlso.serve"
+"""How `optimize` was told the model will be served ("cuda-graph" or "plain"): the never-slower
+rule decided in that mode, so the model is only known not to be slower in it."""
+META_MODEL_CHECK = "mlso.model_check"
+"""With `optimize --gpu`: the whole-model check's verdict, one sentence (absent when none ran)."""
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _BUG_FIX = "This is a bug in mlso's pipeline; please report it with the model"
 

@@ -19,6 +19,15 @@ from mlso_cli.search.api import Candidate, SearchOptions, SearchProgress, Search
 NO_SEARCH = "no search: "
 """Prefix of the note a result carries when no search ran for its region (see `ran_search`)."""
 
+CUDA_GRAPH = "cuda-graph"
+PLAIN = "plain"
+SERVE_MODES = (CUDA_GRAPH, PLAIN)
+"""How the optimized model will be served in ONNX Runtime on the CUDA EP (`optimize --serve`):
+replayed by ORT's CUDA graph, or one plain `run` call per inference. The never-slower rule
+compares both sides in this mode only: a region can win in one and lose in the other (ORT pays
+about 6 µs per node plain and little under a graph; the MlsoKernel node costs 8-11 µs more
+than its program under a graph)."""
+
 
 @dataclass(frozen=True)
 class PipelineOptions:
@@ -36,6 +45,15 @@ class PipelineOptions:
     cache_dir: Path | None = None
     """Search-result cache folder; None: `<MLSO_CACHE_DIR>/search`."""
     use_cache: bool = True
+    serve: str = CUDA_GRAPH
+    """The deployment mode the never-slower rule decides by (SERVE_MODES)."""
+    check_rounds: int = 15
+    check_iters: int = 50
+    """With a GPU: rounds and calls per round of the whole-model check (`mlso bench`'s defaults)."""
+
+    def __post_init__(self) -> None:
+        if self.serve not in SERVE_MODES:
+            raise ValueError(f"serve must be one of {', '.join(SERVE_MODES)}, not {self.serve!r}")
 
 
 @dataclass(frozen=True)
@@ -68,6 +86,16 @@ class Searched:
 
 
 @dataclass(frozen=True)
+class ModeTimes:
+    """One serving mode's measurement of a region: its original nodes and its MlsoKernel node
+    alone, each in ONNX Runtime (None: could not run in that mode)."""
+
+    mode: str
+    orig_us: float | None
+    served_us: float | None
+
+
+@dataclass(frozen=True)
 class Choice:
     """The select stage's verdict for one region."""
 
@@ -84,6 +112,16 @@ class Choice:
     measured: bool
     packaged: bool
     why: str
+    serve: str = CUDA_GRAPH
+    """The mode `before_us` and `after_us` are for (see SERVE_MODES)."""
+    program_us: float | None = None
+    """Measured: the chosen program alone by CUDA-graph replay, without ONNX Runtime."""
+    modes: tuple[ModeTimes, ...] = ()
+    """Measured: the chosen candidate's trial in every mode, the one not decided by included
+    (the data a calibration of the cost model needs)."""
+    onnx_estimate_us: float | None = None
+    """The cost model's figure for the original region (`onnx_region_cost`, plain ONNX Runtime),
+    kept beside any measurement for calibration."""
 
     @property
     def speedup(self) -> float:
@@ -99,6 +137,30 @@ class RegionReport:
 
 
 @dataclass(frozen=True)
+class ModelCheck:
+    """The whole-model check of a run with a GPU: the rewritten model against the original, both
+    whole, interleaved, in the serving mode (pipeline/wholemodel.py states the rule)."""
+
+    serve: str
+    """The mode the user named."""
+    mode: str
+    """The mode timed: `serve`, or plain when the original model cannot run under a CUDA graph."""
+    ran: bool
+    """Whether both models were timed (False: the original could not run; the region
+    measurements then decided alone)."""
+    rewritten_kept: bool
+    """Whether the rewritten model is the output (False: the original regions were written back)."""
+    why: str
+    orig_us: float | None = None
+    rewritten_us: float | None = None
+    """Medians over the rounds of each model's per-call time."""
+    speedup: float | None = None
+    speedup_iqr: tuple[float, float] | None = None
+    """Median and quartiles of the per-round ratios original / rewritten (> 1: faster)."""
+    rounds: int = 0
+
+
+@dataclass(frozen=True)
 class Outcome:
     """The whole run. `model` is None for a dry run (nothing was compiled or packaged)."""
 
@@ -106,6 +168,9 @@ class Outcome:
     model: onnx.ModelProto | None
     bound: float
     """Union bound over every verification in the run: the model's mlso.verification_bound."""
+    serve: str = CUDA_GRAPH
+    check: ModelCheck | None = None
+    """The whole-model check; None without a GPU, for a dry run, or when no region was packaged."""
 
     @property
     def packaged(self) -> int:

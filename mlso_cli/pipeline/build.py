@@ -7,7 +7,7 @@ keeps its own content-hash cache across runs).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import onnx
 
@@ -50,13 +50,27 @@ def package(
     targets: tuple[str, ...],
     seed: int,
     bound: float,
+    extra: Mapping[str, str] | None = None,
 ) -> onnx.ModelProto:
     """The input model with each (region, program) replaced by an MlsoKernel node, and mlso's
-    metadata: `bound` is the run's verification bound (mlso.verification_bound)."""
+    metadata: `bound` is the run's verification bound (mlso.verification_bound); `extra` adds
+    keys (mlso.serve)."""
     from mlso_cli.package import standard_metadata
     from mlso_cli.package.assemble import assemble
 
     model = onnx.ModelProto()
     model.CopyFrom(with_weights(loaded))
     meta = standard_metadata(targets=targets, seed=seed, verification_bound=bound)
+    meta.update(extra or {})
     return assemble(model, list(items), meta)
+
+
+def set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:
+    """Set one metadata_props key in place, keeping the keys sorted as the packager writes
+    them. Why after packaging: the whole-model check's verdict exists only once both models
+    were built and timed."""
+    props = {p.key: p.value for p in model.metadata_props}
+    props[key] = value
+    del model.metadata_props[:]
+    for k in sorted(props):
+        model.metadata_props.add(key=k, value=props[k])

@@ -3,24 +3,35 @@
 Why a library function: `mlso optimize` only parses flags into `PipelineOptions`, calls
 `optimize()` and renders the `Outcome`; tests and scripts call the same function with a fake
 search or a fake timer. Writing the model is left to the caller (`package.write_model_atomic`).
+
+With a GPU, the packaged model then goes through the whole-model check (wholemodel.py): when it
+is not measurably faster than the original in the serving mode, the Outcome's model is the
+original (no region packaged) and every region's `why` says so. The caller therefore never
+holds a slower model labelled optimized, and nothing is written before the check decided.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
+
+import onnx
 
 from mlso_cli.ir.hashing import graph_hash
 from mlso_cli.pipeline.artifacts import (
     Choice,
     Lifted,
     Listener,
+    ModelCheck,
     Outcome,
     PipelineOptions,
     RegionReport,
     Searched,
 )
-from mlso_cli.pipeline.build import Builder, package
+from mlso_cli.pipeline.build import Builder, package, set_metadata
 from mlso_cli.pipeline.frontend import lift
 from mlso_cli.pipeline.searching import conform, default_search, search_region
 from mlso_cli.pipeline.select import MeasureFn, choose, measure_top_k
+from mlso_cli.pipeline.wholemodel import ModelTimeFn, check_whole_model
 from mlso_cli.search.api import SearchFn
 from mlso_cli.search.cache import SearchCache
 
@@ -39,6 +50,15 @@ def _time_regions(model, gpu: int) -> list:
     return time_regions(model, gpu)
 
 
+def _pair_timer(rounds: int, iters: int) -> ModelTimeFn:
+    def time_models(original, rewritten, gpu: int, mode: str):
+        from mlso_cli.bench.pair import time_pair
+
+        return time_pair(original, rewritten, gpu, mode, rounds=rounds, iters=iters)
+
+    return time_models
+
+
 def run_bound(searched: list[Searched]) -> float:
     """Union bound over every verification behind this run's results (each result's own bound
     already covers all candidates it verified), capped at 1. A result shared by structurally equal
@@ -54,6 +74,7 @@ def optimize(
     *,
     search: SearchFn | None = None,
     measure: MeasureFn | None = None,
+    time_models: ModelTimeFn | None = None,
     listener: Listener | None = None,
     dry_run: bool = False,
 ) -> Outcome:
@@ -61,8 +82,11 @@ def optimize(
     model (None when `dry_run`: nothing is compiled unless --gpu must time, nothing packaged).
 
     `search` defaults to `default_search()`; `measure` (used only with `options.gpu`) to the bench
-    harness's `time_regions`."""
+    harness's `time_regions`; `time_models` (the whole-model check, with `options.gpu`) to
+    `bench.pair.time_pair`. A caller that injects `measure` but not `time_models` gets no
+    whole-model check: fixed region figures and a real model timing measure different things."""
     from mlso_cli.codegen import DEFAULT_TARGETS
+    from mlso_cli.package import META_SERVE
 
     options = options or PipelineOptions()
     listener = listener or Listener()
@@ -86,12 +110,55 @@ def optimize(
             measure=measure or _time_regions,
         )
     choices = [
-        choose(lifted.loaded, lr, s, options.min_speedup, timings.get(lr.region.id))
+        choose(lifted.loaded, lr, s, options.min_speedup, timings.get(lr.region.id), options.serve)
         for lr, s in zip(lifted.regions, searched)
     ]
     bound = run_bound(searched)
-    model = None if dry_run else _package(lifted, choices, builder, options.seed, bound, listener)
-    return Outcome(tuple(RegionReport(s, c) for s, c in zip(searched, choices)), model, bound)
+    model, check = None, None
+    if not dry_run:
+        meta = {META_SERVE: options.serve}
+        model = _package(lifted, choices, builder, options.seed, bound, listener, meta)
+        if time_models is None and measure is None:
+            time_models = _pair_timer(options.check_rounds, options.check_iters)
+        if options.gpu is not None and time_models is not None and any(c.packaged for c in choices):
+            original = package(
+                lifted.loaded,
+                [],
+                targets=builder.targets,
+                seed=options.seed,
+                bound=bound,
+                extra=meta,
+            )
+            model, choices, check = _checked(model, original, choices, options, time_models)
+    reports = tuple(RegionReport(s, c) for s, c in zip(searched, choices))
+    return Outcome(reports, model, bound, options.serve, check)
+
+
+def _checked(
+    rewritten: onnx.ModelProto,
+    original: onnx.ModelProto,
+    choices: list[Choice],
+    options: PipelineOptions,
+    time_models: ModelTimeFn,
+) -> tuple[onnx.ModelProto, list[Choice], ModelCheck]:
+    """The whole-model check applied: the model to write, the choices as they now stand, and
+    the verdict (also recorded in the model's metadata)."""
+    from mlso_cli.package import META_MODEL_CHECK
+
+    check = check_whole_model(
+        original, rewritten, options.gpu, options.serve, options.min_speedup, time_models
+    )
+    model = rewritten
+    if not check.rewritten_kept:
+        model = original
+        choices = [
+            replace(c, packaged=False, why=f"{check.why}; the region alone: {c.why}")
+            if c.packaged
+            else c
+            for c in choices
+        ]
+    set_metadata(model, META_MODEL_CHECK, check.why)
+    return model, choices, check
 
 
 def _search_all(
@@ -130,10 +197,13 @@ def _package(
     seed: int,
     bound: float,
     listener: Listener,
+    meta: dict[str, str],
 ):
     items = []
     for lr, c in zip(lifted.regions, choices):
         if c.packaged:
             items.append((lr, builder.build(c.candidate.graph)))
             listener.compiled(lr.region.id)
-    return package(lifted.loaded, items, targets=builder.targets, seed=seed, bound=bound)
+    return package(
+        lifted.loaded, items, targets=builder.targets, seed=seed, bound=bound, extra=meta
+    )

@@ -6,8 +6,18 @@ every region is then compared on one scale, the one the never-slower rule uses a
 Runtime's cost (`onnx_region_cost`), whichever search produced them.
 
 With --gpu, the top K by estimate are compiled and timed (`time_regions`, the harness that
-`mlso bench` uses: the original region in ONNX Runtime against the program by CUDA-graph
-replay), and the fastest measured one is kept; the rule then compares measurements.
+`mlso bench` uses), and the fastest measured one is kept; the rule then compares measurements
+like with like, in the mode the model will be served in (`--serve`, SERVE_MODES): under
+`cuda-graph` the region's original nodes replayed by ORT's CUDA graph against the MlsoKernel
+node alone (a one-node model) replayed the same way; under `plain` both as plain ORT runs. Why
+not the faster of the two modes on each side, as before: a region fastest plain against a
+program fastest under a graph is no deployment anyone runs, and it packaged programs that made
+the served model slower. The program's own CUDA-graph replay time (no ORT) is reported beside.
+
+Without a GPU the cost model decides: `onnx_region_cost` (ORT's plain per-node cost included)
+against `program_cost`. Under `--serve plain` the program side also pays one ORT node
+(`Hardware.ort_node_s`): the MlsoKernel node is one node of the plain run. Under `cuda-graph`
+the comparison is the cost model's as it was (it has no CUDA-graph figure for either side).
 """
 
 from __future__ import annotations
@@ -19,14 +29,16 @@ import onnx
 
 from mlso_cli.frontend.lift import LiftedRegion
 from mlso_cli.frontend.load import LoadedModel
-from mlso_cli.pipeline.artifacts import Choice, Searched
+from mlso_cli.pipeline.artifacts import CUDA_GRAPH, PLAIN, Choice, ModeTimes, Searched
 from mlso_cli.pipeline.build import Builder, package
 from mlso_cli.runtime.check import MLSO_DOMAIN
 from mlso_cli.search.api import Candidate
-from mlso_cli.search.cost import Cost, onnx_region_cost, program_cost
+from mlso_cli.search.cost import H200, Cost, onnx_region_cost, program_cost
 
 MeasureFn = Callable[[onnx.ModelProto, int], list]
-"""measure(packaged_model, gpu) -> [RegionTiming]: `mlso_cli.bench.harness.time_regions`."""
+"""measure(packaged_model, gpu) -> [RegionTiming]: `mlso_cli.bench.harness.time_regions`.
+A test injects its own, returning fixed figures (RegionTiming's per-mode fields, or only
+`orig_us`/`kernel_us`/`served_us`, which are then taken as the named mode's)."""
 
 
 @dataclass(frozen=True)
@@ -36,12 +48,43 @@ class Ranked:
 
 
 @dataclass(frozen=True)
+class Figures:
+    """What the rule compares for one timed candidate in one mode."""
+
+    orig_us: float | None
+    served_us: float | None
+    mode: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class Timing:
-    """One candidate timed: its rank by estimate, the original region's and the program's µs."""
+    """One candidate timed: its rank by estimate, the original region's and the program's µs.
+
+    `orig_us`/`kernel_us` are the harness's faster-of-two-modes figures (`kernel_us`: the
+    program as served where it was timed so); `modes` the per-mode figures the rule uses, empty
+    when the timer gave none (a test's fixed figures, then read as the named mode's)."""
 
     rank: int
     orig_us: float
     kernel_us: float
+    program_us: float | None = None
+    """The program alone by CUDA-graph replay (no ORT)."""
+    modes: tuple[ModeTimes, ...] = ()
+
+    def in_mode(self, serve: str) -> Figures:
+        """The figures for deployment mode `serve`. Under cuda-graph, a region whose original
+        nodes cannot be captured (a node off the CUDA EP) cannot be served under a graph either
+        way, so both sides are compared plain, and the note says so."""
+        if not self.modes:
+            return Figures(self.orig_us, self.kernel_us, serve)
+        by = {m.mode: m for m in self.modes}
+        m = by[serve]
+        if serve == CUDA_GRAPH and m.orig_us is None:
+            p = by[PLAIN]
+            note = "the original region cannot run under ORT's CUDA graph, so compared plain"
+            return Figures(p.orig_us, p.served_us, PLAIN, note)
+        return Figures(m.orig_us, m.served_us, serve)
 
 
 def rank(candidates: Sequence[Candidate]) -> list[Ranked]:
@@ -55,10 +98,22 @@ def wins(speedup: float, min_speedup: float) -> bool:
     return speedup >= min_speedup and (min_speedup == 0 or speedup > 1.0)
 
 
-def _verdict(speedup: float, min_speedup: float, how: str) -> tuple[bool, str]:
+def _verdict(
+    speedup: float, min_speedup: float, how: str, where: str, note: str = ""
+) -> tuple[bool, str]:
+    said = f"{how} {speedup:.2f}x {where}"
     if wins(speedup, min_speedup):
-        return True, f"{how} {speedup:.2f}x"
-    return False, f"kept original: {how} {speedup:.2f}x < {max(min_speedup, 1.0):g}x"
+        return True, said + (f" ({note})" if note else "")
+    bar = f"{max(min_speedup, 1.0):g}x"
+    return False, f"kept original: {said} < {bar}" + (f" ({note})" if note else "")
+
+
+def served_estimate_us(cost: Cost, serve: str) -> float:
+    """The cost model's figure for a program as served in `serve`: under plain ORT it is one
+    node of the run and pays ORT's per-node cost, as `onnx_region_cost` charges each original
+    node; under cuda-graph the program's own estimate, as before (cost.py has no figure for an
+    ORT node under a graph)."""
+    return cost.us + (H200.ort_node_s * 1e6 if serve == PLAIN else 0.0)
 
 
 def choose(
@@ -67,17 +122,49 @@ def choose(
     searched: Searched,
     min_speedup: float,
     timings: Sequence[Timing] | None = None,
+    serve: str = CUDA_GRAPH,
 ) -> Choice:
-    """The region's program: the best estimate, or with `timings` the fastest measured."""
+    """The region's program: the best estimate, or with `timings` the fastest measured as
+    served in mode `serve`, and whether the never-slower rule packages it."""
     ranked = rank(searched.result.candidates)
-    if timings:
-        best = min(timings, key=lambda t: (t.kernel_us, t.rank))
-        pick, before, after, how = ranked[best.rank], best.orig_us, best.kernel_us, "measured"
-    else:
+    onnx_us = onnx_region_cost(loaded, lr.region).us
+    if not timings:
         pick = ranked[0]
-        before, after, how = onnx_region_cost(loaded, lr.region).us, pick.cost.us, "estimated"
-    speedup = before / after if after else 0.0
-    packaged, why = _verdict(speedup, min_speedup, how)
+        before, after = onnx_us, served_estimate_us(pick.cost, serve)
+        speedup = before / after if after else 0.0
+        packaged, why = _verdict(speedup, min_speedup, "estimated", f"for {serve}")
+        return _choice(lr, pick, before, after, False, packaged, why, serve, onnx_us=onnx_us)
+    figs = [(t, t.in_mode(serve)) for t in timings]
+    timed = [(t, f) for t, f in figs if f.orig_us is not None and f.served_us is not None]
+    if not timed:
+        t, f = min(figs, key=lambda x: x[0].rank)
+        why = (
+            f"kept original: no candidate's MlsoKernel node could be timed in ONNX Runtime "
+            f"under {f.mode}, so nothing shows it is faster as served"
+        )
+        return _choice(
+            lr, ranked[t.rank], f.orig_us or 0.0, 0.0, True, False, why, serve, t, onnx_us
+        )
+    t, f = min(timed, key=lambda x: (x[1].served_us, x[0].rank))
+    speedup = f.orig_us / f.served_us if f.served_us else 0.0
+    packaged, why = _verdict(speedup, min_speedup, "measured", f"under {f.mode}", f.note)
+    return _choice(
+        lr, ranked[t.rank], f.orig_us, f.served_us, True, packaged, why, serve, t, onnx_us
+    )
+
+
+def _choice(
+    lr: LiftedRegion,
+    pick: Ranked,
+    before: float,
+    after: float,
+    measured: bool,
+    packaged: bool,
+    why: str,
+    serve: str,
+    timing: Timing | None = None,
+    onnx_us: float | None = None,
+) -> Choice:
     return Choice(
         lr.region.id,
         lr.region.label,
@@ -86,9 +173,13 @@ def choose(
         pick.cost.launches,
         before,
         after,
-        bool(timings),
+        measured,
         packaged,
         why,
+        serve=serve,
+        program_us=None if timing is None else timing.program_us,
+        modes=() if timing is None else timing.modes,
+        onnx_estimate_us=onnx_us,
     )
 
 
@@ -115,8 +206,19 @@ def measure_top_k(
         trial = package(loaded, items, targets=builder.targets, seed=seed, bound=0.0)
         owner = _owners(trial, members)
         for t in measure(trial, gpu):
-            out[owner[t.node]].append(Timing(j, t.orig_us, t.cost_us))
+            out[owner[t.node]].append(_timing(j, t))
     return out
+
+
+def _timing(rank: int, t) -> Timing:
+    """A harness RegionTiming as the rule reads it (per-mode figures where it has them)."""
+    modes: tuple[ModeTimes, ...] = ()
+    if getattr(t, "per_mode", False):
+        modes = (
+            ModeTimes(CUDA_GRAPH, t.orig_graph_us, t.served_graph_us),
+            ModeTimes(PLAIN, t.orig_plain_us, t.served_plain_us),
+        )
+    return Timing(rank, t.orig_us, t.cost_us, t.kernel_us, modes)
 
 
 def _owners(trial: onnx.ModelProto, members: Sequence[LiftedRegion]) -> dict[str, int]:
