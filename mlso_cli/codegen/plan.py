@@ -13,7 +13,7 @@ numbers) are still made as each kernel is emitted, in this schedule's order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mlso_cli.codegen.blocklayout import CODEGEN_ARCH, SmemLayout, smem_layout
@@ -21,6 +21,7 @@ from mlso_cli.codegen.lower import KERNEL_EMITTERS, Lowering
 from mlso_cli.codegen.normalise import normalise
 from mlso_cli.codegen.stabilise import consumers_of, stabilised
 from mlso_cli.ir.graph import KernelGraph
+from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import REDUCE, Op
 
 KIND: dict[Op, str] = {
@@ -41,6 +42,8 @@ class KernelPlan:
     """Graph-defined kernels only."""
     stabilised: int = 0
     """How many EXPs of a graph-defined kernel are kept relative to a row max."""
+    root: Node | None = field(default=None, compare=False, repr=False)
+    """The μGraph node the kernel computes (for the cost model; not part of the JSON)."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "shape": list(self.shape)}
@@ -93,8 +96,9 @@ def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH) -> LoweringPlan:
                     bg.grid,
                     smem_layout(root.arg, arch),
                     len(stabilised(nodes, consumers_of(nodes))),
+                    root,
                 )
             )
         else:
-            kernels.append(KernelPlan(KIND.get(root.op, "elementwise"), root.shape))
+            kernels.append(KernelPlan(KIND.get(root.op, "elementwise"), root.shape, root=root))
     return LoweringPlan(arch, tuple(kernels), len(lw.stab))

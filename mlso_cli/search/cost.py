@@ -44,7 +44,7 @@ class Hardware:
     dram_bytes_per_s: float = 4.3e12
     tensor_flops: float = 790e12
     simt_flops: float = 60e12
-    launch_s: float = 2.0e-6
+    launch_s: float = 3.0e-6
     sms: int = 132
     ort_node_s: float = 6.0e-6
     """ONNX Runtime's cost per node in a run call (launch, allocation, dispatch), measured."""
@@ -53,18 +53,24 @@ class Hardware:
     """Measured rates of codegen's kernel-level matmul (graph-defined kernels are not affected)."""
     smem_per_sm: int = 228 * 1024
     threads_per_sm: int = 2048
-    step_latency_s: float = 0.8e-6
+    step_latency_s: float = 0.6e-6
     """A for-loop step of a graph-defined kernel cannot take less: the tile's DRAM round trip
     with double buffering (fitted, benchmarks/RESULTS.md "cost model calibration")."""
-    smem_step_s: float = 1.5e-6
+    smem_step_s: float = 0.5e-6
     """What a loop step adds, on top of its transfer or compute time, when its values go through
     shared memory rather than staying in registers (every graph-defined kernel but the register-path online softmax): the staging,
     barriers and fp32 round trips of codegen's shared-memory passes (fitted, as above)."""
-    pre_latency_s: float = 1.0e-6
+    pre_latency_s: float = 1.5e-6
     """The PRE phase's loads and the POST phase's stores: one round trip each way."""
     mma_efficiency: float = 0.2
     """Fraction of tensor-core peak codegen's mma.sync chains reach in one SM (fitted, as above):
     a loop step's matmul work is shared by the blocks resident on an SM at this rate."""
+    exp_elem_s: float = 160e-9
+    """Per score element per SM thread slot and loop step of an online-softmax accumulator (exp,
+    running max and rescale on the SIMT units), fitted."""
+    smem_elem_s: float = 320e-9
+    """Per element per SM thread slot and loop step of a loop-phase value that goes through shared memory
+    (every graph-defined kernel but the register-path online softmax), fitted."""
     warp_flops: float = 0.2e12
     """What one warp's dependent mma.sync chain sustains (fitted, as above): a block of few warps
     cannot use its SM's share. gqa at batch 8 with 2-warp blocks and 32 loop steps measured
@@ -123,39 +129,60 @@ def _matmul_flops(n: Node) -> int:
 
 
 def program_cost(kg: KernelGraph, hw: Hardware = H200) -> Cost:
-    """Cost of a μGraph as code generation emits it: elementwise chains fuse, views are free."""
+    """Cost of a μGraph as code generation emits it: one term per kernel of its lowering plan
+    (codegen/plan.py), so launches are counted as codegen launches them. Why the plan: a split
+    combine's REDUCE_SUMs over the partials are fused into the division's kernel in one program
+    and run as kernels of their own in another (mla_bs1: 4 launches where the model counted 3)."""
+    from mlso_cli.codegen.plan import plan  # lazily: codegen imports ir
+
     total = 0.0
     nbytes = flops = launches = 0
-    for n in kg.kernels():
+    kernels = plan(kg, "sm_90").kernels
+    materialised = {k.root for k in kernels}
+    for k in kernels:
+        n = k.root
+        assert n is not None
         if n.op is Op.GRAPH_DEF:
             b, f = _block_graph_traffic(n)
             tensor = any(s.dtype is not DType.F32 for s in n.src)
-        else:
-            fused_into_consumer = (
-                n.op not in (Op.MATMUL, Op.REDUCE_SUM, Op.REDUCE_MEAN, Op.REDUCE_MAX)
-                and n not in kg.outputs
-            )
-            if fused_into_consumer:
-                continue  # an elementwise producer is fused into its consumer's prologue
-            b = sum(_bytes(s) for s in n.src if s.op is not Op.CONST) + _bytes(n)
-            f = _matmul_flops(n) if n.op is Op.MATMUL else n.numel
-            tensor = n.op is Op.MATMUL and n.src[0].dtype is not DType.F32
-        if n.op is Op.MATMUL:
-            t = (
-                max(
-                    b / (hw.dram_bytes_per_s * hw.codegen_matmul_bw_fraction),
-                    f / hw.codegen_matmul_flops,
-                    hw.pre_latency_s + _matmul_steps(n) * (hw.step_latency_s + hw.smem_step_s),
-                )
-                + hw.launch_s
-            )
-        elif n.op is Op.GRAPH_DEF:
             t = max(_kernel_time(hw, b, f, tensor), block_graph_time(n, b, f, tensor, hw))
         else:
-            t = _kernel_time(hw, b, f, tensor) + hw.pre_latency_s
+            b = sum(_bytes(s) for s in _kernel_reads(n, materialised)) + _bytes(n)
+            f = _matmul_flops(n) if n.op is Op.MATMUL else n.numel
+            tensor = n.op is Op.MATMUL and n.src[0].dtype is not DType.F32
+            if n.op is Op.MATMUL:
+                t = (
+                    max(
+                        b / (hw.dram_bytes_per_s * hw.codegen_matmul_bw_fraction),
+                        f / hw.codegen_matmul_flops,
+                        hw.pre_latency_s + _matmul_steps(n) * (hw.step_latency_s + hw.smem_step_s),
+                    )
+                    + hw.launch_s
+                )
+            else:
+                t = _kernel_time(hw, b, f, tensor) + hw.pre_latency_s
         total += t
         nbytes, flops, launches = nbytes + b, flops + f, launches + 1
     return Cost(total, nbytes, flops, launches)
+
+
+def _kernel_reads(root: Node, materialised: set) -> list[Node]:
+    """The tensors a kernel-level kernel reads from memory: its sources, looking through the
+    producers codegen fuses into it (elementwise ops, and reductions over a split's partials)
+    down to values another kernel materialised or the program's inputs."""
+    out: list[Node] = []
+    seen: set[Node] = set()
+    stack = list(root.src)
+    while stack:
+        s = stack.pop()
+        if s in seen or s.op is Op.CONST:
+            continue
+        seen.add(s)
+        if s in materialised or s.op is Op.INPUT or not s.src:
+            out.append(s)
+        else:
+            stack.extend(s.src)
+    return out
 
 
 def _matmul_steps(n: Node) -> int:
@@ -208,8 +235,29 @@ def block_graph_time(gd: Node, nbytes: int, flops: int, tensor: bool, hw: Hardwa
         step = max(hw.step_latency_s, sum(parts))
     else:
         step = max(hw.step_latency_s, *parts)
-    step += 0.0 if layout.register_path else hw.smem_step_s
+    # SIMT and shared-memory work per step is shared by the blocks resident on one SM: charge
+    # it per SM (elements over the SM's thread slots), not per block, or many small blocks look
+    # free next to a few large ones doing the same work (gqa at batch 8: 64- against 128-key
+    # steps, measured 37 against 32 µs)
+    score, passed = _loop_elements(bg)
+    resident = concurrent / sms_used
+    step += score * resident / hw.threads_per_sm * hw.exp_elem_s
+    if not layout.register_path:
+        step += hw.smem_step_s + passed * resident / hw.threads_per_sm * hw.smem_elem_s
     return waves * (hw.pre_latency_s + steps * step) + hw.launch_s
+
+
+def _loop_elements(bg) -> tuple[int, int]:
+    """(score elements an online-softmax accumulator takes per step, elements of the other
+    loop-phase values computed per step) of one block: the per-step SIMT and shared-memory work
+    the flop and byte terms miss."""
+    score = passed = 0
+    for n in bg.nodes():
+        if n.op in (Op.ACC_EXP_SUM, Op.ACC_EXP_WSUM):
+            score = max(score, n.src[0].numel)
+        elif n.phase is Phase.LOOP and n.op not in VIEW and n.op not in (Op.ITER, Op.CONST):
+            passed += n.numel
+    return score, passed
 
 
 MMA_TILE = (16, 8, 16)
