@@ -7,6 +7,15 @@ checks do not go through the lifter (verify/liftcheck.py): the μGraph in fp64 a
 reference evaluator on the original nodes, with its constants compared as values with A's, and
 the generated source on the host emulator. The report says per kernel which checks ran.
 
+Then the algebraic check (verify/algebraic.py): where both models lift, every graph output of B
+is compared with A's in the finite field, with each model's weights as exact constants. A B that
+is only numerically close to A (an eps added to a softmax denominator, a weight rounded to fp16)
+passes every comparison of a kernel with its own fallback body and the numeric one, and fails
+here with exit 3 naming the output, unless --numeric accepts numerical equivalence. Only a B
+that carries mlso kernels fails so: mlso's rewrites are exact, so there a difference is a wrong
+or altered B. For two plain ONNX models (an fp16 export against its fp32 original) the
+difference is reported and numerical equivalence decides, as it always has.
+
 B passes an output when its norm-wise relative error ||B - ref|| / ||ref|| is within the limit
 for its dtype (fp32 1e-5, fp16 2e-3, bf16 1e-2) or no worse than twice A's own error at the same
 inputs (A is the user's model as ONNX Runtime runs it; B is not blamed for A's rounding). With
@@ -223,6 +232,19 @@ def _rel(out: np.ndarray, ref: np.ndarray) -> float:
     is_flag=True,
     help="Check each kernel's source hash and plan against its μGraph, but not its binary (no nvcc here).",
 )
+@click.option(
+    "--algebraic/--no-algebraic",
+    default=True,
+    show_default=True,
+    help="Compare each output of B with A's in the finite field, with both models' weights as "
+    "exact constants (skipped, with the reason, where a model does not lift).",
+)
+@click.option(
+    "--numeric",
+    is_flag=True,
+    help="Accept a B that is numerically equivalent to A but not algebraically equal (the "
+    "algebraic difference is still reported).",
+)
 def verify_cmd(
     model_a,
     model_b,
@@ -238,6 +260,8 @@ def verify_cmd(
     lift,
     emulate,
     trust_binary,
+    algebraic,
+    numeric,
 ) -> None:
     """Check that model B computes what model A computes (exit 3 when it does not).
 
@@ -249,7 +273,9 @@ def verify_cmd(
       lifting   its μGraph (fp64) vs onnx's reference evaluator on its original nodes,
                 and its constants vs A's values (--no-lift to skip)
       emulator  its generated source on the host emulator vs fp64 (CPU; --no-emulate)
-    Then A and B run in ONNX Runtime and are compared with an fp64 evaluation of A.
+    Then A and B run in ONNX Runtime and are compared with an fp64 evaluation of A, and each
+    output of B is compared with A's in the finite field, weights as exact constants
+    (algebraic; --no-algebraic to skip; --numeric accepts numerically equal outputs).
     """
     scale_list = _parse_scales(scales)
     if seed is None:
@@ -347,6 +373,9 @@ def verify_cmd(
                 )
     if not rows:
         raise VerificationFailed("no input scale gave a finite fp64 reference", "Try --scales 1")
+    alg_rows, alg_summary = _algebraic(
+        a, b, seed, rows, algebraic, numeric or not kernels, model_a, model_b
+    )
     kernels_ok = all(k["equivalent"] for k in kernel_rows)
     check_rows = _check_rows(
         kernels, chain_rows, kernel_rows, outcomes, field, trust_binary, gpu, failed
@@ -354,7 +383,7 @@ def verify_cmd(
     independent_ok = all(o.status != "failed" for per in outcomes.values() for o in per.values())
     summary = {
         "type": "summary",
-        "pass": not failed and kernels_ok and independent_ok,
+        "pass": not failed and kernels_ok and independent_ok and alg_summary["algebraic_ok"],
         "checks": len(rows),
         "failed": sum(not r["pass"] for r in rows),
         "kernels": len(kernel_rows),
@@ -366,13 +395,14 @@ def verify_cmd(
         "binaries_trusted": sum(c["binary"] == "not checked" for c in chain_rows),
         "lifting_checked": sum(per["lifting"].status != "skipped" for per in outcomes.values()),
         "emulated": sum(per["emulator"].status != "skipped" for per in outcomes.values()),
+        **{k: v for k, v in alg_summary.items() if k != "algebraic_ok"},
     }
     if as_json:
-        for r in kernel_rows + check_rows + rows:
+        for r in kernel_rows + check_rows + rows + alg_rows:
             click.echo(json.dumps(r))
         click.echo(json.dumps(summary))
     if chatty():
-        _print(rows, summary, kernel_rows, check_rows)
+        _print(rows, summary, kernel_rows, check_rows, alg_rows)
     if not kernels_ok:
         bad = next(k for k in kernel_rows if not k["equivalent"])
         raise VerificationFailed(
@@ -400,6 +430,75 @@ def verify_cmd(
             f"B differs from A: output '{worst['output']}' at scale {worst['scale']:g} has relative error "
             f"{worst['rel_err_b']:.3g} (limit {worst['limit']:g}, A's own error {worst['rel_err_a']:.3g})"
         )
+    if not alg_summary["algebraic_ok"]:
+        bad = next(r for r in alg_rows if r["status"] == "differs")
+        raise VerificationFailed(
+            f"B's output '{bad['output']}' is not algebraically equal to A's: {bad['detail']} "
+            f"({_closeness(bad)})",
+            "Pass --numeric to accept numerical equivalence",
+        )
+
+
+def _closeness(row: dict) -> str:
+    err = row.get("rel_err_b")
+    if err is None:
+        return "not compared numerically"
+    return f"numerically close: rel err {err:.2g}"
+
+
+def _algebraic(
+    a: onnx.ModelProto,
+    b: onnx.ModelProto,
+    seed: int,
+    rows: list[dict],
+    enabled: bool,
+    numeric: bool,
+    source_a: str,
+    source_b: str,
+) -> tuple[list[dict], dict]:
+    """The algebraic A-vs-B check (verify/algebraic.py) as JSON rows, one per graph output, and
+    the summary's keys. Each row carries B's worst numeric error for the output (the ONNX
+    Runtime rows), so a difference is reported next to how close B looked numerically.
+    `numeric`: a difference is reported but accepted (--numeric, or a B without mlso kernels,
+    where mlso promised nothing exact). `algebraic_ok` (dropped from the printed summary) is
+    False when an output differs and it is not accepted."""
+    worst: dict[str, float] = {}
+    for r in rows:
+        worst[r["output"]] = max(worst.get(r["output"], 0.0), r["rel_err_b"])
+    if not enabled:
+        return [], {
+            "algebraic": "skipped",
+            "algebraic_detail": "--no-algebraic",
+            "algebraic_trials": 0,
+            "algebraic_seconds": 0.0,
+            "algebraic_enforced": False,
+            "algebraic_ok": True,
+        }
+    from mlso_cli.verify.algebraic import check_algebraic
+
+    res = check_algebraic(a, b, seed, source_a=source_a, source_b=source_b)
+    alg_rows = [
+        {
+            "type": "algebraic",
+            "output": o.output,
+            "status": o.status,
+            "detail": o.detail,
+            "rel_err_b": worst.get(o.output),
+            "accepted": o.status != "differs" or numeric,
+        }
+        for o in res.outputs
+    ]
+    detail = res.detail
+    if res.status == "differs" and numeric:
+        detail += "; accepted: numerical equivalence decides (--numeric, or B has no mlso kernels)"
+    return alg_rows, {
+        "algebraic": res.status,
+        "algebraic_detail": detail,
+        "algebraic_trials": res.trials,
+        "algebraic_seconds": round(res.seconds, 3),
+        "algebraic_enforced": not numeric,
+        "algebraic_ok": res.status != "differs" or numeric,
+    }
 
 
 def chain_check_kernels(
@@ -672,8 +771,27 @@ def _check_rows(
     return rows
 
 
-def _print(rows, summary, kernel_rows=(), check_rows=()) -> None:
+def _print(rows, summary, kernel_rows=(), check_rows=(), alg_rows=()) -> None:
     from rich.table import Table
+
+    if summary.get("algebraic") == "skipped":
+        stderr().print(
+            f"algebraic: skipped: {summary['algebraic_detail']}", markup=False, soft_wrap=True
+        )
+    elif alg_rows:
+        at = Table(
+            title=f"algebraic A vs B (finite field, weights exact): {summary['algebraic_detail']}",
+            title_justify="left",
+        )
+        for col in ("output", "verdict", "numeric rel err B"):
+            at.add_column(col)
+        for r in alg_rows:
+            verdict = r["status"] if r["status"] != "differs" else f"DIFFERS: {r['detail']}"
+            if r["status"] == "differs" and r["accepted"]:
+                verdict += " (accepted: numerical equivalence decides)"
+            err = r["rel_err_b"]
+            at.add_row(r["output"], verdict, "" if err is None else f"{err:.2e}")
+        stderr().print(at)
 
     if kernel_rows:
         kt = Table(title="mlso kernels vs their regions (finite field)", title_justify="left")
