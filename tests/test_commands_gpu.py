@@ -35,8 +35,11 @@ def test_optimize_measures_then_verify_and_bench_on_gpu(tmp_path, name):
     rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
     region = rows[0]
     assert "measured" in region["why"] and region["us_before"] > 0 and region["us_after"] > 0
-    # never slower: a region is packaged only if its measured program is faster
-    assert region["packaged"] == (region["speedup"] > 1.0)
+    # never slower: a region is packaged only if its measured program is faster (and the whole
+    # model measured faster too: a region that won alone may still be given back)
+    assert not region["packaged"] or region["speedup"] > 1.0
+    if region["speedup"] > 1.0 and not region["packaged"]:
+        assert "whole model" in region["why"]
     onnx.checker.check_model(onnx.load(str(out)))
     r = run_cli("verify", str(_small(name)), str(out), "--gpu", "0", "--samples", "1")
     assert r.returncode == 0, r.stderr
