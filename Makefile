@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 MLSO   := $(VENV)/bin/mlso
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-slow test-gpu lint lib models export-transformer clean
+.PHONY: demo test test-slow test-gpu lint lib models export-transformer zoo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,24 @@ lint: $(STAMP)
 export-transformer: $(STAMP)
 	$(PY) -m pip install -q torch==2.13.0 onnxscript
 	$(PY) -m models.export_transformer
+
+# The model zoo (models/zoo.py): transformers decoders of several families, tiny and at a real
+# model's layer width, fp32 and fp16, exported to models/zoo/ (git-ignored, about 3.6 GB) with
+# MANIFEST.json; then `mlso inspect` on each file, and a comparison with the committed
+# models/zoo_manifest.json. torch and transformers go into their own venv, never into .venv.
+ZOO_VENV  := .venv-zoo
+ZOO_STAMP := $(ZOO_VENV)/.installed-stamp
+
+$(ZOO_STAMP): models/zoo_requirements.txt
+	$(PYTHON) -m venv $(ZOO_VENV)
+	$(ZOO_VENV)/bin/python -m pip install -q --upgrade pip
+	$(ZOO_VENV)/bin/python -m pip install -q -r models/zoo_requirements.txt
+	touch $(ZOO_STAMP)
+
+zoo: $(STAMP) $(ZOO_STAMP)
+	$(ZOO_VENV)/bin/python -m models.zoo build
+	$(PY) -m models.zoo inspect
+	$(PY) -m models.zoo check
 
 clean:
 	rm -rf $(VENV) models/bench .pytest_cache
