@@ -444,6 +444,7 @@ def _attention(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
         v = b.transpose(b.reshape(v, (bsz, v.shape[1], kh, v.shape[2] // kh)), (0, 2, 1, 3))
     bsz, hq, sq, d = q.shape
     hk, skv = k.shape[1], k.shape[2]
+    _check_scores_size(bsz * hq * sq * skv)
     if hk != hq:
         rep = hq // hk
         k = b.reshape(
@@ -475,6 +476,19 @@ def _attention(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
     if len(ctx.loaded.shapes[node.output[0]]) == 3:
         out = b.reshape(b.transpose(out, (0, 2, 1, 3)), ctx.loaded.shapes[node.output[0]])
     return [out]
+
+
+def _check_scores_size(scores: int) -> None:
+    """Refuse an Attention whose score matrix is empty or too large to index, before the causal
+    mask (sq x skv floats, built here in memory) is allocated: at 65536 x 65536 it would take
+    16 GiB only to be refused by `_check_sizes` afterwards."""
+    from mlso_cli.frontend.support import MAX_ELEMENTS
+
+    if scores == 0 or scores > MAX_ELEMENTS:
+        what = "no elements" if scores == 0 else f"{scores} elements, over 2^31-1"
+        raise LiftError(
+            f"Attention: its score matrix has {what} (fused kernels index with 32-bit integers)"
+        )
 
 
 RULES: dict[str, Callable[[_Ctx, onnx.NodeProto], list[Node]]] = {
@@ -548,7 +562,26 @@ def lift_region(
     kg = b.kernel_graph(ctx.inputs, outputs, ctx.input_names, list(region.outputs))
     kg = _prune_inputs(kg)
     check(kg)
+    _check_sizes(kg)
     return LiftedRegion(region, kg, {k: v for k, v in ctx.extra.items() if k in kg.input_names})
+
+
+def _check_sizes(kg: KernelGraph) -> None:
+    """Refuse a graph with an empty or over-2^31-1-element intermediate.
+
+    Why, when the partitioner already refuses such ONNX tensors: decomposing a node creates
+    tensors the file never names (Attention's score matrix is seq x seq per head), and one too
+    large to index used to abort `optimize` in codegen instead of leaving the region out."""
+    from mlso_cli.frontend.support import MAX_ELEMENTS
+    from mlso_cli.ir import toposort
+
+    for n in toposort(list(kg.outputs)):
+        if n.numel == 0 or n.numel > MAX_ELEMENTS:
+            what = "no elements" if n.numel == 0 else f"{n.numel} elements, over 2^31-1"
+            raise LiftError(
+                f"its {n.op.value} intermediate of shape {list(n.shape)} has {what} "
+                "(fused kernels index with 32-bit integers)"
+            )
 
 
 def _check_masks_consumed(ctx: _Ctx, outputs: list[Node]) -> None:

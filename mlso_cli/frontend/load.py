@@ -92,12 +92,96 @@ def _read_stdin() -> bytes:
         ) from None
 
 
+FIFO_WAIT_S = 10.0
+"""How long a named FIFO may stay silent before its first byte. Why a limit: a FIFO nobody writes
+to would otherwise hang the command forever; a writer started before or just after mlso (what a
+FIFO is for) has written long before this."""
+
+MAX_STREAM_BYTES = (1 << 31) - 1
+"""The most a FIFO or pipe may carry: protobuf parses at most 2 GB from memory, and a larger model
+keeps its weights in external data, which only a path can refer to."""
+
+_STREAMS: dict[str, tuple[tuple[int, int], bytes]] = {}
+"""Bytes already read from a FIFO or pipe, by source, with the pipe's (st_dev, st_ino). Why: a
+pipe can be read only once, but commands read their model more than once (`inspect` reads the
+file as it is, then loads it; `verify F F`); every read after the first gets the same bytes from
+here. The identity check makes another pipe at the same /dev/fd/N a new read; a named FIFO keeps
+its identity, so within one process it is read once."""
+
+
+def is_stream(source: str) -> bool:
+    """Was `source` read from a FIFO or pipe (`<(...)`, /dev/fd/N) rather than a regular file?
+    Then its bytes are in memory only: nothing may open the path again (ONNX Runtime, the onnx
+    checker), since what was read is gone from the pipe."""
+    return source in _STREAMS
+
+
+def _anonymous_pipe(fd: int) -> bool:
+    """An unnamed pipe (bash's `<(...)`, /dev/stdin from a pipe) rather than a FIFO in a folder.
+    Its writer is the process that made it, so reading it ends (EOF at the latest once that
+    process exits); a named FIFO may have no writer at all."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+    except OSError:
+        return False
+
+
+def _read_stream(fd: int, source: str) -> bytes:
+    """Every byte of a FIFO or pipe until EOF, read once into memory.
+
+    The descriptor was opened with O_NONBLOCK (so that opening a FIFO without a writer returns),
+    hence the poll: on Linux a FIFO that has not had a writer yet polls as not ready rather than as
+    EOF, so the wait covers a writer that connects just after mlso opened it."""
+    import select
+
+    wait_ms = -1 if _anonymous_pipe(fd) else int(FIFO_WAIT_S * 1000)
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP)
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        if not poller.poll(wait_ms):
+            raise InputError(
+                f"{source} is a FIFO (not a regular file) and nothing was written to it within "
+                f"{FIFO_WAIT_S:g} s",
+                "Start the process that writes the model into it, or pass the .onnx file",
+            )
+        wait_ms = -1  # a writer is there: wait for the rest as long as it takes
+        try:
+            chunk = os.read(fd, 1 << 20)
+        except BlockingIOError:
+            continue
+        except OSError as exc:
+            raise InputError(
+                f"cannot read {source}: {exc.strerror or exc}", "Check the pipe's writer"
+            ) from None
+        if not chunk:
+            return b"".join(chunks)
+        total += len(chunk)
+        if total > MAX_STREAM_BYTES:
+            raise InputError(
+                f"{source} carries more than 2 GB, more than a model read from a pipe may hold",
+                "Pass the model by path (a model this large keeps its weights in external data)",
+            )
+        chunks.append(chunk)
+
+
 def _read_file(source: str) -> bytes | None:
     """The file's bytes, or None when it is over 2 GB (only the path-based loader reads those).
 
-    Why open with O_NONBLOCK and fstat the descriptor before reading: a FIFO or a device such as
-    /dev/zero must be refused, not read (a FIFO blocks forever, /dev/zero never ends), and checking
-    the open descriptor rather than the path leaves no window to swap the file in between."""
+    Why open with O_NONBLOCK and fstat the descriptor before reading: a device such as /dev/zero
+    must be refused, not read (it never ends), a FIFO without a writer must not block the open,
+    and checking the open descriptor rather than the path leaves no window to swap the file in
+    between. A FIFO or pipe (`<(...)`) is read once into memory, see `_read_stream`."""
+    if source in _STREAMS:
+        ident, data = _STREAMS[source]
+        try:
+            st = os.stat(source)
+            if (st.st_dev, st.st_ino) == ident:
+                return data
+        except OSError:
+            pass
+        del _STREAMS[source]
     try:
         fd = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
@@ -110,9 +194,13 @@ def _read_file(source: str) -> bytes | None:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise InputError(f"{source} is a directory, not an ONNX model", "Pass the .onnx file")
+        if stat.S_ISFIFO(st.st_mode):
+            data = _read_stream(fd, source)
+            _STREAMS[source] = ((st.st_dev, st.st_ino), data)
+            return data
         if not stat.S_ISREG(st.st_mode):
             raise InputError(
-                f"{source} is not a regular file (a device, FIFO or socket); cannot read a model from it",
+                f"{source} is not a regular file (a device or socket); cannot read a model from it",
                 "Pass an .onnx file, or - to read the model from stdin",
             )
         if st.st_size >= (1 << 31):
@@ -132,7 +220,9 @@ def read_proto(source: str) -> tuple[onnx.ModelProto, Path | None]:
         where = "stdin"
     else:
         data = _read_file(source)
-        base = Path(source).resolve().parent
+        # a pipe's model cannot refer to external data: the onnx checker, which must see the
+        # bytes read, looks for such files relative to the working folder
+        base = None if is_stream(source) else Path(source).resolve().parent
         where = source
     if data is not None and len(data) == 0:
         raise InputError(f"{where} is empty", "Pass a complete .onnx file")
@@ -164,7 +254,7 @@ def _check_external_files(model: onnx.ModelProto, base: Path | None, where: str)
             continue
         if base is None:
             raise InputError(
-                "a model read from stdin refers to external data",
+                "a model read from stdin, a FIFO or a pipe refers to external data",
                 "Pass the model by path so its external data files can be found",
             )
         info = {e.key: e.value for e in t.external_data}
@@ -357,7 +447,8 @@ def load_model(
     if _uses_external_data(model):
         _check_external_files(model, base, where)
     try:
-        onnx.checker.check_model(source if source != "-" else model)
+        # by path where there is a file (models over 2 GB); a pipe's bytes are gone from it
+        onnx.checker.check_model(model if source == "-" or is_stream(source) else source)
     except onnx.checker.ValidationError as exc:
         first = next((ln for ln in str(exc).splitlines() if ln.strip()), "invalid model")
         raise InputError(

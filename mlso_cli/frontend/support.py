@@ -6,6 +6,7 @@ two in step. A condition returns None when a node is fusable, or the reason a us
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -13,6 +14,9 @@ from enum import Enum
 import numpy as np
 import onnx
 from onnx import TensorProto
+
+MAX_ELEMENTS = 2**31 - 1
+"""The most elements a fused tensor may have: generated kernels index with 32-bit integers."""
 
 FUSABLE_DTYPES = {
     TensorProto.FLOAT: "float32",
@@ -211,6 +215,9 @@ def classify(ctx: NodeContext) -> tuple[OpKind | None, str | None]:
                 None,
                 f"{node.op_type}: tensor '{name}' is {tname.lower()}; only float16, bfloat16 and float32 are fusable",
             )
+    size_reason = _size_reason(node.op_type, float_io, ctx.shapes)
+    if size_reason:
+        return None, size_reason
     if not any(ctx.dtypes.get(o) in FUSABLE_DTYPES for o in node.output if o):
         return (
             None,
@@ -219,3 +226,27 @@ def classify(ctx: NodeContext) -> tuple[OpKind | None, str | None]:
     kind, cond = SUPPORT[node.op_type]
     reason = cond(ctx)
     return (None, reason) if reason else (kind, None)
+
+
+def _size_reason(op_type: str, names: list[str], shapes: dict[str, tuple[int, ...]]) -> str | None:
+    """Why a node whose float tensors are empty or too large to index stays as it is, or None.
+
+    Why refuse here rather than later: a zero-size tensor has nothing to fuse and breaks the
+    search's shape arithmetic (it divides by dimensions), and a tensor over 2**31-1 elements
+    cannot be indexed by the generated kernels; either used to abort `optimize` in the search or
+    in codegen instead of keeping the original nodes. Only float tensors are checked: an empty
+    int64 shape or axes input (Reshape to a scalar) is normal."""
+    for name in names:
+        shape = shapes[name]
+        numel = math.prod(shape)  # exact: int64 could overflow on hostile dims
+        if numel == 0:
+            return (
+                f"{op_type}: tensor '{name}' has no elements (shape {list(shape)}); "
+                "there is nothing to fuse, so the node is kept as it is"
+            )
+        if numel > MAX_ELEMENTS:
+            return (
+                f"{op_type}: tensor '{name}' has {numel} elements (shape {list(shape)}), over "
+                "2^31-1; fused kernels index with 32-bit integers, so the node is kept as it is"
+            )
+    return None
