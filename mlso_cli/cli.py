@@ -29,6 +29,15 @@ class _Group(click.Group):
                 )
                 ctx.exit(int(ExitCode.ERROR))
             raise
+        except MemoryError:
+            # the checks that estimate memory up front (load, verify's inputs) cannot see every
+            # allocation: a tensor made on the way (random inputs, a reference) can still not fit
+            error(
+                "out of memory: the model's tensors at these shapes do not fit in this machine's "
+                "memory. Use smaller --input-shape values or a machine with more memory; nothing "
+                "was written"
+            )
+            ctx.exit(int(ExitCode.ERROR))
         except KeyboardInterrupt:
             error("interrupted; nothing was written")
             ctx.exit(130)

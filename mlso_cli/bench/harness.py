@@ -152,6 +152,14 @@ def region_model(
         raise ValueError(f"no function body for node {node.name}")
     rename = dict(zip(fn.input, node.input))
     rename.update(zip(fn.output, node.output))
+    # every other tensor the body defines gets a name of its own: an internal tensor named like
+    # one of the node's actual inputs would otherwise be read in their place once the formals
+    # are renamed (and verify's field check would compare the μGraph with the wrong body)
+    formals = set(fn.input) | set(fn.output)
+    for n in fn.node:
+        for x in n.output:
+            if x and x not in formals:
+                rename[x] = f"{node.name}__body__{x}"
     body = []
     for n in fn.node:
         c = onnx.NodeProto()

@@ -25,6 +25,7 @@ from mlso_cli.frontend.load import (
     _check_external_files,
     _static_input_shapes,
     _uses_external_data,
+    is_stream,
     read_proto,
     with_weights,
 )
@@ -84,7 +85,8 @@ def open_model(source: str, shapes: dict[str, tuple[int, ...]]) -> BenchModel:
         _static_input_shapes(model)
     except UsageError as exc:
         raise UsageError(f"{where}: {exc.what}", exc.fix) from None
-    path = None if source == "-" else source
+    # a pipe or FIFO was read into memory once (frontend/load.py); ONNX Runtime must not reopen it
+    path = None if source == "-" or is_stream(source) else source
     return BenchModel(where, path, model, base, bool(applicable), input_specs(model))
 
 

@@ -83,7 +83,9 @@ def input_external_files(path: Path) -> set[Path]:
     """The external-data files the model at `path` uses. Only a small .onnx can have any (its
     weights are elsewhere); a large one holds its weights inline and is not parsed again."""
     try:
-        if path.stat().st_size > _SMALL_MODEL:
+        st = path.stat()
+        # a FIFO or /dev/fd pipe was read once already; reading it again would block forever
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _SMALL_MODEL:
             return set()
         return _external_files(
             onnx.load(str(path), load_external_data=False), path.resolve().parent

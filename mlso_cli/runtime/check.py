@@ -172,11 +172,27 @@ def check_one(
     except PlanProblem as e:
         raise _tampered(label, f"attribute 'plan' {e}") from None
     try:
-        json.loads(attrs["ugraph"])
+        ugraph = json.loads(attrs["ugraph"])
     # ValueError, not only JSONDecodeError: an integer of more than 4300 digits raises a plain
     # ValueError (int_max_str_digits), which would escape as a traceback, not a refusal.
     except (ValueError, RecursionError) as e:
         raise _tampered(label, f"attribute 'ugraph' is not valid JSON ({e})") from None
+    # the μGraph names the tensors it reads and writes; they must be the node's, in order, or
+    # every check that aligns the μGraph with the fallback body by name checks the wrong thing
+    # (a μGraph without the keys is not one serialize.loads reads: verify refuses it there)
+    named = ugraph if isinstance(ugraph, dict) else {}
+    if "input_names" in named and named["input_names"] != list(node.input[1:]):
+        raise _tampered(
+            label,
+            f"its μGraph reads {named['input_names']!r} but the node gives it "
+            f"{list(node.input[1:])!r}",
+        )
+    if "output_names" in named and named["output_names"] != list(node.output):
+        raise _tampered(
+            label,
+            f"its μGraph writes {named['output_names']!r} but the node's outputs are "
+            f"{list(node.output)!r}",
+        )
     recorded = attrs["binary_sha256"].lower()
     if not _HEX64.match(recorded):
         raise _tampered(label, "attribute 'binary_sha256' is not 64 hex digits")
