@@ -49,6 +49,7 @@ def test_optimize_then_verify(tmp_path, name):
     assert summary["pass"] and summary["kernels_equivalent"] == 1
 
 
+@pytest.mark.slow  # 50 s: `make test` stays under 10 minutes on 2 cores; CI runs it in test-slow
 def test_optimize_transformer_all_regions(tmp_path):
     out = tmp_path / "t.onnx"
     r = run_cli(

@@ -487,6 +487,7 @@ def test_target_of_a_chain_of_contractions_is_built_whole_and_quickly(with_exp):
     assert not t.admits(abstract_graph(other)[other.outputs[0]])
 
 
+@pytest.mark.slow  # 15 s; CI runs it in test-slow
 def test_target_of_an_exported_attention_block_is_built_whole(monkeypatch):
     """transformer_tiny's attention region (QK-norm, softmax, output projection, residual, the
     next RMSNorm and the MLP's gate): its closure once ran into the visit budget (truncated,
