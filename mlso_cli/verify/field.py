@@ -112,28 +112,13 @@ def draw_primes(rng: np.random.Generator) -> tuple[int, int, int]:
 Residue = np.ndarray | Callable[[], np.ndarray]
 
 
-class FieldArray:
-    """A tensor of field values: p-residues, and q-residues while they are known.
+class _LazyResidues:
+    """p- and q-residues that may be held as thunks and computed on first access (`q` None:
+    unknown). Shared by FieldArray and Leaves."""
 
-    A residue may be held as a thunk and computed on first access: an exp argument's p-residue,
-    for instance, is never needed (exp reads the q-residue only), so the matmul producing it is
-    never run. `q is None` means the q-residue is unknown (the value depends on an exp or an
-    oracle); that is static, known without computing anything.
-    """
-
-    __slots__ = ("_p", "_q", "leaves", "shape")
-
-    def __init__(
-        self,
-        p: Residue,
-        q: Residue | None,
-        shape: tuple[int, ...] | None = None,
-        leaves: Leaves | None = None,
-    ) -> None:
-        self._p, self._q = p, q
-        self.shape: tuple[int, ...] = tuple(shape if shape is not None else p.shape)
-        self.leaves = leaves
-        """For a set-oracle (max) value: the values it is the max of; None for any other."""
+    __slots__ = ("_p", "_q")
+    _p: Residue
+    _q: Residue | None
 
     @property
     def p(self) -> np.ndarray:
@@ -149,6 +134,30 @@ class FieldArray:
 
     def q_known(self) -> bool:
         return self._q is not None
+
+
+class FieldArray(_LazyResidues):
+    """A tensor of field values: p-residues, and q-residues while they are known.
+
+    A residue may be held as a thunk and computed on first access: an exp argument's p-residue,
+    for instance, is never needed (exp reads the q-residue only), so the matmul producing it is
+    never run. `q is None` means the q-residue is unknown (the value depends on an exp or an
+    oracle); that is static, known without computing anything.
+    """
+
+    __slots__ = ("leaves", "shape")
+
+    def __init__(
+        self,
+        p: Residue,
+        q: Residue | None,
+        shape: tuple[int, ...] | None = None,
+        leaves: Leaves | None = None,
+    ) -> None:
+        self._p, self._q = p, q
+        self.shape: tuple[int, ...] = tuple(shape if shape is not None else p.shape)
+        self.leaves = leaves
+        """For a set-oracle (max) value: the values it is the max of; None for any other."""
 
     @property
     def ndim(self) -> int:
@@ -182,7 +191,7 @@ class FieldArray:
         return f"FieldArray(shape={self.shape}, q_known={self.q_known()})"
 
 
-class Leaves:
+class Leaves(_LazyResidues):
     """The arguments of a set-oracle value (max), flattened: residues with a trailing axis of k.
 
     Why: max(max(S1), max(S2)) = max(S1 | S2) over the reals, but a hash of the two partial
@@ -192,25 +201,10 @@ class Leaves:
     leaf's is known; they are read only when a set has one element (max{a} = a).
     """
 
-    __slots__ = ("_p", "_q", "k", "name")
+    __slots__ = ("k", "name")
 
     def __init__(self, name: str, p: Residue, q: Residue | None, k: int) -> None:
         self.name, self._p, self._q, self.k = name, p, q, k
-
-    @property
-    def p(self) -> np.ndarray:
-        if callable(self._p):
-            self._p = self._p()
-        return self._p
-
-    @property
-    def q(self) -> np.ndarray | None:
-        if callable(self._q):
-            self._q = self._q()
-        return self._q
-
-    def q_known(self) -> bool:
-        return self._q is not None
 
     def map(self, fn: Callable[[np.ndarray], np.ndarray], k: int) -> Leaves:
         """The same function applied (lazily) to both residue arrays; k is the result's width."""
