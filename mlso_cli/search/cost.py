@@ -18,6 +18,9 @@ Calibration (measured, or fitted to measurements) (benchmarks/RESULTS.md, "optim
   by element pay a 16-byte transaction per element. Geometric RMS error 1.37x over the 47; the
   worst is a multi-kernel split combine (mla_bs1's 4-launch program: 12.7 µs modelled, 32 µs
   measured).
+- A register-path kernel's loop-phase reductions (qknorm's per-key norm of K) are shared-memory
+  passes in series with its register step: each adds `loop_pass_s` to the step's dependent chain
+  (fitted 2026-12-02 after qknorm_gqa's 32-step batch-8 program ran 1.50x its fixture).
 - Code generation's stand-alone kernel-level matmul (the lifted, unfused programs use it) reaches
   about 5% of DRAM bandwidth and 3.2 TFLOP/s on the benchmark shapes (rmsnorm_linear's lifted
   program: 246 / 349 / 499 µs at bs 1 / 8 / 16). Without these the model called those programs
@@ -35,7 +38,7 @@ from mlso_cli.frontend.load import LoadedModel
 from mlso_cli.frontend.partition import Region
 from mlso_cli.frontend.report import _FREE_VIEWS, _nbytes, node_flops
 from mlso_cli.ir import DType, KernelGraph, Node, Op, Phase
-from mlso_cli.ir.ops import VIEW
+from mlso_cli.ir.ops import REDUCE, VIEW
 from mlso_cli.ir.spec import tile_shape
 
 
@@ -75,6 +78,22 @@ class Hardware:
     """What one warp's dependent mma.sync chain sustains (fitted, as above): a block of few warps
     cannot use its SM's share. gqa at batch 8 with 2-warp blocks and 32 loop steps measured
     73 µs, twice the 4-warp fixture, where the SM share alone predicted the same time."""
+    loop_pass_s: float = 0.75e-6
+    """Latency each loop-phase reduction adds to a loop step of a register-path kernel (fitted).
+    The online softmax runs in registers, but a reduction over the step's tile (qknorm's per-key
+    RMS norm of K) is still a shared-memory pass, and so is the pass that uses its result, each
+    closed by a barrier, in series before the register step: a block waits on them and only
+    other resident blocks hide them, so they lengthen the step's dependent chain (the mma-chain
+    term), not the SM's throughput terms. Measured on the H200 (benchmarks/RESULTS.md, "batch 8
+    and 16 after the refit", 2026-12-02): qknorm_gqa at batch 8 with 2 blocks per SM and 32 steps
+    of 32 keys ran 68.5 µs, the fixture (4 blocks per SM, 8 steps of 64 keys) 45.8 µs: about
+    1.9 µs a step where the model said 1.2 and priced the two the same. At batch 1 the qknorm
+    fixtures ran 18.2 µs where gqa's, same grid and tiles without the in-loop norm, ran 15.6.
+    Fitted to the refit's 66 programs and the 7 batch-8/16 searched programs of that table: the
+    optimum, 0.8 µs, ties qknorm_gqa_bs1's fixture with a shared-memory program measured 2x
+    slower; 0.75 keeps a margin. Over the 73: wrong-way pairs 7 -> 6, geometric RMS error
+    1.41 -> 1.40 (over the 66: 6 -> 6, 1.392 -> 1.387); the 32-step program now costs 1.38x
+    the fixture (measured 1.50x)."""
 
 
 H200 = Hardware()
@@ -224,10 +243,14 @@ def block_graph_time(gd: Node, nbytes: int, flops: int, tensor: bool, hw: Hardwa
         share_flops = min(share_flops, threads // 32 * hw.warp_flops)
     per_block_bytes, per_block_flops = (nbytes + _element_path_penalty(gd)) / blocks, flops / blocks
     steps = max(bg.loop, 1)
+    chain = _mma_chain_s(gd, threads // 32, hw) / steps if tensor else 0.0
+    if layout.register_path:
+        # the loop's shared-memory passes outside the register step are in series with it
+        chain += _loop_reductions(bg) * hw.loop_pass_s
     parts = (
         per_block_bytes / steps / share_bw,
         per_block_flops / steps / share_flops,
-        _mma_chain_s(gd, threads // 32, hw) / steps if tensor else 0.0,
+        chain,
     )
     if steps == 1 and per_sm == 1:
         # one resident block per SM and no loop: nothing overlaps its tile loads with its
@@ -258,6 +281,13 @@ def _loop_elements(bg) -> tuple[int, int]:
         elif n.phase is Phase.LOOP and n.op not in VIEW and n.op not in (Op.ITER, Op.CONST):
             passed += n.numel
     return score, passed
+
+
+def _loop_reductions(bg) -> int:
+    """Loop-phase reductions of a block graph: each is a shared-memory pass over the step's tile
+    (and one more for the values computed from its result) that a register-path kernel runs
+    outside its register step (`Hardware.loop_pass_s`)."""
+    return sum(1 for n in bg.nodes() if n.phase is Phase.LOOP and n.op in REDUCE)
 
 
 MMA_TILE = (16, 8, 16)
