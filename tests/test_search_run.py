@@ -10,11 +10,12 @@ verification and again here against the float64 interpreter.
 from __future__ import annotations
 
 from fractions import Fraction
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from mlso_cli.ir import DType, Op, check
+from mlso_cli.ir import DType, Op, Phase, check
 from mlso_cli.ir import build as b
 from mlso_cli.search.api import SearchOptions
 from mlso_cli.search.run import search
@@ -220,3 +221,94 @@ def test_qknorm_real_at_batch_one_normalises_inside_the_split_kv_program(tmp_pat
     best = min(res.candidates, key=lambda c: c.estimate_us)
     assert res.verified >= 1 and best.bound > 0
     assert best.kernels <= fx.launches and best.estimate_us <= 1.10 * fx.us
+
+
+def _explored_at_loops(target, loops: tuple[int, ...], want_whole: bool):
+    """The loop-over-the-contraction signature explored alone; its structures instantiated at
+    each loop count in `loops`, checked equal to the target (field check and float64)."""
+    from mlso_cli.ir import serialize
+    from mlso_cli.search import run as R
+    from mlso_cli.search.dims import dim_classes
+    from mlso_cli.search.shrink import shrink
+    from mlso_cli.search.space import Dims, Signature, instantiate, is_whole
+    from mlso_cli.verify.equivalence import check_equivalent
+
+    small, _ = shrink(target)
+    dcs, dcf = dim_classes(small), dim_classes(target)
+    k = dcs.input_class[0][1]
+    R._REGIONS.clear()
+    ex = R.explore(
+        R.Task(serialize.dumps(target), Signature((), k), 20_000, 0, "sm_90", 11, None, True)
+    )
+    recipes = [f.recipe for f in ex.found if any(is_whole(x) for x in f.recipe.feeds) == want_whole]
+    assert recipes, ex
+    for loop in loops:
+        kg = instantiate(target, dcf, recipes[0], Dims((), loop), R.save_slots(recipes[0]))
+        check(kg)
+        gd = next(n for n in kg.nodes() if n.op is Op.GRAPH_DEF)
+        assert gd.arg.loop == loop
+        assert check_equivalent(target, kg, seed=loop).equivalent
+        _agrees(target, SimpleNamespace(graph=kg))
+    return recipes[0], gd
+
+
+def _layernorm_linear_target(rows: int = 4, h: int = 64, n: int = 32):
+    """LayerNorm over the contraction index, then a linear layer: held out (not a benchmark
+    model's spelling: mean by REDUCE_SUM * 1/h, variance of the centred row)."""
+    x = b.input_(0, (rows, h), DType.F32)
+    g = b.input_(1, (h,), DType.F32)
+    be = b.input_(2, (h,), DType.F32)
+    w = b.input_(3, (h, n), DType.F32)
+    inv = b.const(Fraction(1, h))
+    c = b.sub(x, b.mul(b.reduce(Op.REDUCE_SUM, x, 1), inv))
+    var = b.mul(b.reduce(Op.REDUCE_SUM, b.unary(Op.SQUARE, c), 1), inv)
+    y = b.mul(c, b.unary(Op.RSQRT, b.add(var, b.const(Fraction(1, 100000)))))
+    out = b.matmul(b.add(b.mul(y, g), be), w)
+    return check(b.kernel_graph([x, g, be, w], [out]))
+
+
+def test_a_statistic_over_the_loop_index_is_taken_once_from_a_whole_feed():
+    """LayerNorm(x) @ W with the loop walking the normalised index: the mean and variance need the
+    whole row before the first step, so the row is fed a second time, whole, and the statistics
+    are computed once in the PRE phase (search/space.py WHOLE). Without it the only fused
+    programs were loop-free (layernorm_linear: 64 µs on the H200 against 31 for the fixture)."""
+    from mlso_cli.search.dims import dim_classes
+    from mlso_cli.search.space import WHOLE, Axis, Signature, whole_feeds
+
+    target = _layernorm_linear_target()
+    dc = dim_classes(target)
+    k = dc.input_class[0][1]
+    # only the row is fed whole: the weight reaches the loop index through the contraction, and
+    # gamma/beta only elementwise after the statistics
+    assert whole_feeds(target, dc, Signature((), k)) == (WHOLE + 0,)
+    # no loop, or a split-K grid dim over the index: no whole feed
+    assert whole_feeds(target, dc, Signature((), None)) == ()
+    assert whole_feeds(target, dc, Signature((Axis(k, True),), k)) == ()
+    _, gd = _explored_at_loops(target, (2, 4), want_whole=True)
+    # the row is read twice: sliced by the loop, and whole (no fmap)
+    xs = [im for im, s in zip(gd.arg.inputs, gd.src) if s is target.inputs[0]]
+    assert len(xs) == 2 and {im.fmap for im in xs} == {1, None}
+    # the statistics are computed before the loop, once
+    pre = [n for n in gd.arg.nodes() if n.op is Op.REDUCE_SUM]
+    assert pre and all(n.phase is Phase.PRE for n in pre)
+
+
+def test_groups_regroup_on_a_tile_that_holds_whole_groups():
+    """GroupNorm then a linear layer: the loop walks the channels in steps of whole groups, so
+    each step's tile is regrouped (rows, groups per step, group size) and normalised on its own;
+    the reshape is replayed at each instance's sizes (search/space.py Regroup), not at the
+    provisional ones it was found at."""
+    rows, groups, gs, n = 2, 8, 16, 32
+    h = groups * gs
+    x = b.input_(0, (rows, h), DType.F32)
+    w = b.input_(1, (h, n), DType.F32)
+    xg = b.reshape(x, (rows, groups, gs))
+    inv = b.const(Fraction(1, gs))
+    c = b.sub(xg, b.mul(b.reduce(Op.REDUCE_SUM, xg, 2), inv))
+    var = b.mul(b.reduce(Op.REDUCE_SUM, b.unary(Op.SQUARE, c), 2), inv)
+    y = b.reshape(b.mul(c, b.unary(Op.RSQRT, b.add(var, b.const(Fraction(1, 100000))))), (rows, h))
+    target = check(b.kernel_graph([x, w], [b.matmul(y, w)]))
+    for loop in (2, 8):
+        _, gd = _explored_at_loops(target, (loop,), want_whole=False)
+        shapes = [m.shape for m in gd.arg.nodes() if m.op is Op.RESHAPE and len(m.shape) == 3]
+        assert shapes == [(rows, groups // loop, gs)]

@@ -134,11 +134,15 @@ def test_divisors():
 
 
 def test_a_reshape_replays_on_a_tile_only_where_the_regrouped_dims_are_whole():
-    from mlso_cli.search.enumerate import _tile_reshape
+    from mlso_cli.search.space import tile_reshape as _tile_reshape
 
     # rows split by the grid, the regrouped (4096 -> 32 x 128) dim whole: rows keep their tile size
     assert _tile_reshape((8, 4096), (8, 32, 128), (2, 4096)) == (2, 32, 128)
     assert _tile_reshape((8, 32, 128), (8, 4096), (2, 32, 128)) == (2, 4096)
-    # the regrouped dim itself is split: a block holds only part of a group
-    assert _tile_reshape((8, 4096), (8, 32, 128), (8, 1024)) is None
+    # the regrouped dim itself is split in whole groups: a block holds 8 of the 32 groups
+    assert _tile_reshape((8, 4096), (8, 32, 128), (8, 1024)) == (8, 8, 128)
+    assert _tile_reshape((8, 32, 128), (8, 4096), (8, 8, 128)) == (8, 1024)
+    # ... or in part of a group, which a block cannot regroup
+    assert _tile_reshape((8, 4096), (8, 32, 128), (8, 64)) is None
+    assert _tile_reshape((8, 32, 128), (8, 4096), (8, 32, 64)) is None
     assert _tile_reshape((32,), (32, 1), (32,)) == (32, 1)

@@ -30,14 +30,22 @@ from mlso_cli.search.dims import DimClasses, typing_is_sound, value_classes
 from mlso_cli.search.fingerprint import Fingerprints, Print
 from mlso_cli.search.space import (
     ROW,
+    WHOLE_CLASS,
     Dims,
     Recipe,
     RecipeError,
+    Regroup,
     Signature,
     Step,
     apply_step,
+    feed_classes,
+    feed_input,
+    feeds_of,
+    is_whole,
     iters,
+    reshape_nodes,
     save_omap,
+    tile_reshape,
 )
 
 
@@ -277,20 +285,6 @@ def _summed_axis(op: Op, arg: Any, rank: int) -> int | None:
     return None
 
 
-def _tile_reshape(
-    full_src: tuple[int, ...], full_dst: tuple[int, ...], tile_src: tuple[int, ...]
-) -> tuple[int, ...] | None:
-    """The target's reshape applied to one tile: the leading dims both shapes share keep their
-    tile sizes, and the dims it splits or merges must be whole in the tile (None otherwise:
-    a block cannot regroup an index it holds only part of)."""
-    p = 0
-    while p < min(len(full_src), len(full_dst)) and full_src[p] == full_dst[p]:
-        p += 1
-    if tuple(tile_src[p:]) != tuple(full_src[p:]):
-        return None
-    return tuple(tile_src[:p]) + tuple(full_dst[p:])
-
-
 class BlockSearch:
     """One signature's enumeration (at provisional dims)."""
 
@@ -309,14 +303,17 @@ class BlockSearch:
         self.target, self.dc, self.sig, self.dims = target, dc, sig, dims
         self.alg, self.vocab, self.limits, self.stats = algebra, vocab, limits, stats
         self.tick = tick or (lambda: True)
-        self.feeds = tuple(range(len(target.inputs)))
+        self.feeds = feeds_of(target, dc, sig)
+        self._reshapes = reshape_nodes(target)
         tiles, _, _ = iters(target, dc, sig, dims, self.feeds)
         self.values: list[Value] = []
         self.seen: dict[tuple[Phase | None, Hashable], int] = {}
         self.typed = typing_is_sound(dc)
         for f, t in zip(self.feeds, tiles):
             e = algebra.tile(t, f, sig)
-            cs = tuple(c if t.shape[d] > 1 else None for d, c in enumerate(dc.input_class[f]))
+            cs = tuple(
+                c if t.shape[d] > 1 else None for d, c in enumerate(feed_classes(dc, sig, f))
+            )
             self.values.append(Value(t, e, None, 0, 0.0, classes=cs))
             self.seen[(t.phase, t.shape, algebra.key(e))] = len(self.values) - 1
         self.consts = [
@@ -359,55 +356,85 @@ class BlockSearch:
         builds the accumulators and the combines. Casts are transparent (the search's values are
         exact; codegen chooses storage). Nothing here knows what the target computes: it is the
         enumeration's round 0, grown from the target instead of from the inputs alone."""
+        n_in = len(self.target.inputs)
+        whole = {feed_input(f): i for i, f in enumerate(self.feeds) if is_whole(f)}
+        stats: dict[Node, int | Value | None] = {}
+        if whole:
+            # first on the whole feeds, for the statistics: a reduction over the loop's index of
+            # a whole tile is a sum within the block, computed once before the loop
+            first = self._replay({f: whole.get(f, f) for f in range(n_in)}, {})
+            stats = {n: v for n, v in first.items() if v is not None and self._broadcasts(v)}
+        self._replay({f: f for f in range(n_in)}, stats)
+
+    def _broadcasts(self, v: int | Value) -> bool:
+        """A whole-feed value that carries no loop index: it applies to every step's slice."""
+        val = self.values[v] if isinstance(v, int) else v
+        return all(c is None or c < WHOLE_CLASS for c in val.classes)
+
+    def _replay(
+        self, feed_of: dict[int, int], fallback: dict[Node, int | Value | None]
+    ) -> dict[Node, int | Value | None]:
+        """One replay of the target on the tiles `feed_of` picks per input (value numbers);
+        where an op cannot be replayed on those tiles, the `fallback` value of that node (a
+        statistic of a whole feed) stands in."""
         split = {ax.cls for ax in self.sig.grid} | (
             {self.sig.loop} if self.sig.loop is not None else set()
         )
         consts = {c.step.arg: c for c in self.consts}
         at: dict[Node, int | Value | None] = {
-            inp: f for f, inp in zip(self.feeds, self.target.inputs)
+            inp: feed_of[f] for f, inp in enumerate(self.target.inputs)
         }
         for n in toposort(list(self.target.outputs)):
             if n in at:
                 continue
-            if n.op is Op.CONST:
-                at[n] = consts.get(const_value(n))
-                continue
-            srcs = [at.get(s) for s in n.src]
-            if any(s is None for s in srcs) or self.stopped:
-                at[n] = None
-                continue
-            if n.op is Op.CAST:
-                at[n] = srcs[0]
-                continue
-            rule = _CHEAPER.get((n.op, n.src[-1].op))
-            if rule is not None and at.get(n.src[-1].src[0]) is not None:
-                at[n] = rule(self, srcs, at[n.src[-1].src[0]])
-                continue
-            if n.op not in _REPLAYED:
-                at[n] = None
-                continue
-            vals = [self.values[s] if isinstance(s, int) else s for s in srcs]
-            summed = _summed_axis(n.op, n.arg, len(vals[0].node.shape))
-            if summed is not None and (
-                not vals[0].classes
-                or (vals[0].classes[summed] in split and vals[0].node.shape[summed] > 1)
-            ):
-                at[n] = None  # a sum over a split index: the enumeration's to build
-                continue
-            arg, classes = n.arg, None
-            if n.op is Op.RESHAPE:
-                arg = _tile_reshape(n.src[0].shape, n.shape, vals[0].node.shape)
-                classes = self.dc.node_class.get(n)
-                if arg is None or classes is None:
-                    at[n] = None
-                    continue
-            at[n] = self._add(
-                Step(n.op, tuple(range(len(srcs))), arg),
-                list(srcs),
-                0,
-                existing=True,
-                classes=classes,
-            )
+            at[n] = self._replay_node(n, at, consts, split)
+            if at[n] is None and fallback.get(n) is not None:
+                at[n] = fallback[n]
+        return at
+
+    def _replay_node(
+        self,
+        n: Node,
+        at: dict[Node, int | Value | None],
+        consts: dict,
+        split: set[int],
+    ) -> int | Value | None:
+        if n.op is Op.CONST:
+            return consts.get(const_value(n))
+        srcs = [at.get(s) for s in n.src]
+        if any(s is None for s in srcs) or self.stopped:
+            return None
+        if n.op is Op.CAST:
+            return srcs[0]
+        rule = _CHEAPER.get((n.op, n.src[-1].op))
+        if rule is not None and at.get(n.src[-1].src[0]) is not None:
+            return rule(self, srcs, at[n.src[-1].src[0]])
+        if n.op not in _REPLAYED:
+            return None
+        vals = [self.values[s] if isinstance(s, int) else s for s in srcs]
+        summed = _summed_axis(n.op, n.arg, len(vals[0].node.shape))
+        if summed is not None and (
+            not vals[0].classes
+            or (vals[0].classes[summed] in split and vals[0].node.shape[summed] > 1)
+        ):
+            return None  # a sum over a split index: the enumeration's to build
+        arg, classes = n.arg, None
+        if n.op is Op.RESHAPE:
+            arg = Regroup(self._reshapes.index(n))
+            classes = self.dc.node_class.get(n)
+            if tile_reshape(n.src[0].shape, n.shape, vals[0].node.shape) is None or not classes:
+                return None
+            if any(c is not None and c >= WHOLE_CLASS for c in vals[0].classes):
+                classes = tuple(
+                    c + WHOLE_CLASS if c is not None and c == self.sig.loop else c for c in classes
+                )
+        return self._add(
+            Step(n.op, tuple(range(len(srcs))), arg),
+            list(srcs),
+            0,
+            existing=True,
+            classes=classes,
+        )
 
     # ---- growth ------------------------------------------------------------------------------
     def _add(
@@ -435,7 +462,9 @@ class BlockSearch:
             return None
         try:
             node = apply_step(
-                Step(step.op, tuple(range(len(srcs))), step.arg), [v.node for v in srcs]
+                Step(step.op, tuple(range(len(srcs))), step.arg),
+                [v.node for v in srcs],
+                self.target,
             )
         except RecipeError:
             self.stats.invalid += 1
@@ -657,8 +686,12 @@ class BlockSearch:
         # operands before users: pool numbers are not a topological order, because a cheaper
         # construction found later replaces a value in place, operands and all
         nfeed = len(self.feeds)
-        order = list(range(nfeed))
-        placed = set(order)
+        used = self._cone(saves)
+        # every input's own tile stays (a recipe's block inputs are the kernel's inputs, in
+        # order); a whole feed only where the program reads it
+        order = [i for i in range(nfeed) if not is_whole(self.feeds[i]) or i in used]
+        kept = len(order)
+        placed = set(range(nfeed))
         for root in saves:
             stack = [(root, False)]
             while stack:
@@ -679,13 +712,26 @@ class BlockSearch:
                 tuple(renum[s] for s in self.values[i].step.srcs),
                 self.values[i].step.arg,
             )
-            for i in order[nfeed:]
+            for i in order[kept:]
         )
         n_in = len(self.target.inputs)
         outs = outputs if outputs is not None else tuple(n_in + j for j in range(len(saves)))
-        return Recipe(
-            self.sig, self.feeds, steps, tuple(renum[s] for s in saves), kernel_steps, outs
-        )
+        feeds = tuple(self.feeds[i] for i in order[:kept])
+        return Recipe(self.sig, feeds, steps, tuple(renum[s] for s in saves), kernel_steps, outs)
+
+    def _cone(self, roots: list[int]) -> set[int]:
+        """Pool numbers of the values `roots` are computed from, themselves included."""
+        out: set[int] = set()
+        stack = list(roots)
+        while stack:
+            i = stack.pop()
+            if i in out:
+                continue
+            out.add(i)
+            st = self.values[i].step
+            if st is not None:
+                stack.extend(st.srcs)
+        return out
 
 
 @dataclass

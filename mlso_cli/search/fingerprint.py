@@ -28,7 +28,7 @@ from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.node import Node, const_value
 from mlso_cli.ir.ops import ELEMENTWISE, REDUCE, Op
 from mlso_cli.search.dims import DimClasses
-from mlso_cli.search.space import Dims, Signature, input_map, save_omap
+from mlso_cli.search.space import Dims, Signature, feed_input, input_map, save_omap
 from mlso_cli.verify.field import BadPrime, Field, FieldArray, ZeroDenominator
 from mlso_cli.verify.fieldrun import run_field
 from mlso_cli.verify.semantics import ACC_TERMS, SEMANTICS
@@ -127,12 +127,12 @@ class Fingerprints:
 
     # ---- sources -----------------------------------------------------------------------------
     def tile(self, node: Node, feed: int, sig: Signature) -> Print:
-        src = self.target.inputs[feed]
+        src = self.target.inputs[feed_input(feed)]
         im = input_map(self.dc, sig, feed)
         looped = im.fmap is not None
         steps = self.dims.loop if looped else 1
         ps, qs = [], []
-        full = self.inputs[feed]
+        full = self.inputs[feed_input(feed)]
         for idx in self.blocks:
             bounds = chunk_bounds(src.shape, im, self.grid, idx)
             for s in range(steps):

@@ -30,10 +30,20 @@ class ExprPruner:
         self.inputs = [input_expr(i, n.shape) for i, n in enumerate(target.inputs)]
         self.checks = 0
 
-    def bind(self, grid: tuple[int, int, int], loop: int, maps: Sequence[InputMap]) -> BoundPruner:
-        return BoundPruner(
-            self, BlockContext.of(BlockGraph(grid, loop, tuple(maps), ()), self.inputs)
-        )
+    def bind(
+        self,
+        grid: tuple[int, int, int],
+        loop: int,
+        maps: Sequence[InputMap],
+        feeds: Sequence[int] | None = None,
+    ) -> BoundPruner:
+        """The pruner of one signature's block: `maps[i]` tiles kernel input `feeds[i]` (the
+        same input may be fed twice, sliced and whole: search/space.py WHOLE)."""
+        from mlso_cli.search.space import feed_input
+
+        feeds = range(len(self.inputs)) if feeds is None else feeds
+        srcs = [self.inputs[feed_input(f)] for f in feeds]
+        return BoundPruner(self, BlockContext.of(BlockGraph(grid, loop, tuple(maps), ()), srcs))
 
 
 class BoundPruner:

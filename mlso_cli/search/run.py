@@ -48,6 +48,7 @@ from mlso_cli.search.space import (
     Recipe,
     RecipeError,
     Signature,
+    feeds_of,
     instantiate,
     iters,
     signatures,
@@ -196,8 +197,9 @@ def explore(task: Task) -> Explored:
     if dims is not None:
         try:
             fp = Fingerprints(small, dcs, task.sig, dims, task.seed)
-            _, maps, grid = iters(small, dcs, task.sig, dims, tuple(range(len(small.inputs))))
-            bound = pruner.bind(grid, dims.loop, maps) if pruner is not None else None
+            feeds = feeds_of(small, dcs, task.sig)
+            _, maps, grid = iters(small, dcs, task.sig, dims, feeds)
+            bound = pruner.bind(grid, dims.loop, maps, feeds) if pruner is not None else None
             completes = task.sig.partial() is not None and len(target.outputs) == 1
             # a split signature keeps part of its share for the kernel-level completion, which
             # needs the partial sums the block search leaves when its own part runs out
@@ -310,6 +312,19 @@ class _Guarded:
             return Explored(task.sig, (), 0, 0, 0, 0, False, f"{type(exc).__name__}: {exc}")
 
 
+def _full_check(
+    target: KernelGraph | str, program: KernelGraph | str, seed: int, runs: int
+) -> tuple[bool, float, str | None]:
+    """One candidate's verification at full shapes (graphs as objects, or as JSON text when it
+    runs in a worker process): (equivalent, bound, what the bound assumes)."""
+    if isinstance(target, str):
+        target = serialize.loads(target)
+    if isinstance(program, str):
+        program = serialize.loads(program)
+    verdict = check_equivalent(target, program, seed=seed, runs_so_far=runs)
+    return verdict.equivalent, verdict.bound, verdict.heuristic
+
+
 def search(
     target: KernelGraph,
     options: SearchOptions,
@@ -359,32 +374,43 @@ def search(
     jobs = max(1, min(options.jobs, len(tasks), os.cpu_count() or 1))
     explore_safely = _Guarded()
     pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
+    lifted = program_cost(target)
+    candidates: list[Candidate] = [Candidate(target, lifted.us, lifted.launches, 0.0)]
+    bound, verified = 0.0, 0
+    assumes: set[str] = set()
     try:
         done = _passes(tasks, total, pool, explore_safely, deadline, record)
+        found = sorted(
+            (f for ex in done for f in ex.found),
+            key=lambda f: (f.estimate_us, f.launches, repr(f.recipe)),
+        )
+        checks = []
+        for f in found[:FULL_CHECKS]:
+            if f.estimate_us >= lifted.us:
+                break
+            kg = instantiate(target, dcf, f.recipe, f.dims, save_slots(f.recipe))
+            checks.append((f, kg, seed * 7 + len(checks) + 1, len(checks) + 1))
+        # the full-shape checks are independent: on the pool they run side by side (at batch 8
+        # one attention check takes about a minute on this machine's core)
+        if pool is not None:
+            futures = [
+                pool.submit(_full_check, text, serialize.dumps(kg), s, runs)
+                for _, kg, s, runs in checks
+            ]
+            verdicts = [fu.result() for fu in futures]
+        else:
+            verdicts = [_full_check(target, kg, s, runs) for _, kg, s, runs in checks]
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    found = sorted(
-        (f for ex in done for f in ex.found),
-        key=lambda f: (f.estimate_us, f.launches, repr(f.recipe)),
-    )
-    lifted = program_cost(target)
-    candidates: list[Candidate] = [Candidate(target, lifted.us, lifted.launches, 0.0)]
-    bound, runs, verified = 0.0, 0, 0
-    assumes: set[str] = set()
-    for f in found[:FULL_CHECKS]:
-        if f.estimate_us >= lifted.us:
-            break
-        kg = instantiate(target, dcf, f.recipe, f.dims, save_slots(f.recipe))
-        runs += 1
-        verdict = check_equivalent(target, kg, seed=seed * 7 + runs, runs_so_far=runs)
-        if not verdict.equivalent:
+    for (f, kg, _, _), (equivalent, vbound, heuristic) in zip(checks, verdicts):
+        if not equivalent:
             continue
         verified += 1
-        bound += verdict.bound
-        if verdict.heuristic:
-            assumes.add(verdict.heuristic)
-        candidates.append(Candidate(kg, f.estimate_us, f.launches, verdict.bound))
+        bound += vbound
+        if heuristic:
+            assumes.add(heuristic)
+        candidates.append(Candidate(kg, f.estimate_us, f.launches, vbound))
     candidates.sort(key=lambda c: (c.estimate_us, c.kernels))
     partial = any(ex.partial for ex in done)
     notes = (

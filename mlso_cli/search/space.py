@@ -10,6 +10,7 @@ model picks, through the IR builders, so every instance is shape-checked the sam
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -18,12 +19,51 @@ from mlso_cli.ir import build as b
 from mlso_cli.ir.builder import BlockBuilder, BuildError
 from mlso_cli.ir.graph import PARTIAL, InputMap, KernelGraph
 from mlso_cli.ir.node import Node
-from mlso_cli.ir.ops import ACCUMULATORS, BINARY, REDUCE, UNARY, DType, Op
+from mlso_cli.ir.ops import ACCUMULATORS, BINARY, ELEMENTWISE, REDUCE, UNARY, DType, Op
 from mlso_cli.ir.spec import tile_shape
 from mlso_cli.search.dims import DimClasses
 
 ROW = "row"
 """RESHAPE arg of a recipe step that views a 1-D tile as one row (1, n) for a matmul."""
+
+WHOLE = 1 << 16
+"""Added to a kernel input's number in `Recipe.feeds`: a second ITER of that input, read whole
+along the index the loop walks (once per block, in the PRE phase) rather than a slice per step.
+
+Why: a statistic of a small input over the loop's index (LayerNorm's mean and variance of the
+row the loop walks) can then be computed once before the loop and applied to every step's slice,
+instead of being expanded into accumulators of its own. Which inputs get one: `whole_feeds`."""
+
+WHOLE_CLASS = 1 << 20
+"""Added to the loop's index class on the dims of a whole feed: the same index, read whole, so
+index typing keeps it apart from the loop's slices (they never meet elementwise or in a
+contraction) and a sum over it is a sum within the block, not over a split index."""
+
+
+def feed_input(feed: int) -> int:
+    """The kernel input a feed reads."""
+    return feed % WHOLE
+
+
+def is_whole(feed: int) -> bool:
+    return feed >= WHOLE
+
+
+@dataclass(frozen=True)
+class Regroup:
+    """RESHAPE arg of a recipe step: the target's reshape number `index` (`reshape_nodes`),
+    applied to whatever tile its source has at the sizes being instantiated (`tile_reshape`).
+    Why not a shape: a recipe is enumerated at provisional sizes and replayed at others, where
+    the regrouped tile has another size (GroupNorm's 16 groups per step become 2)."""
+
+    index: int
+
+
+def reshape_nodes(target: KernelGraph) -> list[Node]:
+    """The target's RESHAPE nodes in the replay's (topological) order: what Regroup numbers."""
+    from mlso_cli.ir.node import toposort
+
+    return [n for n in toposort(list(target.outputs)) if n.op is Op.RESHAPE]
 
 
 @dataclass(frozen=True)
@@ -109,25 +149,143 @@ class RecipeError(ValueError):
 
 
 def input_map(dc: DimClasses, sig: Signature, feed: int) -> InputMap:
-    classes = dc.input_class[feed]
+    classes = dc.input_class[feed_input(feed)]
     imap: list[int | None] = []
     for ax in sig.grid:
         imap.append(next((d for d, c in enumerate(classes) if c == ax.cls), None))
     imap += [None] * (3 - len(imap))
     fmap = (
         next((d for d, c in enumerate(classes) if c == sig.loop), None)
-        if sig.loop is not None
+        if sig.loop is not None and not is_whole(feed)
         else None
     )
     return InputMap(tuple(imap), fmap)
 
 
-def _shape_arg(arg: Any, srcs: list[Node]) -> Any:
-    """A RESHAPE step's target shape: ROW views a 1-D tile as one row."""
-    return (1, srcs[0].shape[0]) if arg == ROW else arg
+def feed_classes(dc: DimClasses, sig: Signature, feed: int) -> tuple[int | None, ...]:
+    """Index class per dim of a feed's tile (a whole feed's loop index marked WHOLE_CLASS)."""
+    cs = dc.input_class[feed_input(feed)]
+    if not is_whole(feed):
+        return cs
+    return tuple(c + WHOLE_CLASS if c is not None and c == sig.loop else c for c in cs)
 
 
-def _apply(op: Op, srcs: list[Node], arg: Any) -> Node:
+_PASS_THROUGH = frozenset(ELEMENTWISE) | {Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST}
+
+
+def whole_feeds(target: KernelGraph, dc: DimClasses, sig: Signature) -> tuple[int, ...]:
+    """The whole feeds worth offering for this signature: inputs that the target reduces over
+    the loop's index (a REDUCE, not a contraction) through elementwise ops and views only.
+
+    Why so narrow: a whole feed costs the enumeration a tile of its own, and only such a
+    reduction can use one (a statistic computed once per block, then applied to each step's
+    slice). An input that reaches the loop's index only through a matmul (attention's keys) is
+    streamed, never held whole. Not offered when a grid dim splits the loop's index (split-K),
+    where 'whole' would be one block's chunk."""
+    loop = sig.loop
+    if loop is None or any(ax.cls == loop for ax in sig.grid):
+        return ()
+    index = {n: i for i, n in enumerate(target.inputs)}
+    found: set[int] = set()
+    for n in target.nodes():
+        if n.op not in REDUCE:
+            continue
+        cs = dc.node_class.get(n.src[0])
+        if cs is None or cs[n.arg] != loop:
+            continue
+        stack, seen = [n.src[0]], set()
+        while stack:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            if x in index:
+                found.add(index[x])
+            elif x.op in _PASS_THROUGH:
+                stack.extend(x.src)
+    return tuple(sorted(f + WHOLE for f in found if loop in dc.input_class[f]))
+
+
+def feeds_of(target: KernelGraph, dc: DimClasses, sig: Signature) -> tuple[int, ...]:
+    """Every feed a signature's enumeration starts from: each input's tile, then whole feeds."""
+    return tuple(range(len(target.inputs))) + whole_feeds(target, dc, sig)
+
+
+def _shape_arg(arg: Any, srcs: list[Node], target: KernelGraph | None = None) -> Any:
+    """A RESHAPE step's target shape: ROW views a 1-D tile as one row; a Regroup is the target's
+    reshape applied to this tile."""
+    if arg == ROW:
+        return (1, srcs[0].shape[0])
+    if isinstance(arg, Regroup):
+        if target is None:
+            raise RecipeError("a regrouping reshape needs its target")
+        n = reshape_nodes(target)[arg.index]
+        shape = tile_reshape(n.src[0].shape, n.shape, srcs[0].shape)
+        if shape is None:
+            raise RecipeError(
+                f"reshape {n.src[0].shape} -> {n.shape} does not fit tile {srcs[0].shape}"
+            )
+        return shape
+    return arg
+
+
+def tile_reshape(
+    full_src: tuple[int, ...], full_dst: tuple[int, ...], tile_src: tuple[int, ...]
+) -> tuple[int, ...] | None:
+    """The target's reshape applied to one tile, or None where a block cannot regroup what it
+    holds.
+
+    Dims are paired by running products, as search/dims.py pairs them. A dim the reshape keeps
+    keeps its tile size. A dim split into several (4096 -> 32 x 128) may be tiled in whole units
+    of the inner ones: a tile of 1024 becomes 8 x 128 (GroupNorm's groups, when a loop step
+    covers whole groups). Dims merged into one must be whole in the tile except the outermost,
+    and a many-to-many regrouping must be whole."""
+    out: list[int] = []
+    i = j = 0
+    a, b = full_src, full_dst
+    while i < len(a) or j < len(b):
+        gi, gj = ([i] if i < len(a) else []), ([j] if j < len(b) else [])
+        pa = a[i] if i < len(a) else 1
+        pb = b[j] if j < len(b) else 1
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb and i < len(a):
+                gi.append(i)
+                pa *= a[i]
+                i += 1
+            elif j < len(b):
+                gj.append(j)
+                pb *= b[j]
+                j += 1
+            else:
+                return None
+        tiles = [tile_src[d] for d in gi]
+        whole = [a[d] for d in gi]
+        big_i = [k for k, d in enumerate(gi) if a[d] > 1]
+        big_j = [k for k, d in enumerate(gj) if b[d] > 1]
+        if tiles == whole:
+            out.extend(b[d] for d in gj)
+        elif len(big_i) == 1 and big_j:
+            # one dim -> several: whole units of the inner ones
+            inner = math.prod(b[d] for d in gj[big_j[0] + 1 :])
+            t = tiles[big_i[0]]
+            if t % inner:
+                return None
+            out.extend(
+                1 if k < big_j[0] else (t // inner if k == big_j[0] else b[d])
+                for k, d in enumerate(gj)
+            )
+        elif len(big_j) == 1 and big_i:
+            # several dims -> one: all but the outermost whole
+            if any(tiles[k] != whole[k] for k in big_i[1:]):
+                return None
+            out.extend(math.prod(tiles) if k == big_j[0] else 1 for k in range(len(gj)))
+        else:
+            return None
+    return tuple(out)
+
+
+def _apply(op: Op, srcs: list[Node], arg: Any, target: KernelGraph | None = None) -> Node:
     if op is Op.CONST:
         return b.const(arg)
     if op in UNARY:
@@ -143,26 +301,29 @@ def _apply(op: Op, srcs: list[Node], arg: Any) -> Node:
     if op is Op.TRANSPOSE:
         return b.transpose(srcs[0], arg)
     if op is Op.RESHAPE:
-        return b.reshape(srcs[0], _shape_arg(arg, srcs))
+        return b.reshape(srcs[0], _shape_arg(arg, srcs, target))
     raise RecipeError(f"recipe step {op.value} has no builder")
 
 
-def _block_step(bb: BlockBuilder, step: Step, values: list[Node]) -> Node:
-    """One block step through the builder (a recipe's ROW reshape spelled as its shape)."""
+def _block_step(
+    bb: BlockBuilder, step: Step, values: list[Node], target: KernelGraph | None = None
+) -> Node:
+    """One block step through the builder (a recipe's ROW or Regroup reshape as its shape)."""
     try:
         srcs = [values[i] for i in step.srcs]
-        arg = _shape_arg(step.arg, srcs) if step.op is Op.RESHAPE else step.arg
+        arg = _shape_arg(step.arg, srcs, target) if step.op is Op.RESHAPE else step.arg
     except IndexError as exc:
         raise RecipeError(f"{step.op.value}: {exc}") from exc
     return bb.apply(step.op, srcs, arg)
 
 
-def apply_step(step: Step, values: list[Node]) -> Node:
-    """Build one step's node from earlier values (ShapeError becomes RecipeError)."""
+def apply_step(step: Step, values: list[Node], target: KernelGraph | None = None) -> Node:
+    """Build one step's node from earlier values (ShapeError becomes RecipeError); `target`
+    resolves Regroup reshapes."""
     from mlso_cli.ir.shapes import ShapeError
 
     try:
-        return _apply(step.op, [values[i] for i in step.srcs], step.arg)
+        return _apply(step.op, [values[i] for i in step.srcs], step.arg, target)
     except (ShapeError, AssertionError, IndexError) as exc:
         raise RecipeError(f"{step.op.value}: {exc}") from exc
 
@@ -173,7 +334,7 @@ def iters(
     grid = tuple(dims.grid) + (1,) * (3 - len(dims.grid))
     tiles, maps = [], []
     for i, f in enumerate(feeds):
-        src = target.inputs[f]
+        src = target.inputs[feed_input(f)]
         im = input_map(dc, sig, f)
         for g, d in zip(grid, im.imap):
             if d is not None and src.shape[d] % g:
@@ -211,11 +372,15 @@ def instantiate(
     _, maps, grid = iters(target, dc, sig, dims, recipe.feeds)  # RecipeError on a misfit size
     try:
         bb = BlockBuilder(
-            grid, dims.loop, maps, [target.inputs[f] for f in recipe.feeds], budget=False
+            grid,
+            dims.loop,
+            maps,
+            [target.inputs[feed_input(f)] for f in recipe.feeds],
+            budget=False,
         )
         values = [bb.iter(i) for i in range(len(recipe.feeds))]
         for st in recipe.block_steps:
-            values.append(_block_step(bb, st, values))
+            values.append(_block_step(bb, st, values, target))
         for v, slot in zip(recipe.saves, save_slots):
             dt = DType.F32 if sig.partial() is not None else target.outputs[slot].dtype
             bb.save(values[v], save_omap(dc, sig, slot), dt)
