@@ -122,6 +122,53 @@ def test_gelu_spellings_lift_to_the_same_graph(tmp_path):
     assert const_value(c) == INV_SQRT2
 
 
+def test_the_gelu_scale_is_the_checkers_constant_even_from_an_fp16_spelling(tmp_path):
+    """fp16 rounds 1/sqrt(2) to 181/256: the lifter snaps it (as the checker does) to exactly
+    verify/semantics.py's INV_SQRT2, so the search's fingerprints, which use constants as
+    written, meet the target's (held-out LayerNorm + GELU regions found nothing before)."""
+    from mlso_cli.verify import semantics
+
+    x = _vi("x", [4, 8])
+    m = _model(
+        [
+            helper.make_node("Mul", ["x", "c"], ["u"]),
+            helper.make_node("Erf", ["u"], ["y"]),
+        ],
+        [x],
+        [_vi("y", [4, 8])],
+        [_scalar("c", float(np.float16(0.70710677)))],
+    )
+    (g,) = lift_model(str(save(m, tmp_path / "a.onnx")))
+    erf = next(n for n in g.nodes() if n.op is Op.ERF)
+    c = next(s for s in erf.src[0].src if s.op is Op.CONST)
+    assert const_value(c) == semantics.INV_SQRT2 == INV_SQRT2
+
+
+def test_a_division_by_a_constant_lifts_as_a_product_by_its_exact_reciprocal(tmp_path):
+    from fractions import Fraction
+
+    x = _vi("x", [4, 8])
+    m = _model(
+        [helper.make_node("Div", ["x", "c"], ["y"])],
+        [x],
+        [_vi("y", [4, 8])],
+        [_scalar("c", 8.0)],
+    )
+    (g,) = lift_model(str(save(m, tmp_path / "a.onnx")))
+    assert not any(n.op is Op.DIV for n in g.nodes())
+    mul = next(n for n in g.nodes() if n.op is Op.MUL)
+    assert [const_value(s) for s in mul.src if s.op is Op.CONST] == [Fraction(1, 8)]
+    # a divisor that is a tensor stays a division
+    m2 = _model(
+        [helper.make_node("Div", ["x", "d"], ["y"])],
+        [x, _vi("d", [4, 8])],
+        [_vi("y", [4, 8])],
+        [],
+    )
+    (g2,) = lift_model(str(save(m2, tmp_path / "b.onnx")))
+    assert any(n.op is Op.DIV for n in g2.nodes())
+
+
 def test_pow_canonical_forms(tmp_path):
     x = _vi("x", [4, 8])
     for exp, op in ((2.0, Op.SQUARE), (0.5, Op.SQRT), (-0.5, Op.RSQRT), (-1.0, Op.RECIPROCAL)):

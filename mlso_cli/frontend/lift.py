@@ -8,9 +8,12 @@ equivalent spellings agree in the finite-field checker:
 - Pow(x, 2) -> square(x); Pow(x, 0.5) -> sqrt; Pow(x, -0.5) -> rsqrt; Pow(x, -1) -> reciprocal.
   (rsqrt(x) and 1/sqrt(x), sigmoid(x) and 1/(1+exp(-x)), x*sigmoid(x) and silu agree in the
   field by the checker's definitions, so they need no rewrite here.)
-- The constant scaling erf's argument is snapped to exactly 1/sqrt(2) when it is within 1e-6 of
-  it (Mul(x, 0.70710677) and Div(x, 1.4142135) are the same GELU); the Gelu op lifts to the same
-  erf form.
+- Division by a scalar constant is multiplication by its exact reciprocal (Div(s, 8) and
+  Mul(s, 0.125) are one attention scale; the search builds scaled values as products).
+- The constant scaling erf's argument is snapped to exactly the checker's 1/sqrt(2)
+  (verify/semantics.py INV_SQRT2) when it is within fp16 rounding of it, as the checker snaps
+  it (Mul(x, 0.70710677), Div(x, 1.4142135) and fp16's Mul(x, 181/256) are the same GELU); the
+  Gelu op lifts to the same erf form.
 - Masks: Where(mask, x, -inf) feeding a Softmax becomes exp(x) multiplied by a 0/1 mask, so masked
   attention stays in the field.
 - Composite ops compute in fp32 between casts, as ONNX Runtime's kernels do.
@@ -33,6 +36,7 @@ from mlso_cli.frontend.partition import Region, constant_values, partition
 from mlso_cli.ir import DType, KernelGraph, Node, Op, check
 from mlso_cli.ir import build as b
 from mlso_cli.ir.node import const_value
+from mlso_cli.verify import semantics
 
 ONNX_TO_DTYPE = {
     TensorProto.FLOAT: DType.F32,
@@ -41,7 +45,9 @@ ONNX_TO_DTYPE = {
 }
 DTYPE_TO_ONNX = {v: k for k, v in ONNX_TO_DTYPE.items()}
 _NP_OF = {DType.F32: np.float32, DType.F16: np.float16}
-INV_SQRT2 = Fraction(1 / math.sqrt(2))
+INV_SQRT2 = semantics.INV_SQRT2
+"""The checker's 1/sqrt(2), exactly: the lifted constant must be the one the field semantics
+snaps to, or a search's fingerprints (which use constants as written) never meet the target's."""
 NEG_BIG = -1e4
 
 
@@ -199,17 +205,25 @@ def _pow(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
 
 
 def _snap_gelu_scale(x: Node) -> Node:
-    """erf(x * c) or erf(x / c') with c ~ 1/sqrt(2): the canonical GELU argument."""
-    if x.op in (Op.MUL, Op.DIV):
+    """erf(x * c) with c within fp16 rounding of 1/sqrt(2): the canonical GELU argument (a Div by
+    a constant has already become a Mul by its reciprocal, `_div`)."""
+    if x.op is Op.MUL:
         for i in (0, 1):
             c, other = x.src[i], x.src[1 - i]
-            if c.op is Op.CONST and (x.op is Op.MUL or i == 1):
-                v = float(const_value(c))
-                if x.op is Op.DIV:
-                    v = 1.0 / v if v else 0.0
-                if abs(v - float(INV_SQRT2)) <= 1e-6 * float(INV_SQRT2):
-                    return b.mul(other, b.const(INV_SQRT2, c.dtype))
+            if c.op is Op.CONST and semantics.canonical_const(const_value(c)) == INV_SQRT2:
+                return b.mul(other, b.const(INV_SQRT2, c.dtype))
     return x
+
+
+def _div(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    """x / c for a nonzero scalar constant c is x * (1/c), exact in the rationals the checker
+    works in. Why: the search spells a scaled value as a product by a constant (a quotient by one
+    is a constant multiple it already has), so `Div(scores, 8)` found nothing where
+    `Mul(scores, 0.125)` fused (benchmarks/heldout_sweep.py)."""
+    x, d = _x(ctx, node, 0), _x(ctx, node, 1)
+    if d.op is Op.CONST and const_value(d) != 0:
+        return [b.mul(x, b.const(1 / const_value(d), d.dtype))]
+    return [b.binary(Op.DIV, x, d)]
 
 
 def _erf(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
@@ -495,7 +509,7 @@ RULES: dict[str, Callable[[_Ctx, onnx.NodeProto], list[Node]]] = {
     "Add": _elementwise(Op.ADD),
     "Sub": _elementwise(Op.SUB),
     "Mul": _elementwise(Op.MUL),
-    "Div": _elementwise(Op.DIV),
+    "Div": _div,
     "Sqrt": _elementwise(Op.SQRT),
     "Reciprocal": _elementwise(Op.RECIPROCAL),
     "Exp": _exp,
