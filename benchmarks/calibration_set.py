@@ -6,7 +6,7 @@ timing the runners-up as well shows where the ranking is wrong and gives the dat
 
 For each row (models/build_models.py SPECS, fp16) this runs the search in this process, as
 `mlso optimize` does, with the full-shape verification widened to the cheapest `--top`
-structures (search/run.py FULL_CHECKS), and writes each verified program as μGraph JSON, named
+structures (SearchOptions.full_checks), and writes each verified program as μGraph JSON, named
 `<row>_bs<N>_c<k>.json` (k = 0 is the model's choice), plus `estimates.json` with the model's
 figure for each. `--compile` also compiles them with nvcc into the kernel cache
 (MLSO_CACHE_DIR), so a GPU machine that is given the cache only times them:
@@ -44,8 +44,7 @@ def row_programs(name: str, bs: int, top: int, jobs: int) -> list[tuple[str, flo
         onnx.save(SPECS[name].build(bs, "float16", small=False), str(path))
         lifted = lift(str(path))
     target = lifted.regions[0].graph
-    search_run.FULL_CHECKS = top
-    result = search_run.search(target, SearchOptions(jobs=jobs))
+    result = search_run.search(target, SearchOptions(jobs=jobs, full_checks=top))
     return [
         (serialize.dumps(c.graph), c.estimate_us, c.kernels)
         for c in result.candidates

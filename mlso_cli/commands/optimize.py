@@ -177,7 +177,13 @@ def optimize_cmd(
     if out is not None and not dry_run:
         _check_paths(model, out, force)
     options = PipelineOptions(
-        search=SearchOptions(budget_s=budget, max_states=max_states, jobs=jobs, seed=seed),
+        search=SearchOptions(
+            budget_s=budget,
+            max_states=max_states,
+            jobs=jobs,
+            seed=seed,
+            full_checks=top_k if gpu is not None else 1,
+        ),
         min_speedup=min_speedup,
         seed=seed,
         gpu=gpu,

@@ -25,6 +25,10 @@ class SearchOptions:
     arch: str = "sm_90"
     kernel_ops: int = 5
     block_ops: int = 11
+    full_checks: int = 1
+    """How many of the best-estimated structures are verified at full shapes and returned. One
+    suffices to choose by the cost model; with a GPU, `optimize` asks for as many as it times
+    (`--top-k`). Why not always three: an attention check at batch 16 takes minutes of a core."""
 
     def cache_fields(self) -> dict:
         """The options that change the result (and so belong in a cache key). `jobs` does not:
@@ -35,6 +39,7 @@ class SearchOptions:
             "arch": self.arch,
             "kernel_ops": self.kernel_ops,
             "block_ops": self.block_ops,
+            "full_checks": self.full_checks,
         }
 
 

@@ -31,7 +31,7 @@ from mlso_cli.search.dims import DimClasses
 from mlso_cli.search.space import Dims, Signature, feed_input, input_map, save_omap
 from mlso_cli.verify.field import BadPrime, Field, FieldArray, ZeroDenominator
 from mlso_cli.verify.fieldrun import run_field
-from mlso_cli.verify.semantics import ACC_TERMS, SEMANTICS
+from mlso_cli.verify.semantics import ACC_TERMS, SEMANTICS, canonical_const
 from mlso_cli.verify.walk import chunk_bounds, step_index
 
 LEAD = 2
@@ -183,7 +183,9 @@ class Fingerprints:
             ]
         try:
             if node.op is Op.CONST:
-                c = A.const(const_value(node))
+                # as the verifier reads it (fieldrun): a constant within fp16 rounding of
+                # 1/sqrt(2) is that constant, or a GELU's scale never meets the target's
+                c = A.const(canonical_const(const_value(node)))
                 return self._print(A.reshape(c, (1, 1)))
             if node.op is Op.ACC_SUM:
                 v = A.reduce_sum(vals[0], 1)

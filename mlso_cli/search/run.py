@@ -19,6 +19,7 @@ the run seed, so the result does not depend on `--jobs` or on the order workers 
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -55,8 +56,15 @@ from mlso_cli.search.space import (
 )
 from mlso_cli.verify.equivalence import check_equivalent
 
-FULL_CHECKS = 3
-"""Structures re-verified at full shapes per region (the cheapest by estimate)."""
+FULL_BOUND = 2.0**-60
+"""The false-accept bound a region's first full-shape check must reach (the k-th: FULL_BOUND /
+(k (k + 1)), so that the union over a run's checks stays below FULL_BOUND)."""
+CHECK_PARTS = 2
+"""Each full-shape check is run as this many independent halves (own seeds, own fields), each
+to the CHECK_PARTS-th root of the check's bound: a wrong program passes all of them with at most
+the product of their bounds. Why: the halves run side by side on the pool, so one check costs
+half the wall clock (at batch 16 one attention check took minutes of a core). The split does not
+depend on --jobs, so the result does not either."""
 FILTER_BOUND = 2.0**-30
 """The reduced-shape check is a filter, not an acceptance: a looser bound suffices."""
 COMPLETION_STATES = 20_000
@@ -313,15 +321,15 @@ class _Guarded:
 
 
 def _full_check(
-    target: KernelGraph | str, program: KernelGraph | str, seed: int, runs: int
+    target: KernelGraph | str, program: KernelGraph | str, seed: int, bound: float
 ) -> tuple[bool, float, str | None]:
-    """One candidate's verification at full shapes (graphs as objects, or as JSON text when it
-    runs in a worker process): (equivalent, bound, what the bound assumes)."""
+    """One part of a candidate's verification at full shapes (graphs as objects, or as JSON text
+    when it runs in a worker process): (equivalent, bound reached, what the bound assumes)."""
     if isinstance(target, str):
         target = serialize.loads(target)
     if isinstance(program, str):
         program = serialize.loads(program)
-    verdict = check_equivalent(target, program, seed=seed, runs_so_far=runs)
+    verdict = check_equivalent(target, program, seed=seed, target_bound=bound)
     return verdict.equivalent, verdict.bound, verdict.heuristic
 
 
@@ -385,31 +393,35 @@ def search(
             key=lambda f: (f.estimate_us, f.launches, repr(f.recipe)),
         )
         checks = []
-        for f in found[:FULL_CHECKS]:
+        for f in found[: max(1, options.full_checks)]:
             if f.estimate_us >= lifted.us:
                 break
             kg = instantiate(target, dcf, f.recipe, f.dims, save_slots(f.recipe))
-            checks.append((f, kg, seed * 7 + len(checks) + 1, len(checks) + 1))
-        # the full-shape checks are independent: on the pool they run side by side (at batch 8
-        # one attention check takes about a minute on this machine's core)
+            k = len(checks) + 1
+            part = (FULL_BOUND / (k * (k + 1))) ** (1.0 / CHECK_PARTS)
+            seeds = [seed * 7 + k + 1_000_003 * p for p in range(CHECK_PARTS)]
+            checks.append((f, kg, seeds, part))
+        # every part of every check is independent: on the pool they run side by side
+        jobs_ = [(kg, s, part) for _, kg, seeds, part in checks for s in seeds]
         if pool is not None:
             futures = [
-                pool.submit(_full_check, text, serialize.dumps(kg), s, runs)
-                for _, kg, s, runs in checks
+                pool.submit(_full_check, text, serialize.dumps(kg), s, part)
+                for kg, s, part in jobs_
             ]
-            verdicts = [fu.result() for fu in futures]
+            parts = [fu.result() for fu in futures]
         else:
-            verdicts = [_full_check(target, kg, s, runs) for _, kg, s, runs in checks]
+            parts = [_full_check(target, kg, s, part) for kg, s, part in jobs_]
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    for (f, kg, _, _), (equivalent, vbound, heuristic) in zip(checks, verdicts):
-        if not equivalent:
+    for i, (f, kg, _, _) in enumerate(checks):
+        mine = parts[i * CHECK_PARTS : (i + 1) * CHECK_PARTS]
+        if not all(equivalent for equivalent, _, _ in mine):
             continue
+        vbound = math.prod(b for _, b, _ in mine)
         verified += 1
         bound += vbound
-        if heuristic:
-            assumes.add(heuristic)
+        assumes.update(h for _, _, h in mine if h)
         candidates.append(Candidate(kg, f.estimate_us, f.launches, vbound))
     candidates.sort(key=lambda c: (c.estimate_us, c.kernels))
     partial = any(ex.partial for ex in done)
