@@ -238,7 +238,16 @@ def _explored_at_loops(target, loops: tuple[int, ...], want_whole: bool):
     k = dcs.input_class[0][1]
     R._REGIONS.clear()
     ex = R.explore(
-        R.Task(serialize.dumps(target), Signature((), k), 20_000, 0, "sm_90", 11, None, True)
+        R.Task(
+            serialize.dumps(target),
+            Signature((), k, whole=want_whole),
+            20_000,
+            0,
+            "sm_90",
+            11,
+            None,
+            True,
+        )
     )
     recipes = [f.recipe for f in ex.found if any(is_whole(x) for x in f.recipe.feeds) == want_whole]
     assert recipes, ex
@@ -273,7 +282,14 @@ def test_a_statistic_over_the_loop_index_is_taken_once_from_a_whole_feed():
     are computed once in the PRE phase (search/space.py WHOLE). Without it the only fused
     programs were loop-free (layernorm_linear: 64 µs on the H200 against 31 for the fixture)."""
     from mlso_cli.search.dims import dim_classes
-    from mlso_cli.search.space import WHOLE, Axis, Signature, whole_feeds
+    from mlso_cli.search.space import (
+        WHOLE,
+        Axis,
+        Signature,
+        feeds_of,
+        whole_feeds,
+        with_whole_variants,
+    )
 
     target = _layernorm_linear_target()
     dc = dim_classes(target)
@@ -284,6 +300,11 @@ def test_a_statistic_over_the_loop_index_is_taken_once_from_a_whole_feed():
     # no loop, or a split-K grid dim over the index: no whole feed
     assert whole_feeds(target, dc, Signature((), None)) == ()
     assert whole_feeds(target, dc, Signature((Axis(k, True),), k)) == ()
+    # only the signature's whole variant is fed them: the plain one explores as before
+    assert feeds_of(target, dc, Signature((), k)) == (0, 1, 2, 3)
+    assert feeds_of(target, dc, Signature((), k, whole=True)) == (0, 1, 2, 3, WHOLE)
+    sigs = with_whole_variants(target, dc, [Signature((), k), Signature((), None)])
+    assert sigs == [Signature((), k), Signature((), None), Signature((), k, whole=True)]
     _, gd = _explored_at_loops(target, (2, 4), want_whole=True)
     # the row is read twice: sliced by the loop, and whole (no fmap)
     xs = [im for im, s in zip(gd.arg.inputs, gd.src) if s is target.inputs[0]]

@@ -53,6 +53,7 @@ from mlso_cli.search.space import (
     instantiate,
     iters,
     signatures,
+    with_whole_variants,
 )
 from mlso_cli.verify.equivalence import check_equivalent
 
@@ -344,7 +345,9 @@ def search(
     t0 = time.monotonic()
     small, _ = shrink(target)
     dcs, dcf = dim_classes(small), dim_classes(target)
-    sigs = [s for s in signatures(dcs) if provisional(dcs, s) is not None]
+    sigs = with_whole_variants(
+        small, dcs, [s for s in signatures(dcs) if provisional(dcs, s) is not None]
+    )
     total = (
         options.max_states
         if options.max_states is not None
