@@ -145,7 +145,8 @@ def _check_numbers(
     type=int,
     default=3,
     show_default=True,
-    help="With --gpu: candidates timed per region.",
+    help="With --gpu: candidates verified at full shapes and timed per region (without --gpu "
+    "the best-estimated one is verified).",
 )
 @click.option("--dry-run", is_flag=True, help="Search and report; compile and write nothing.")
 @click.option("--no-cache", is_flag=True, help="Search again even when a cached result exists.")
