@@ -251,6 +251,7 @@ def _explored_at_loops(target, loops: tuple[int, ...], want_whole: bool):
     )
     recipes = [f.recipe for f in ex.found if any(is_whole(x) for x in f.recipe.feeds) == want_whole]
     assert recipes, ex
+    gds = []
     for loop in loops:
         kg = instantiate(target, dcf, recipes[0], Dims((), loop), R.save_slots(recipes[0]))
         check(kg)
@@ -258,7 +259,8 @@ def _explored_at_loops(target, loops: tuple[int, ...], want_whole: bool):
         assert gd.arg.loop == loop
         assert check_equivalent(target, kg, seed=loop).equivalent
         _agrees(target, SimpleNamespace(graph=kg))
-    return recipes[0], gd
+        gds.append(gd)
+    return recipes[0], gds
 
 
 def _layernorm_linear_target(rows: int = 4, h: int = 64, n: int = 32):
@@ -305,7 +307,7 @@ def test_a_statistic_over_the_loop_index_is_taken_once_from_a_whole_feed():
     assert feeds_of(target, dc, Signature((), k, whole=True)) == (0, 1, 2, 3, WHOLE)
     sigs = with_whole_variants(target, dc, [Signature((), k), Signature((), None)])
     assert sigs == [Signature((), k), Signature((), None), Signature((), k, whole=True)]
-    _, gd = _explored_at_loops(target, (2, 4), want_whole=True)
+    _, (_, gd) = _explored_at_loops(target, (2, 4), want_whole=True)
     # the row is read twice: sliced by the loop, and whole (no fmap)
     xs = [im for im, s in zip(gd.arg.inputs, gd.src) if s is target.inputs[0]]
     assert len(xs) == 2 and {im.fmap for im in xs} == {1, None}
@@ -329,7 +331,7 @@ def test_groups_regroup_on_a_tile_that_holds_whole_groups():
     var = b.mul(b.reduce(Op.REDUCE_SUM, b.unary(Op.SQUARE, c), 2), inv)
     y = b.reshape(b.mul(c, b.unary(Op.RSQRT, b.add(var, b.const(Fraction(1, 100000))))), (rows, h))
     target = check(b.kernel_graph([x, w], [b.matmul(y, w)]))
-    for loop in (2, 8):
-        _, gd = _explored_at_loops(target, (loop,), want_whole=False)
+    _, gds = _explored_at_loops(target, (2, 8), want_whole=False)
+    for loop, gd in zip((2, 8), gds):
         shapes = [m.shape for m in gd.arg.nodes() if m.op is Op.RESHAPE and len(m.shape) == 3]
         assert shapes == [(rows, groups // loop, gs)]
