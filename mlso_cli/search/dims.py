@@ -90,11 +90,13 @@ def _transpose(uf: _UnionFind, n: Node) -> None:
         uf.union((n, d), (n.src[0], p))
 
 
-def _reshape(uf: _UnionFind, n: Node) -> None:
-    """Pair dims by running products; one-to-one groups keep their index, others freeze."""
-    src = n.src[0]
+def reshape_groups(
+    a: tuple[int, ...], b: tuple[int, ...]
+) -> list[tuple[list[int], list[int], bool]]:
+    """A reshape's dims paired by running products: (dims of a, dims of b, whether the products
+    met) per group; a group whose products never meet ends the shapes."""
+    out = []
     i = j = 0
-    a, b = src.shape, n.shape
     while i < len(a) or j < len(b):
         gi, gj = [i] if i < len(a) else [], [j] if j < len(b) else []
         pa = a[i] if i < len(a) else 1
@@ -111,6 +113,15 @@ def _reshape(uf: _UnionFind, n: Node) -> None:
                 j += 1
             else:
                 break
+        out.append((gi, gj, pa == pb))
+    return out
+
+
+def _reshape(uf: _UnionFind, n: Node) -> None:
+    """Pair dims by running products; one-to-one groups keep their index, others freeze."""
+    src = n.src[0]
+    a, b = src.shape, n.shape
+    for gi, gj, _ in reshape_groups(a, b):
         big_i = [d for d in gi if a[d] > 1]
         big_j = [d for d in gj if b[d] > 1]
         if len(big_i) == 1 and big_j or len(big_j) == 1 and big_i:

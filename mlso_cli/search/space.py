@@ -21,7 +21,7 @@ from mlso_cli.ir.graph import PARTIAL, InputMap, KernelGraph
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import ACCUMULATORS, BINARY, ELEMENTWISE, REDUCE, UNARY, DType, Op
 from mlso_cli.ir.spec import tile_shape
-from mlso_cli.search.dims import DimClasses
+from mlso_cli.search.dims import DimClasses, reshape_groups
 
 ROW = "row"
 """RESHAPE arg of a recipe step that views a 1-D tile as one row (1, n) for a matmul."""
@@ -259,24 +259,10 @@ def tile_reshape(
     covers whole groups). Dims merged into one must be whole in the tile except the outermost,
     and a many-to-many regrouping must be whole."""
     out: list[int] = []
-    i = j = 0
     a, b = full_src, full_dst
-    while i < len(a) or j < len(b):
-        gi, gj = ([i] if i < len(a) else []), ([j] if j < len(b) else [])
-        pa = a[i] if i < len(a) else 1
-        pb = b[j] if j < len(b) else 1
-        i, j = i + 1, j + 1
-        while pa != pb:
-            if pa < pb and i < len(a):
-                gi.append(i)
-                pa *= a[i]
-                i += 1
-            elif j < len(b):
-                gj.append(j)
-                pb *= b[j]
-                j += 1
-            else:
-                return None
+    for gi, gj, met in reshape_groups(a, b):
+        if not met:
+            return None
         tiles = [tile_src[d] for d in gi]
         whole = [a[d] for d in gi]
         big_i = [k for k, d in enumerate(gi) if a[d] > 1]
