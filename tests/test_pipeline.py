@@ -128,6 +128,8 @@ def test_cli_dry_run_writes_nothing(tmp_path):
             str(SRC),
             "--dry-run",
             "--json",
+            "--max-states",
+            "20000",  # what is written is the point here, not the search (a full one takes 80 s)
             *extra,
             env={"MLSO_CACHE_DIR": str(cache_dir)},
         )
@@ -389,3 +391,35 @@ def test_progress_and_table_on_stderr_with_verbose(tmp_path, monkeypatch):
     assert res.stdout == ""  # stdout carries data only
     for text in ("region 0", "states 10", "pruned 2", "verified 1", "dry run: nothing written"):
         assert text in res.stderr, text
+
+
+def test_the_fewest_launch_verified_candidate_is_timed_beside_the_top_k():
+    """--gpu times the top K by estimate and, when none of them has as few launches, the verified
+    candidate with the fewest: the GPU, not the launch price of the cost model, decides."""
+    from mlso_cli.pipeline.select import Ranked, _picks
+
+    g = _fused()
+
+    def r(kernels: int, bound: float) -> Ranked:
+        return Ranked(Candidate(g, 1.0, kernels, bound), program_cost(g))
+
+    ranked = [r(2, 1e-20), r(3, 1e-20), r(1, 1e-20), r(1, 0.0)]
+    assert _picks(ranked, 1) == [0, 2]
+    assert _picks(ranked, 3) == [0, 1, 2]  # already among the top 3
+    assert _picks(ranked[:2], 1) == [0]  # nothing with fewer launches was verified
+    assert _picks([r(2, 1e-20), r(1, 0.0)], 1) == [0]  # the lifted program (bound 0) is not one
+
+
+def test_the_search_verifies_the_fewest_launch_structure_too():
+    from types import SimpleNamespace
+
+    from mlso_cli.search.run import _to_verify
+
+    def f(us: float, launches: int):
+        return SimpleNamespace(estimate_us=us, launches=launches)
+
+    found = [f(10, 2), f(11, 2), f(12, 1), f(13, 1)]
+    assert _to_verify(found, 1, 100.0) == [found[0], found[2]]
+    assert _to_verify(found, 3, 100.0) == found[:3]
+    assert _to_verify(found, 1, 11.5) == [found[0]]  # the 1-launch one is slower than lifted
+    assert _to_verify(found, 1, 9.0) == []

@@ -194,20 +194,38 @@ def measure_top_k(
     seed: int,
     measure: MeasureFn,
 ) -> dict[int, list[Timing]]:
-    """Time the k best-estimated candidates of every region: trial model j packages each region's
-    j-th candidate (regions with fewer candidates sit out), and one timing pass measures them all."""
+    """Time the k best-estimated candidates of every region, and the verified one with the fewest
+    launches when it is not among them (the search verifies it for this: whether a launch pays
+    is for the GPU to say). Trial model j packages each region's j-th pick (regions with fewer
+    picks sit out), and one timing pass measures them all."""
     ranked = {s.region: rank(s.result.candidates) for s in searched}
+    picks = {r: _picks(ranked[r], k) for r in ranked}
     out: dict[int, list[Timing]] = {lr.region.id: [] for lr in regions}
-    for j in range(max(1, k)):
-        members = [lr for lr in regions if j < len(ranked[lr.region.id])]
-        if not members:
-            break
-        items = [(lr, builder.build(ranked[lr.region.id][j].candidate.graph)) for lr in members]
+    for j in range(max(len(p) for p in picks.values()) if picks else 0):
+        members = [lr for lr in regions if j < len(picks[lr.region.id])]
+        items = [
+            (lr, builder.build(ranked[lr.region.id][picks[lr.region.id][j]].candidate.graph))
+            for lr in members
+        ]
         trial = package(loaded, items, targets=builder.targets, seed=seed, bound=0.0)
         owner = _owners(trial, members)
         for t in measure(trial, gpu):
-            out[owner[t.node]].append(_timing(j, t))
+            region = owner[t.node]
+            out[region].append(_timing(picks[region][j], t))
     return out
+
+
+def _picks(ranked: Sequence[Ranked], k: int) -> list[int]:
+    """Indexes into `ranked` to time: the first k, then the fewest-launch verified candidate."""
+    picks = list(range(min(max(1, k), len(ranked))))
+    verified = [i for i, r in enumerate(ranked) if r.candidate.bound > 0]
+    if verified:
+        fewest = min(verified, key=lambda i: (ranked[i].candidate.kernels, i))
+        if fewest not in picks and all(
+            ranked[fewest].candidate.kernels < ranked[i].candidate.kernels for i in picks
+        ):
+            picks.append(fewest)
+    return picks
 
 
 def _timing(rank: int, t) -> Timing:
