@@ -300,6 +300,14 @@ def test_cli_json_lines_carry_the_search_fields(tmp_path, monkeypatch):
         and first["bound"] == 2.0**-62
     )
     assert first["kernels"] == program_cost(_fused()).launches and not first["cached"]
+    # the lifted candidate (bound 0) is no verified program
+    assert first["verified_programs"] == [
+        {
+            "kernels": program_cost(_fused()).launches,
+            "estimate_us": round(program_cost(_fused()).us, 3),
+            "bound": 2.0**-62,
+        }
+    ]
     assert second["cached"] and fake.calls == 1
     assert rows[1][-1]["bound"] == 2.0**-62 and rows[1][-1]["packaged"] == 1
 

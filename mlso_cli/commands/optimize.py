@@ -296,6 +296,13 @@ def _region_row(rep: RegionReport) -> dict:
         "pruned": r.pruned,
         "verified": r.verified,
         "candidates": len(r.candidates),
+        # every program verified at full shapes, as the search ranked them (the chosen one, and
+        # e.g. the fewest-launch alternative a user serving without CUDA graphs may prefer)
+        "verified_programs": [
+            {"kernels": v.kernels, "estimate_us": round(v.estimate_us, 3), "bound": v.bound}
+            for v in r.candidates
+            if v.bound > 0
+        ],
         "search_s": round(s.seconds, 3),
         "bound": r.bound,
         "notes": list(r.notes),

@@ -23,10 +23,22 @@ REDUCED = 64
 """The largest size a reduced index keeps (a power of two)."""
 
 
+SPATIAL_REDUCED = 8
+"""The largest size a reduced index that nothing sums over keeps: two blocks of a grid split
+times a two-step loop over tiles of two (run.provisional's smallest sizes)."""
+
+
 def reduced_sizes(dc: DimClasses, limit: int = REDUCED) -> dict[int, int]:
     """Class id -> reduced size. Unsplittable classes (inner dims of a reshape) keep theirs: the
-    reshape ties them to the product of the others."""
-    return {c.id: gcd(c.size, limit) if c.splittable else c.size for c in dc.classes}
+    reshape ties them to the product of the others. An index nothing sums over (batch, heads,
+    rows) is cut further: it only lays independent outputs side by side, and at batch 16 the
+    attention's 32-wide batch-head index made every reduced check 16 times the work of batch 1."""
+    return {
+        c.id: gcd(c.size, limit if c.reduced else min(limit, SPATIAL_REDUCED))
+        if c.splittable
+        else c.size
+        for c in dc.classes
+    }
 
 
 def shrink(kg: KernelGraph, limit: int = REDUCED) -> tuple[KernelGraph, DimClasses]:
