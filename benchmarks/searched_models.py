@@ -13,6 +13,7 @@ The search itself is the expensive part on a 2-core machine; run it there first 
 not the machine) and spends its device time on timing candidates. Prints a Markdown table.
 
     python3 benchmarks/searched_models.py --rows gqa_bs1,ntrans_bs8 [--out results.json]
+        [--models DIR]   (rows are DIR/<row>.onnx; default models/bench)
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ def _lines(text: str) -> list[dict]:
     return out
 
 
-def run_row(row: str, out_dir: Path, timeout: float) -> dict:
-    model = ROOT / "models" / "bench" / f"{row}.onnx"
+def run_row(
+    row: str, out_dir: Path, timeout: float, models: Path = ROOT / "models" / "bench"
+) -> dict:
+    model = models / f"{row}.onnx"
     fast = out_dir / f"{row}.mlso.onnx"
     res: dict = {"row": row}
     t0 = time.monotonic()
@@ -117,12 +120,18 @@ def main() -> None:
         help="where the optimized models are written",
     )
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per command")
+    ap.add_argument(
+        "--models",
+        type=Path,
+        default=ROOT / "models" / "bench",
+        help="where <row>.onnx lies (e.g. heldout_sweep.py --build-only --keep-models DIR)",
+    )
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     results = []
     for row in args.rows.split(","):
         try:
-            res = run_row(row.strip(), args.work, args.timeout)
+            res = run_row(row.strip(), args.work, args.timeout, args.models)
         except subprocess.TimeoutExpired as exc:
             res = {
                 "row": row,
