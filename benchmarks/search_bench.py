@@ -127,6 +127,11 @@ def _save_best(cache: Path, dest: Path) -> None:
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(serialize.dumps(result.best.graph))
+        # the other programs verified at full shapes (the fewest-launch alternative), as
+        # <row>_alt<k>.json, so that the GPU times them beside the chosen one
+        alts = [c for c in result.candidates[1:] if c.bound > 0]
+        for k, c in enumerate(alts, 1):
+            dest.with_name(f"{dest.stem}_alt{k}.json").write_text(serialize.dumps(c.graph))
         return
 
 

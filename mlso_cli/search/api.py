@@ -28,7 +28,9 @@ class SearchOptions:
     full_checks: int = 1
     """How many of the best-estimated structures are verified at full shapes and returned. One
     suffices to choose by the cost model; with a GPU, `optimize` asks for as many as it times
-    (`--top-k`). Why not always three: an attention check at batch 16 takes minutes of a core."""
+    (`--top-k`). Why not always three: an attention check at batch 16 takes minutes of a core.
+    The best-estimated structure with fewer launches than all of these is verified as well
+    (search/run.py `_to_verify`)."""
 
     def cache_fields(self) -> dict:
         """The options that change the result (and so belong in a cache key). `jobs` does not:
