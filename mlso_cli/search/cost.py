@@ -21,6 +21,10 @@ Calibration (measured, or fitted to measurements) (benchmarks/RESULTS.md, "optim
 - A register-path kernel's loop-phase reductions (qknorm's per-key norm of K) are shared-memory
   passes in series with its register step: each adds `loop_pass_s` to the step's dependent chain
   (fitted 2026-12-02 after qknorm_gqa's 32-step batch-8 program ran 1.50x its fixture).
+- With one resident block per SM, a loop step's tile loads and mma chain overlap only in part:
+  `chain_exposed` of the shorter is added to the step (fitted 2026-12-02 after a layernorm
+  program with a second matmul per step ran 1.36x the one-matmul program the model priced
+  the same).
 - Code generation's stand-alone kernel-level matmul (the lifted, unfused programs use it) reaches
   about 5% of DRAM bandwidth and 3.2 TFLOP/s on the benchmark shapes (rmsnorm_linear's lifted
   program: 246 / 349 / 499 µs at bs 1 / 8 / 16). Without these the model called those programs
@@ -78,6 +82,16 @@ class Hardware:
     """What one warp's dependent mma.sync chain sustains (fitted, as above): a block of few warps
     cannot use its SM's share. gqa at batch 8 with 2-warp blocks and 32 loop steps measured
     73 µs, twice the 4-warp fixture, where the SM share alone predicted the same time."""
+    chain_exposed: float = 0.75
+    """With one resident block per SM, the share of the shorter of a loop step's tile loads and
+    its mma chain that the pipeline does not hide (fitted). Nothing else on the SM runs while
+    the block's warps wait on their chain, and the next stage's loads are only issued between
+    steps, so the two overlap in part, not fully as `max` assumes. Measured on the H200
+    (benchmarks/RESULTS.md, 2026-12-02, third session): layernorm_linear's program that adds
+    beta @ W as a second (1 x 1024) matmul per step ran 28.6 µs where the one-matmul program
+    ran 21.1 (bs8: 52.1 against 39.8); the model had priced the first cheaper. Fitted on the
+    66 + 7 programs of the earlier fits and the 74 of that call: wrong-way pairs 6, 7 and 20
+    -> 6, 7 and 11, geometric error 1.387, 1.407, 1.370 -> 1.362, 1.386, 1.349."""
     loop_pass_s: float = 0.75e-6
     """Latency each loop-phase reduction adds to a loop step of a register-path kernel (fitted).
     The online softmax runs in registers, but a reduction over the step's tile (qknorm's per-key
@@ -256,6 +270,9 @@ def block_graph_time(gd: Node, nbytes: int, flops: int, tensor: bool, hw: Hardwa
         # one resident block per SM and no loop: nothing overlaps its tile loads with its
         # compute (the pipeline stages overlap steps, other resident blocks overlap blocks)
         step = max(hw.step_latency_s, sum(parts))
+    elif per_sm == 1:
+        # a loop, but no other resident block: the stages hide only part of the chain
+        step = max(hw.step_latency_s, *parts) + hw.chain_exposed * min(parts[0], parts[2])
     else:
         step = max(hw.step_latency_s, *parts)
     # SIMT and shared-memory work per step is shared by the blocks resident on one SM: charge
