@@ -423,11 +423,18 @@ def test_the_search_verifies_the_fewest_launch_structure_too():
 
     from mlso_cli.search.run import _to_verify
 
-    def f(us: float, launches: int):
-        return SimpleNamespace(estimate_us=us, launches=launches)
+    def f(us: float, launches: int, program: str):
+        return SimpleNamespace(estimate_us=us, launches=launches, program=program)
 
-    found = [f(10, 2), f(11, 2), f(12, 1), f(13, 1)]
-    assert _to_verify(found, 1, 100.0) == [found[0], found[2]]
-    assert _to_verify(found, 3, 100.0) == found[:3]
-    assert _to_verify(found, 1, 11.5) == [found[0]]  # the 1-launch one is slower than lifted
-    assert _to_verify(found, 1, 9.0) == []
+    g = _fused()
+    graphs = {"a": g, "b": check(fixture("gqa", True)), "c": check(fixture("lora", True))}
+    graph_of = lambda x: graphs[x.program]  # noqa: E731
+    found = [f(10, 2, "a"), f(11, 2, "b"), f(12, 1, "c"), f(13, 1, "c")]
+    chosen = lambda *a: [x for x, _ in _to_verify(*a, graph_of)]  # noqa: E731
+    assert chosen(found, 1, 100.0) == [found[0], found[2]]
+    assert chosen(found, 3, 100.0) == found[:3]  # the fourth is the third's program again
+    assert chosen(found, 1, 11.5) == [found[0]]  # the 1-launch one is slower than lifted
+    assert chosen(found, 1, 9.0) == []
+    far = [f(5, 2, "a"), f(10.5, 1, "c")]
+    assert chosen(far, 1, 100.0) == [far[0]]  # more than ALT_SLACK times the best estimate
+    assert [k for _, k in _to_verify(found, 1, 100.0, graph_of)] == [g, graphs["c"]]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -334,20 +335,49 @@ def _full_check(
     return verdict.equivalent, verdict.bound, verdict.heuristic
 
 
-def _to_verify(found: list, full_checks: int, lifted_us: float) -> list:
-    """The structures to verify at full shapes, best estimate first: the top `full_checks`, and
-    then the best one with fewer launches than all of those, if any beats the lifted program.
+ALT_SLACK = 2.0
+"""The fewest-launch alternative is verified only when its estimate is at most this times the
+best one's: a launch costs microseconds, so one that is twice as slow cannot be rescued by
+saving one (mla's and gated_mlp's 1-launch programs were 6-14x their best)."""
 
-    Why the second: the cost model prices a launch at a few microseconds, but whether another
-    launch pays depends on how the model is served (ORT without CUDA graphs, another GPU). The
-    fewest-launch alternative, verified, is what `--gpu` times against the best estimate, and
-    what a user who wants fewer launches can take."""
-    top = [f for f in found[: max(1, full_checks)] if f.estimate_us < lifted_us]
-    if not top:
+
+def _to_verify(
+    found: list, full_checks: int, lifted_us: float, graph_of: Callable[[Found], KernelGraph]
+) -> list[tuple[Found, KernelGraph]]:
+    """The structures to verify at full shapes, best estimate first, with their programs: the
+    top `full_checks` distinct programs, and then the best one with fewer launches than all of
+    those, if one beats the lifted program and is within ALT_SLACK of the best estimate.
+
+    Why distinct: two signatures can size to the same program (mla's and gated_mlp's top two
+    were one program), and verifying or timing it twice is waste. Why the alternative: the
+    cost model prices a launch at a few microseconds, but whether another launch pays depends
+    on how the model is served (ORT without CUDA graphs, another GPU). The fewest-launch
+    alternative, verified, is what `--gpu` times against the best estimate, and what a user
+    who wants fewer launches can take."""
+    picks: list[tuple[Found, KernelGraph]] = []
+    seen: set[str] = set()
+
+    def take(f: Found) -> bool:
+        kg = graph_of(f)
+        key = serialize.dumps(kg)
+        if key in seen:
+            return False
+        seen.add(key)
+        picks.append((f, kg))
+        return True
+
+    for f in found:
+        if len(picks) >= max(1, full_checks) or f.estimate_us >= lifted_us:
+            break
+        take(f)
+    if not picks:
         return []
-    fewest = min(f.launches for f in top)
-    fewer = [f for f in found if f.launches < fewest and f.estimate_us < lifted_us]
-    return top + fewer[:1]
+    fewest = min(f.launches for f, _ in picks)
+    limit = min(lifted_us, ALT_SLACK * picks[0][0].estimate_us)
+    for f in found:
+        if f.launches < fewest and f.estimate_us < limit and take(f):
+            break
+    return picks
 
 
 def search(
@@ -412,8 +442,11 @@ def search(
             key=lambda f: (f.estimate_us, f.launches, repr(f.recipe)),
         )
         checks = []
-        for f in _to_verify(found, options.full_checks, lifted.us):
-            kg = instantiate(target, dcf, f.recipe, f.dims, save_slots(f.recipe))
+
+        def graph_of(f: Found) -> KernelGraph:
+            return instantiate(target, dcf, f.recipe, f.dims, save_slots(f.recipe))
+
+        for f, kg in _to_verify(found, options.full_checks, lifted.us, graph_of):
             k = len(checks) + 1
             part = (FULL_BOUND / (k * (k + 1))) ** (1.0 / CHECK_PARTS)
             seeds = [seed * 7 + k + 1_000_003 * p for p in range(CHECK_PARTS)]
