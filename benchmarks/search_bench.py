@@ -100,39 +100,41 @@ def run_row(
     }
 
 
-def _verified(cache: Path) -> list[tuple[int, float]]:
-    """(launches, estimate µs) of every program the search verified at full shapes (the lifted
-    target, bound 0, is not one)."""
-    from mlso_cli.search.cache import result_from_dict
-
-    for entry in sorted(cache.rglob("*.json")):
-        try:
-            body = json.loads(entry.read_bytes().partition(b"\n")[2])
-            result = result_from_dict(body["result"])
-        except (ValueError, KeyError, TypeError):
-            continue
-        return [(c.kernels, c.estimate_us) for c in result.candidates if c.bound > 0]
-    return []
-
-
-def _save_best(cache: Path, dest: Path) -> None:
-    from mlso_cli.ir import serialize
+def _cached_result(cache: Path):
+    """The search result a row's fresh cache holds (one region per benchmark model), or None."""
     from mlso_cli.search.cache import result_from_dict
 
     for entry in sorted(cache.rglob("*.json")):
         try:
             body = json.loads(entry.read_bytes().partition(b"\n")[2])  # line 1: the body's sha256
-            result = result_from_dict(body["result"])
+            return result_from_dict(body["result"])
         except (ValueError, KeyError, TypeError):
             continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(serialize.dumps(result.best.graph))
-        # the other programs verified at full shapes (the fewest-launch alternative), as
-        # <row>_alt<k>.json, so that the GPU times them beside the chosen one
-        alts = [c for c in result.candidates[1:] if c.bound > 0]
-        for k, c in enumerate(alts, 1):
-            dest.with_name(f"{dest.stem}_alt{k}.json").write_text(serialize.dumps(c.graph))
+    return None
+
+
+def _verified(cache: Path) -> list[tuple[int, float]]:
+    """(launches, estimate µs) of every program the search verified at full shapes (the lifted
+    target, bound 0, is not one)."""
+    result = _cached_result(cache)
+    if result is None:
+        return []
+    return [(c.kernels, c.estimate_us) for c in result.candidates if c.bound > 0]
+
+
+def _save_best(cache: Path, dest: Path) -> None:
+    from mlso_cli.ir import serialize
+
+    result = _cached_result(cache)
+    if result is None:
         return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(serialize.dumps(result.best.graph))
+    # the other programs verified at full shapes (the fewest-launch alternative), as
+    # <row>_alt<k>.json, so that the GPU times them beside the chosen one
+    alts = [c for c in result.candidates[1:] if c.bound > 0]
+    for k, c in enumerate(alts, 1):
+        dest.with_name(f"{dest.stem}_alt{k}.json").write_text(serialize.dumps(c.graph))
 
 
 def table(results: list[dict]) -> str:

@@ -27,10 +27,7 @@ from mlso_cli.ir import serialize  # noqa: E402
 from mlso_cli.pipeline.frontend import lift  # noqa: E402
 from mlso_cli.search import run as search_run  # noqa: E402
 from mlso_cli.search.api import SearchOptions  # noqa: E402
-from mlso_cli.search.dims import dim_classes  # noqa: E402
 from mlso_cli.search.select import choose_dims  # noqa: E402
-from mlso_cli.search.shrink import shrink  # noqa: E402
-from mlso_cli.search.space import signatures, with_whole_variants  # noqa: E402
 
 
 def main() -> None:
@@ -43,14 +40,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     opts = SearchOptions()
     target = lift(str(args.model)).regions[0].graph
-    small, _ = shrink(target)
-    dcs, dcf = dim_classes(small), dim_classes(target)
-    sigs = with_whole_variants(
-        small, dcs, [s for s in signatures(dcs) if search_run.provisional(dcs, s) is not None]
-    )
-    share = min(search_run.DEFAULT_STATES_CAP, search_run.STATES_PER_SIGNATURE * len(sigs)) // max(
-        1, len(sigs)
-    )
+    _, dcf, sigs = search_run.explorable(target)
+    _, share = search_run.state_budget(None, len(sigs))
     text = serialize.dumps(target)
     found = []
     for i, sig in enumerate(sigs):

@@ -221,9 +221,8 @@ def _picks(ranked: Sequence[Ranked], k: int) -> list[int]:
     verified = [i for i, r in enumerate(ranked) if r.candidate.bound > 0]
     if verified:
         fewest = min(verified, key=lambda i: (ranked[i].candidate.kernels, i))
-        if fewest not in picks and all(
-            ranked[fewest].candidate.kernels < ranked[i].candidate.kernels for i in picks
-        ):
+        # fewer launches than every pick (so not a pick itself)
+        if all(ranked[fewest].candidate.kernels < ranked[i].candidate.kernels for i in picks):
             picks.append(fewest)
     return picks
 

@@ -380,6 +380,25 @@ def _to_verify(
     return picks
 
 
+def explorable(target: KernelGraph) -> tuple[KernelGraph, DimClasses, list[Signature]]:
+    """The target reduced, its full-shape index classes, and the signatures a search explores
+    (those with provisional sizes, then their whole-feed variants)."""
+    small, _ = shrink(target)
+    dcs = dim_classes(small)
+    sigs = [s for s in signatures(dcs) if provisional(dcs, s) is not None]
+    return small, dim_classes(target), with_whole_variants(small, dcs, sigs)
+
+
+def state_budget(max_states: int | None, n_signatures: int) -> tuple[int, int]:
+    """(states for the region, each signature's first share) for `--max-states` or its default."""
+    total = (
+        max_states
+        if max_states is not None
+        else min(DEFAULT_STATES_CAP, STATES_PER_SIGNATURE * max(1, n_signatures))
+    )
+    return total, max(1, total // max(1, n_signatures))
+
+
 def search(
     target: KernelGraph,
     options: SearchOptions,
@@ -389,17 +408,8 @@ def search(
     region: str = "",
 ) -> SearchResult:
     t0 = time.monotonic()
-    small, _ = shrink(target)
-    dcs, dcf = dim_classes(small), dim_classes(target)
-    sigs = with_whole_variants(
-        small, dcs, [s for s in signatures(dcs) if provisional(dcs, s) is not None]
-    )
-    total = (
-        options.max_states
-        if options.max_states is not None
-        else min(DEFAULT_STATES_CAP, STATES_PER_SIGNATURE * max(1, len(sigs)))
-    )
-    share = max(1, total // max(1, len(sigs)))
+    _, dcf, sigs = explorable(target)
+    total, share = state_budget(options.max_states, len(sigs))
     seed = options.seed if options.seed is not None else 0
     deadline = None if options.budget_s is None else time.time() + options.budget_s
     text = serialize.dumps(target)

@@ -11,7 +11,7 @@ model picks, through the IR builders, so every instance is shape-checked the sam
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
@@ -222,8 +222,6 @@ def with_whole_variants(
     target: KernelGraph, dc: DimClasses, sigs: list[Signature]
 ) -> list[Signature]:
     """`sigs`, then a whole-feed variant of each that has whole feeds to offer."""
-    from dataclasses import replace
-
     return sigs + [
         replace(s, whole=True) for s in sigs if not s.whole and whole_feeds(target, dc, s)
     ]
