@@ -167,42 +167,130 @@ __device__ __forceinline__ void warp_mma_strip(float (&acc)[NB][4], const T* A, 
   }
 }
 
+// ---- one warp: a 16 x (8*NB) strip over K rows [kb, kb + KLEN), ILP independent sums ----------
+// Why: a strip of one n8 tile over a deep K (a GEMV-like step: 2 rows times a 1024 x 32 weight
+// tile) is one dependent chain of K/16 mma.sync, each waiting on the last; ILP partial sums,
+// dealt k-step by k-step and added in a fixed order at the end, keep ILP mma in flight.
+template <int NB, int KLEN, int ILP, bool AK, bool BK, typename T>
+__device__ __forceinline__ void warp_mma_partial(float (&p)[NB][4], const T* A, int lda, const T* B, int ldb,
+                                                 int m0, int n0, int kb) {
+  static_assert(NB >= 1 && NB <= 16, "NB: 1..16 n8 tiles per strip");
+  static_assert(ILP >= 1 && KLEN % (16 * ILP) == 0, "KLEN must be a multiple of 16 * ILP");
+  float q[ILP][NB][4];
+#pragma unroll
+  for (int i = 0; i < ILP; ++i) zero_acc<NB>(q[i]);
+#pragma unroll 1
+  for (int k0 = kb; k0 < kb + KLEN; k0 += 16 * ILP) {
+#pragma unroll
+    for (int i = 0; i < ILP; ++i) {
+      unsigned a[4];
+      load_a_frag<AK>(a, A, lda, m0, k0 + 16 * i);
+#pragma unroll
+      for (int j = 0; j < NB; ++j) {
+        unsigned b[2];
+        load_b_frag<BK>(b, B, ldb, k0 + 16 * i, n0 + 8 * j);
+        mma_16816<T>(q[i][j], a, b);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NB; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float s = q[0][j][e];
+#pragma unroll
+      for (int i = 1; i < ILP; ++i) s += q[i][j][e];
+      p[j][e] = s;
+    }
+  }
+}
+
+// How many warps share one strip's K (a power of two that divides the k-steps), so that a block
+// with fewer strips than warps keeps its warps busy; and how many partial sums each warp keeps
+// (at most 8 accumulator tiles per thread: NB tiles already run side by side).
+__host__ __device__ constexpr int mma_ksplit(int strips, int nw, int ksteps) {
+  int s = 1;
+  while (strips * s * 2 <= nw && ksteps % (s * 2) == 0) s *= 2;
+  return s;
+}
+__host__ __device__ constexpr int mma_ilp(int nb, int ksteps) {
+  return (nb <= 2 && ksteps % 4 == 0) ? 4 : ((nb <= 4 && ksteps % 2 == 0) ? 2 : 1);
+}
+
+// C strip (+)= partial sum p: with rs (ACCUM only), C's row r of batch bt is first scaled by
+// rs[bt * M + r].
+template <int NB, int M, bool ACCUM>
+__device__ __forceinline__ void add_partial(const float (&p)[NB][4], float* cb, int ldc, int m0, int n0, int bt,
+                                            const float* rs) {
+  if (!ACCUM) {
+    store_acc<NB>(p, cb, ldc, m0, n0, M);
+    return;
+  }
+  float acc[NB][4];
+  load_acc<NB>(acc, cb, ldc, m0, n0, M);
+  float f0 = 1.0f, f1 = 1.0f;
+  if (rs != nullptr) {  // rescale rows of C first: C[b][r] *= rs[b * M + r]
+    const int r = m0 + ((threadIdx.x & 31) >> 2);
+    f0 = r < M ? rs[bt * M + r] : 0.0f;
+    f1 = r + 8 < M ? rs[bt * M + r + 8] : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < NB; ++j) {
+    acc[j][0] = acc[j][0] * f0 + p[j][0];
+    acc[j][1] = acc[j][1] * f0 + p[j][1];
+    acc[j][2] = acc[j][2] * f1 + p[j][2];
+    acc[j][3] = acc[j][3] * f1 + p[j][3];
+  }
+  store_acc<NB>(acc, cb, ldc, m0, n0, M);
+}
+
 // ---- the whole block: C[b] (+)= A[b] * B[b] on shared-memory tiles ------------------------------
 // MP rows (a multiple of 16; rows >= M are padding and never stored), N columns, K depth, BATCH
 // independent products. aoff(b) / boff(b) give element offsets of batch b's A and B; C batch b
 // starts at c + b * cbs. With ACCUM and rs != nullptr, C's row r of batch b is first multiplied
 // by rs[b * M + r] (the online-softmax rescale, fused into the accumulator load). Strips of
-// 16 x 8*NB are dealt round-robin to the NW warps. No barrier inside: callers __syncthreads()
-// before reading C.
+// 16 x 8*NB are dealt round-robin to the NW warps. With fewer strips than warps, KSPLIT warps
+// share each strip's K: each sums its slice in registers, and the slices are added to C one
+// after another, slice 0 first, a barrier between (a fixed order: results do not depend on
+// timing). So every thread of the block must call it; callers __syncthreads() before reading C.
 template <typename T, int BATCH, int MP, int M, int N, int K, int NB, bool AK, bool BK, bool ACCUM, int NW,
           class AOff, class BOff>
 __device__ __forceinline__ void block_mma(const T* A, int lda, AOff aoff, const T* B, int ldb, BOff boff, float* c,
                                           int ldc, int cbs, const float* rs = nullptr) {
   static_assert(MP % 16 == 0 && MP >= M && N % (8 * NB) == 0 && K % 16 == 0, "block_mma tile shape");
   constexpr int SM = MP / 16, SN = N / (8 * NB), STRIPS = BATCH * SM * SN;
-  for (int s = threadIdx.x >> 5; s < STRIPS; s += NW) {
+  constexpr int KSPLIT = mma_ksplit(STRIPS, NW, K / 16), KLEN = K / KSPLIT;
+  constexpr int ILP = mma_ilp(NB, KLEN / 16);
+  static_assert(KSPLIT == 1 || STRIPS * KSPLIT <= NW, "a k-split strip has one warp per slice");
+  const int w = threadIdx.x >> 5;
+  if constexpr (KSPLIT == 1) {
+    for (int s = w; s < STRIPS; s += NW) {
+      const int bt = s / (SM * SN), rest = s % (SM * SN);
+      const int m0 = (rest / SN) * 16, n0 = (rest % SN) * (8 * NB);
+      float p[NB][4];
+      warp_mma_partial<NB, KLEN, ILP, AK, BK, T>(p, A + aoff(bt), lda, B + boff(bt), ldb, m0, n0, 0);
+      add_partial<NB, M, ACCUM>(p, c + bt * cbs, ldc, m0, n0, bt, rs);
+    }
+  } else {
+    const int s = w % STRIPS, slice = w / STRIPS;
+    const bool active = w < STRIPS * KSPLIT;
     const int bt = s / (SM * SN), rest = s % (SM * SN);
     const int m0 = (rest / SN) * 16, n0 = (rest % SN) * (8 * NB);
-    float acc[NB][4];
-    float* cb = c + bt * cbs;
-    if (ACCUM) {
-      load_acc<NB>(acc, cb, ldc, m0, n0, M);
-      if (rs != nullptr) {  // rescale rows of C first: C[b][r] *= rs[b * M + r]
-        const int r = m0 + ((threadIdx.x & 31) >> 2);
-        const float f0 = r < M ? rs[bt * M + r] : 0.0f, f1 = r + 8 < M ? rs[bt * M + r + 8] : 0.0f;
-#pragma unroll
-        for (int j = 0; j < NB; ++j) {
-          acc[j][0] *= f0;
-          acc[j][1] *= f0;
-          acc[j][2] *= f1;
-          acc[j][3] *= f1;
+    float p[NB][4];
+    if (active) {
+      warp_mma_partial<NB, KLEN, ILP, AK, BK, T>(p, A + aoff(bt), lda, B + boff(bt), ldb, m0, n0, slice * KLEN);
+    }
+#pragma unroll 1
+    for (int r = 0; r < KSPLIT; ++r) {
+      if (active && slice == r) {
+        if (r == 0) {
+          add_partial<NB, M, ACCUM>(p, c + bt * cbs, ldc, m0, n0, bt, rs);
+        } else {
+          add_partial<NB, M, true>(p, c + bt * cbs, ldc, m0, n0, bt, nullptr);
         }
       }
-    } else {
-      zero_acc<NB>(acc);
+      if (r + 1 < KSPLIT) __syncthreads();
     }
-    warp_mma_strip<NB, K, AK, BK, T>(acc, A + aoff(bt), lda, B + boff(bt), ldb, m0, n0);
-    store_acc<NB>(acc, cb, ldc, m0, n0, M);
   }
 }
 

@@ -53,6 +53,7 @@ from mlso_cli.codegen.cfmt import (
 )
 from mlso_cli.codegen.emitter import Emitter
 from mlso_cli.codegen.errors import CodegenError
+from mlso_cli.codegen.mmawork import strip_width
 from mlso_cli.codegen.program import Kernel
 from mlso_cli.codegen.scale import BufferScale, Storage, structural
 from mlso_cli.codegen.teams import FOLD, LOOP_VAR, Pass, choose_mode, emit_passes
@@ -285,9 +286,7 @@ class BlockKernel(BlockLayout):
         )
         if plan.kind == "mma":
             mp = _ceil_to(m, 16)
-            strips = lambda nb: batch * (mp // 16) * (n // (8 * nb))  # noqa: E731
-            cands = [nb for nb in (8, 4, 2, 1) if n % (8 * nb) == 0]
-            nb = next((x for x in cands if strips(x) >= self.nw), cands[-1])
+            nb = strip_width(batch, m, n, self.nw)
             lda, ldb = a.ld(plan.a_kmajor), b.ld(not plan.b_kmajor)
             code(
                 f"mlso::block_mma<{CTYPE[plan.dtype]}, {batch}, {mp}, {m}, {n}, {k}, {nb}, {_bool(plan.a_kmajor)}, "

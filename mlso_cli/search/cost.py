@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from mlso_cli.codegen.mmawork import MMA_FLOPS, MMA_K, MMA_M, MMA_N, mma_work
 from mlso_cli.frontend.load import LoadedModel
 from mlso_cli.frontend.partition import Region
 from mlso_cli.frontend.report import _FREE_VIEWS, _nbytes, node_flops
@@ -82,7 +83,7 @@ class Hardware:
     """What one warp's dependent mma.sync chain sustains (fitted, as above): a block of few warps
     cannot use its SM's share. gqa at batch 8 with 2-warp blocks and 32 loop steps measured
     73 µs, twice the 4-warp fixture, where the SM share alone predicted the same time."""
-    chain_exposed: float = 0.75
+    chain_exposed: float = 0.5
     """With one resident block per SM, the share of the shorter of a loop step's tile loads and
     its mma chain that the pipeline does not hide (fitted). Nothing else on the SM runs while
     the block's warps wait on their chain, and the next stage's loads are only issued between
@@ -91,7 +92,16 @@ class Hardware:
     beta @ W as a second (1 x 1024) matmul per step ran 28.6 µs where the one-matmul program
     ran 21.1 (bs8: 52.1 against 39.8); the model had priced the first cheaper. Fitted on the
     66 + 7 programs of the earlier fits and the 74 of that call: wrong-way pairs 6, 7 and 20
-    -> 6, 7 and 11, geometric error 1.387, 1.407, 1.370 -> 1.362, 1.386, 1.349."""
+    -> 6, 7 and 11, geometric error 1.387, 1.407, 1.370 -> 1.362, 1.386, 1.349. Refitted to
+    0.5 (from 0.75) with the K-split template below: its chains are shorter, and the 80 programs
+    timed with it rank best at 0.25-0.5."""
+    partial_sum_gain: float = 0.5
+    """How a warp's chain speeds up with its independent partial sums: ilp ** this (fitted).
+    Measured on the H200 (benchmarks/RESULTS.md, 2026-12-02, fourth session): the partial sums
+    alone took gated_mlp's program from 35.7 to 33.6 µs, the K split over idle warps to 30.1."""
+    split_round_s: float = 0.3e-6
+    """Each further slice of a K split over warps is added to C after a barrier (fitted on the
+    80 programs timed with the split template: wrong-way pairs 18 -> 13)."""
     loop_pass_s: float = 0.75e-6
     """Latency each loop-phase reduction adds to a loop step of a register-path kernel (fitted).
     The online softmax runs in registers, but a reduction over the step's tile (qknorm's per-key
@@ -257,7 +267,7 @@ def block_graph_time(gd: Node, nbytes: int, flops: int, tensor: bool, hw: Hardwa
         share_flops = min(share_flops, threads // 32 * hw.warp_flops)
     per_block_bytes, per_block_flops = (nbytes + _element_path_penalty(gd)) / blocks, flops / blocks
     steps = max(bg.loop, 1)
-    chain = _mma_chain_s(gd, threads // 32, hw) / steps if tensor else 0.0
+    chain = _mma_chain_s(gd, threads // 32, hw, layout.register_path) / steps if tensor else 0.0
     if layout.register_path:
         # the loop's shared-memory passes outside the register step are in series with it
         chain += _loop_reductions(bg) * hw.loop_pass_s
@@ -307,29 +317,33 @@ def _loop_reductions(bg) -> int:
     return sum(1 for n in bg.nodes() if n.phase is Phase.LOOP and n.op in REDUCE)
 
 
-MMA_TILE = (16, 8, 16)
-"""M, N, K of one mma.sync (m16n8k16): a tensor-core matmul is done in whole tiles."""
-
-
-def _mma_chain_s(gd: Node, warps: int, hw: Hardware) -> float:
-    """Time of one block's tensor-core work when it is bound by the mma.sync chains: each matmul's
-    work in whole m16n8k16 tiles (a 2-row operand still costs 16 rows), spread over at most one
-    warp per output tile, each warp at `warp_flops`. Why: the flop count alone misses both. A
-    block that multiplies 2 rows by a 4096 x 8 weight tile has one output tile, so one warp runs
-    256 dependent mma steps (measured: layernorm_linear's loop-free program, 16 µs per wave of
-    such blocks, where the flop share said 3 µs). Loop-phase matmuls count once per step."""
+def _mma_chain_s(gd: Node, warps: int, hw: Hardware, register_path: bool = False) -> float:
+    """Time of one block's tensor-core work when it is bound by the mma.sync chains: each matmul
+    as `mlso::block_mma` deals it to the warps (codegen/mmawork.py: whole m16n8k16 tiles, a 2-row
+    operand still costing 16 rows; strips of n8 tiles; a strip's K shared by idle warps), each
+    busy warp issuing its mma.sync at `warp_flops`, sped up by its independent partial sums.
+    Why: the flop count alone misses both. A block that multiplies 2 rows by a 4096 x 8 weight
+    tile has one output tile; before the template split K it was one warp running 256 dependent
+    mma steps (measured: layernorm_linear's loop-free program, 16 µs per wave of such blocks,
+    where the flop share said 3 µs). Loop-phase matmuls count once per step."""
     bg = gd.arg
-    tm, tn, tk = MMA_TILE
     total = 0.0
     for n in bg.nodes():
         if n.op is not Op.MATMUL and n.op is not Op.ACC_EXP_WSUM:
             continue
         *batch, m, cols = n.shape
         k = n.src[0].shape[-1]
-        tiles = math.prod(batch) * -(-m // tm) * -(-cols // tn)
-        padded = 2 * tiles * tm * tn * (-(-k // tk) * tk)
         times = bg.loop if (n.phase is Phase.LOOP or n.op is Op.ACC_EXP_WSUM) else 1
-        total += times * padded / (max(1, min(warps, tiles)) * hw.warp_flops)
+        if register_path or n.op is Op.ACC_EXP_WSUM or cols % MMA_N:
+            # the online softmax (its register path runs every matmul of the kernel): a warp per
+            # 16-row strip, no K split
+            tiles = math.prod(batch) * -(-m // MMA_M) * -(-cols // MMA_N)
+            mmas = -(-tiles // max(1, min(warps, tiles))) * -(-k // MMA_K)
+            total += times * mmas * MMA_FLOPS / hw.warp_flops
+            continue
+        w = mma_work(math.prod(batch), m, cols, k, warps)
+        rate = hw.warp_flops * w.ilp**hw.partial_sum_gain
+        total += times * (w.chain_mmas * MMA_FLOPS / rate + (w.ksplit - 1) * hw.split_round_s)
     return total
 
 
