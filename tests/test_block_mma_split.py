@@ -13,14 +13,16 @@ from __future__ import annotations
 import numpy as np
 
 from mlso_cli.codegen import hostemu
+from mlso_cli.codegen.mmawork import mma_work
 from mlso_cli.codegen.program import GeneratedProgram
 
 # (batch, m, n, k, nb, a_kmajor, b_kmajor, accumulate, with_rs)
 CASES = [
     (1, 2, 32, 256, 1, True, False, True, False),  # 4 strips: 2 warps per strip
     (1, 8, 16, 512, 1, True, False, True, True),  # 2 strips: 4 warps per strip, rescaled rows
-    (1, 5, 8, 128, 1, False, True, False, False),  # 1 strip: 8 warps, no accumulator
-    (2, 3, 16, 64, 1, True, True, True, False),  # batched: 4 strips, 2 warps each
+    (1, 5, 8, 1024, 1, False, True, False, False),  # 1 strip: 8 warps, no accumulator
+    (2, 3, 16, 256, 1, True, True, True, False),  # batched: 4 strips, 2 warps each
+    (1, 16, 16, 64, 1, True, False, True, False),  # 2 strips of 4 k-steps: too short to split
     (1, 16, 128, 96, 2, True, False, True, False),  # 8 strips: no split, 2 partial sums
 ]
 NW = 8
@@ -28,7 +30,7 @@ NW = 8
 
 def _ksplit(strips: int, ksteps: int) -> int:
     s = 1
-    while strips * s * 2 <= NW and ksteps % (s * 2) == 0:
+    while strips * s * 2 <= NW and ksteps % (s * 2) == 0 and ksteps // (s * 2) >= 8:
         s *= 2
     return s
 
@@ -108,8 +110,11 @@ def _plan() -> dict:
 
 
 def test_the_cases_cover_every_split():
-    splits = {_ksplit(bt * -(-m // 16) * (n // (8 * nb)), k // 16) for bt, m, n, k, nb, *_ in CASES}
-    assert splits == {1, 2, 4, 8}
+    splits = [_ksplit(bt * -(-m // 16) * (n // (8 * nb)), k // 16) for bt, m, n, k, nb, *_ in CASES]
+    assert splits == [2, 4, 8, 2, 1, 1]
+    assert splits == [
+        mma_work(bt, m, n, k, NW).ksplit for bt, m, n, k, *_ in CASES
+    ]  # the cost model's copy of the rule
 
 
 def test_block_mma_matches_numpy_with_k_split_over_warps():

@@ -22,11 +22,16 @@ def strip_width(batch: int, m: int, n: int, warps: int) -> int:
     return next((nb for nb in cands if strips(nb) >= warps), cands[-1])
 
 
+MIN_SLICE = 8
+"""K-steps a slice of a split strip keeps at least (`MMA_MIN_SLICE`): adding a slice to C costs
+a barrier, more than a shorter chain saves."""
+
+
 def k_split(strips: int, warps: int, ksteps: int) -> int:
     """Warps that share one strip's K: a power of two dividing the k-steps, while every split
-    strip still has a warp per slice (`mma_ksplit`)."""
+    strip still has a warp per slice and every slice MIN_SLICE k-steps (`mma_ksplit`)."""
     s = 1
-    while strips * s * 2 <= warps and ksteps % (s * 2) == 0:
+    while strips * s * 2 <= warps and ksteps % (s * 2) == 0 and ksteps // (s * 2) >= MIN_SLICE:
         s *= 2
     return s
 
