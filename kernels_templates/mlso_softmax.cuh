@@ -28,9 +28,11 @@ __device__ __forceinline__ float exp_rel(float s, float m) {
   return expf(fminf(s - safe_max(m), 0.0f));
 }
 
-// Combine step of split-KV: weight of partial i relative to the global max.
+// Combine step of split-KV: weight of partial i relative to the global max. An empty partial
+// (m_i = -inf) weighs exp(-inf) = 0 with no test: a branch here kept the combine loop from
+// issuing its next loads before this one's weight was known (one memory latency per partial).
 __device__ __forceinline__ float partial_weight(float m_i, float m_global) {
-  return m_i == neg_inf() ? 0.0f : expf(m_i - safe_max(m_global));
+  return expf(m_i - safe_max(m_global));
 }
 
 // The running state of one row: max m and sum l (true sum = l * exp(m)).

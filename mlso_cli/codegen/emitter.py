@@ -157,6 +157,8 @@ class Emitter:
         inner = " ".join(
             body.lines + [f"{acc} = {fold.format(a=acc, b=val)};" for acc, _, fold, val in folds]
         )
+        # unrolled, so that a thread has 8 loads in flight, not one memory latency per element
+        self.lines.append("#pragma unroll 8")
         self.lines.append(f"for (int {var} = 0; {var} < {length}; ++{var}) {{ {inner} }}")
 
     def var(self, expr: str, ctype: str = "float") -> str:

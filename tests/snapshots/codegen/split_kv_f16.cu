@@ -70,8 +70,10 @@ extern "C" __global__ void __launch_bounds__(256) mlso_k1(__half* __restrict__ o
     float mg0 = mlso::neg_inf();
     for (int rm0 = 0; rm0 < 2; ++rm0) { const float t1 = mlso::to_f32(sc2[rm0 * 64 + ((i / 512)) * 32 + (((i / 16)) % 32)]); mg0 = fmaxf(mg0, t1); }
     float acc0 = 0.0f;
+    #pragma unroll 8
     for (int ri0 = 0; ri0 < 2; ++ri0) { const float t2 = mlso::to_f32(sc0[ri0 * 1024 + ((i / 512)) * 512 + ((((i / 16)) % 32)) * 16 + (i % 16)]); const float t3 = mlso::to_f32(sc2[ri0 * 64 + ((i / 512)) * 32 + (((i / 16)) % 32)]); acc0 = acc0 + t2 * mlso::partial_weight(t3, mg0); }
     float acc1 = 0.0f;
+    #pragma unroll 8
     for (int ri1 = 0; ri1 < 2; ++ri1) { const float t5 = mlso::to_f32(sc1[ri1 * 64 + ((i / 512)) * 32 + (((i / 16)) % 32)]); const float t6 = mlso::to_f32(sc2[ri1 * 64 + ((i / 512)) * 32 + (((i / 16)) % 32)]); acc1 = acc1 + t5 * mlso::partial_weight(t6, mg0); }
     const float t7 = mlso::ew::div(acc0, acc1);
     out0[i] = mlso::from_f32<__half>(t7);
