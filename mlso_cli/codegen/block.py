@@ -824,10 +824,17 @@ class BlockKernel(BlockLayout):
         for it in self.iters:
             if it.phase is Phase.PRE:
                 self._load(code, it, None, f"s{it.arg}", True)
-        for k in range(min(ns - 1, loop) if loop_iters else 0):
-            for it in loop_iters:
-                self._load(code, it, str(k), f"s{it.arg}_{k}", True)
-        code("mlso::cp_async_commit();", "mlso::cp_async_wait<0>();", "__syncthreads();")
+        if loop_iters and loop >= ns - 1:
+            # the PRE tiles are one cp.async group and each prologue stage another: the PRE
+            # passes wait for their own tiles only, and run while the first stages still load
+            code("mlso::cp_async_commit();")
+            for k in range(ns - 1):
+                for it in loop_iters:
+                    self._load(code, it, str(k), f"s{it.arg}_{k}", True)
+                code("mlso::cp_async_commit();")
+            code(f"mlso::cp_async_wait<{ns - 1}>();", "__syncthreads();")
+        else:
+            code("mlso::cp_async_commit();", "mlso::cp_async_wait<0>();", "__syncthreads();")
         passes, saves = self._pass_list()
         self._emit_passes(code, passes[Phase.PRE])
         code("__syncthreads();")

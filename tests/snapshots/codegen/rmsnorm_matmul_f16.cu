@@ -17,11 +17,12 @@ extern "C" __global__ void __launch_bounds__(256) mlso_k0(const __half* __restri
   float* const sm0 = reinterpret_cast<float*>(smem + 6016);
   float* const sm1 = reinterpret_cast<float*>(smem + 7040);
   __half* const stg0 = reinterpret_cast<__half*>(smem + 7168);
+  mlso::cp_async_commit();
   mlso::copy_chunks<true, 256, 64>([&](int c) -> const __half* { return in0 + ((c / 4)) * 64 + (c % 4) * 8 + (0) * 32; }, [&](int c) -> __half* { return s0_0 + ((c / 4)) * 40 + (c % 4) * 8; });
   mlso::copy_chunks<true, 256, 4>([&](int c) -> const __half* { return in1 + (c % 4) * 8 + (0) * 32; }, [&](int c) -> __half* { return s1_0 + (c % 4) * 8; });
   mlso::copy_chunks<true, 256, 64>([&](int c) -> const __half* { return in2 + ((c / 2) + (0) * 32) * 32 + (c % 2) * 8 + (int)blockIdx.x * 16; }, [&](int c) -> __half* { return s2_0 + ((c / 2)) * 24 + (c % 2) * 8; });
   mlso::cp_async_commit();
-  mlso::cp_async_wait<0>();
+  mlso::cp_async_wait<1>();
   __syncthreads();
   __syncthreads();
   for (int e = threadIdx.x; e < 256; e += 256) sm0[e] = 0.0f;

@@ -20,10 +20,11 @@ extern "C" __global__ void __launch_bounds__(32) mlso_k0(const __half* __restric
   float* const alpha0 = reinterpret_cast<float*>(smem + 0);
   __half* const p0 = reinterpret_cast<__half*>(smem + 0);
   mlso::copy_chunks<true, 32, 32>([&](int c) -> const __half* { return in0 + ((int)blockIdx.x * 1) * 512 + ((c / 2) + (int)blockIdx.y * 16) * 16 + (c % 2) * 8; }, [&](int c) -> __half* { return s0 + ((c / 2)) * 24 + (c % 2) * 8; });
+  mlso::cp_async_commit();
   mlso::copy_chunks<true, 32, 64>([&](int c) -> const __half* { return in1 + ((int)blockIdx.x * 1) * 2048 + ((c / 4)) * 128 + (c % 4) * 8 + (int)blockIdx.z * 64 + (0) * 32; }, [&](int c) -> __half* { return s1_0 + ((c / 4)) * 40 + (c % 4) * 8; });
   mlso::copy_chunks<true, 32, 64>([&](int c) -> const __half* { return in2 + ((int)blockIdx.x * 1) * 2048 + ((c / 2) + (int)blockIdx.z * 64 + (0) * 32) * 16 + (c % 2) * 8; }, [&](int c) -> __half* { return s2_0 + ((c / 2)) * 24 + (c % 2) * 8; });
   mlso::cp_async_commit();
-  mlso::cp_async_wait<0>();
+  mlso::cp_async_wait<1>();
   __syncthreads();
   __syncthreads();
   for (int e = threadIdx.x; e < 16; e += 32) sm2[e] = 0.0f;
