@@ -6,7 +6,8 @@ one shared-memory figure, smem_layout), barriers.py (where __syncthreads() is ne
 
 Layout of a generated kernel (blockIdx.{x,y,z} are the grid coordinates):
 
-    PRE   load PRE-phase ITER tiles and step 0 of the loop tiles (cp.async), then the PRE ops
+    PRE   load PRE-phase ITER tiles (one cp.async group) and the first loop stages (a group
+          each), wait for the PRE group only, then the PRE ops while the stages still load
     init  accumulators = 0, running maxima = -inf
     LOOP  for it < loop: prefetch step it+1 into the other buffer (cp.async double buffering),
           wait for step it, run the LOOP ops and accumulator updates
