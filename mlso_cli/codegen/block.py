@@ -825,9 +825,12 @@ class BlockKernel(BlockLayout):
         for it in self.iters:
             if it.phase is Phase.PRE:
                 self._load(code, it, None, f"s{it.arg}", True)
-        if loop_iters and loop >= ns - 1:
+        if loop_iters:
             # the PRE tiles are one cp.async group and each prologue stage another: the PRE
-            # passes wait for their own tiles only, and run while the first stages still load
+            # passes wait for their own tiles only, and run while the first stages still load.
+            # The loop's wait<ns - 1> counts on ns - 1 prologue groups: the layout only deepens
+            # the pipeline for loops of at least 3 steps (blocklayout.py).
+            assert loop >= ns - 1, (loop, ns)
             code("mlso::cp_async_commit();")
             for k in range(ns - 1):
                 for it in loop_iters:

@@ -15,11 +15,15 @@ MMA_M, MMA_N, MMA_K = 16, 8, 16
 MMA_FLOPS = 2 * MMA_M * MMA_N * MMA_K
 
 
+def _strips(batch: int, m: int, n: int, nb: int) -> int:
+    """16 x 8*nb output strips of C(batch, m, n)."""
+    return batch * -(-m // MMA_M) * (n // (MMA_N * nb))
+
+
 def strip_width(batch: int, m: int, n: int, warps: int) -> int:
     """n8 tiles per warp strip (NB): the widest that still gives every warp a strip, else one."""
-    strips = lambda nb: batch * -(-m // MMA_M) * (n // (MMA_N * nb))  # noqa: E731
     cands = [nb for nb in (8, 4, 2, 1) if n % (MMA_N * nb) == 0]
-    return next((nb for nb in cands if strips(nb) >= warps), cands[-1])
+    return next((nb for nb in cands if _strips(batch, m, n, nb) >= warps), cands[-1])
 
 
 MIN_SLICE = 8
@@ -52,7 +56,6 @@ class MmaWork:
     strips: int
     ksplit: int
     ilp: int
-    busy_warps: int
     chain_mmas: int
     """mma.sync a busy warp issues, in `ilp` * nb independent chains."""
 
@@ -61,10 +64,9 @@ def mma_work(batch: int, m: int, n: int, k: int, warps: int) -> MmaWork:
     """The work split of C(batch, m, n) += A(m, k) B(k, n) as block_mma runs it on `warps` warps
     (k a multiple of 16, n of 8: the template's shapes)."""
     nb = strip_width(batch, m, n, warps)
-    strips = batch * -(-m // MMA_M) * (n // (MMA_N * nb))
+    strips = _strips(batch, m, n, nb)
     ksteps = -(-k // MMA_K)
     split = k_split(strips, warps, ksteps)
     ilp = partial_sums(nb, ksteps // split)
-    busy = min(warps, strips * split)
     per_warp = -(-strips // warps) if split == 1 else 1
-    return MmaWork(nb, strips, split, ilp, busy, per_warp * nb * (ksteps // split))
+    return MmaWork(nb, strips, split, ilp, per_warp * nb * (ksteps // split))
