@@ -281,6 +281,33 @@ def test_snapshot(name):
 # ---- units -------------------------------------------------------------------------------------------
 
 
+def test_split_kv_combine_folds_partials_with_a_team(programs):
+    """64 partials per output: the combine kernel gives each output a team of lanes that stride
+    the partials and all-reduce (test_emulated_matches_reference runs it); 2 partials: one lane."""
+    wide = programs["split_kv_wide_f16"]
+    combine = next(k for k in wide.kernels if "split" not in k.what and "graph" not in k.what)
+    assert "lanes per element" in combine.what
+    assert "warp_allreduce<mlso::MaxOp, 8>" in combine.source
+    assert "warp_allreduce<mlso::SumOp, 8>" in combine.source
+    assert "if (tl == 0)" in combine.source
+    assert combine.grid[0] * combine.block[0] >= 8 * 16 * 16
+    narrow = programs["split_kv_f16"]
+    assert not any("lanes per element" in k.what for k in narrow.kernels)
+
+
+def test_team_size_rule():
+    from mlso_cli.codegen.kernels import team_size
+
+    assert team_size(8192, []) == 1  # nothing folded in place
+    assert team_size(8192, [64, 64]) == 8  # 8 partials per lane
+    assert team_size(8192, [32]) == 4
+    assert team_size(8192, [64, 8]) == 1  # the shortest fold decides
+    assert team_size(1 << 20, [64]) == 1  # the grid already fills a wave
+    assert team_size(8190, [64]) == 1  # warps must leave the output loop together
+    assert team_size(8196, [64]) == 8  # 4 elements per warp
+    assert team_size(16, [4096]) == 32
+
+
 def test_softmax_exp_gets_a_row_max_and_others_do_not():
     kg = T.GRAPHS["plain_attention_f32"]()
     nodes = kg.nodes()

@@ -288,6 +288,10 @@ GRAPHS: dict[str, Callable[[], KernelGraph]] = {
     "split_kv_f16": split_kv_attention,
     "split_kv_bf16": partial(split_kv_attention, BF16),
     "split_kv_f32": partial(split_kv_attention, F32, n=64, d=8, m=16),
+    # 64 partials: the combine folds them with a team of lanes per output (kernels.team_size)
+    "split_kv_wide_f16": partial(
+        split_kv_attention, g=1, m=16, d=16, n=1024, row_tiles=1, splits=64, loop=1
+    ),
     "flash_f16": flash_attention,
     "flash_bf16": partial(flash_attention, BF16),
     "flash_v_factor_f16": flash_v_factor,
@@ -310,6 +314,7 @@ LOGIT_SCALE: dict[str, tuple[int, float]] = {
     "split_kv_f16": (0, 100.0),
     "split_kv_bf16": (0, 100.0),
     "split_kv_f32": (0, 35.0),
+    "split_kv_wide_f16": (0, 100.0),
     "flash_f16": (0, 25.0),
     "flash_bf16": (0, 25.0),
     "flash_v_factor_f16": (0, 25.0),

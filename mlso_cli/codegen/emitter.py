@@ -94,6 +94,13 @@ class Emitter:
         self._memo: dict[tuple, Val] = {}
         self._thread: list[tuple[int, list[Val]]] = []
         self._thread_ids = 0
+        self.team = 1
+        """Lanes that share each in-place reduction of this emitter's own lines (a power of two
+        <= 32; kernels.emit_elementwise sets it). Each strides the reduced axis from its lane in
+        the team (`TEAM_LANE`), and a shuffle all-reduce leaves the result in every lane. Why:
+        a split-KV combine folds 32-128 partials per output, and one thread per output ran them
+        as a chain of dependent memory latencies. Loops nested in another loop (child emitters)
+        stay serial: the team is already spread over the outer one."""
 
     # ---- public ------------------------------------------------------------------------------
     def value(self, n: Node, coords: Coords) -> Val:
@@ -151,7 +158,8 @@ class Emitter:
     def loop(
         self, var: str, length: int, body: Emitter, folds: list[tuple[str, str, str, str]]
     ) -> None:
-        """Append `for (var < length) { body; acc = fold(acc, value) }` for each (acc, init, fold, value)."""
+        """Append `for (var < length) { body; acc = fold(acc, value) }` for each (acc, init, fold, value)
+        (strided over the team's lanes, then all-reduced, when `team` > 1)."""
         for acc, init, _, _ in folds:
             self.lines.append(f"float {acc} = {init};")
         inner = " ".join(
@@ -159,7 +167,19 @@ class Emitter:
         )
         # unrolled, so that a thread has 8 loads in flight, not one memory latency per element
         self.lines.append("#pragma unroll 8")
-        self.lines.append(f"for (int {var} = 0; {var} < {length}; ++{var}) {{ {inner} }}")
+        self.lines.append(f"for ({self._range(var, length)}) {{ {inner} }}")
+        for acc, init, _, _ in folds:
+            self._team_reduce(acc, "max" if init == _FOLD["max"][0] else "sum")
+
+    def _range(self, var: str, length: int) -> str:
+        if self.team == 1:
+            return f"int {var} = 0; {var} < {length}; ++{var}"
+        return f"int {var} = {TEAM_LANE}; {var} < {length}; {var} += {self.team}"
+
+    def _team_reduce(self, acc: str, op: str) -> None:
+        if self.team > 1:
+            fn = "mlso::SumOp" if op == "sum" else "mlso::MaxOp"
+            self.lines.append(f"{acc} = mlso::warp_allreduce<{fn}, {self.team}>({acc});")
 
     def var(self, expr: str, ctype: str = "float") -> str:
         name = self.names.new("t")
@@ -264,6 +284,8 @@ def _reshape(em: Emitter, n: Node, coords: Coords) -> Val:
 
 
 _FOLD = {"sum": ("0.0f", "{a} + {b}"), "max": ("mlso::neg_inf()", "fmaxf({a}, {b})")}
+TEAM_LANE = "tl"
+"""A thread's lane within its team (kernels.emit_elementwise declares it)."""
 
 
 def _reduce(em: Emitter, n: Node, coords: Coords) -> Val:
@@ -321,8 +343,13 @@ def _combined(em: Emitter, n: Node, coords: Coords) -> Val:
     val = body.value(m, canon(m.shape, inner)).code
     acc = em.names.new("mg")
     em.lines.append(f"float {acc} = mlso::neg_inf();")
-    head = " ".join(f"for (int {var} = 0; {var} < {m.shape[j]}; ++{var})" for j, var in loops)
+    # the team strides the outermost partial dim only; inner ones run whole in each lane
+    head = " ".join(
+        f"for ({em._range(var, m.shape[j]) if k == 0 else f'int {var} = 0; {var} < {m.shape[j]}; ++{var}'})"
+        for k, (j, var) in enumerate(loops)
+    )
     em.lines.append(f"{head} {{ {' '.join(body.lines)} {acc} = fmaxf({acc}, {val}); }}")
+    em._team_reduce(acc, "max")
     return Val(acc)
 
 

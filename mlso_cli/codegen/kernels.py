@@ -22,15 +22,15 @@ from mlso_cli.codegen.cfmt import (
     numel,
     offset,
 )
-from mlso_cli.codegen.emitter import Flat
+from mlso_cli.codegen.emitter import TEAM_LANE, Flat
 from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.program import Kernel
 from mlso_cli.codegen.scale import Scale, Val, matmul_scale, structural
-from mlso_cli.codegen.synthetic import Copy, RowMax
+from mlso_cli.codegen.synthetic import Combined, Copy, RowMax
 from mlso_cli.codegen.teams import LOOP_VAR, Pass, choose_mode, emit_passes
 from mlso_cli.codegen.views import strided
 from mlso_cli.ir.node import Node
-from mlso_cli.ir.ops import DType, Op
+from mlso_cli.ir.ops import REDUCE, DType, Op
 
 if TYPE_CHECKING:
     from mlso_cli.codegen.lower import Lowering
@@ -57,26 +57,82 @@ def _what(n: Node) -> str:
 
 
 def emit_elementwise(lw: Lowering, root: Node) -> Kernel:
-    """One thread per element (grid-stride), the fused chain evaluated in registers."""
+    """One thread per element (grid-stride), the fused chain evaluated in registers; a team of
+    lanes per element when the chain folds partials in place (`team_size`)."""
     name, names, uses = lw.kernel_name(), Names(), lw.uses()
     out = lw.storage[root]
     uses.write(out.buffer)
     n, nt = root.numel, ELEMENTWISE_THREADS
+    team = team_size(n, inplace_reductions(root, lw.storage))
     tokens = decompose("i", root.shape)
     em = lw.emitter(uses, names, Flat(tokens, root.shape, "i"))
+    em.team = team
     v = em.compute(root, tokens)
     val = lw.stored_code(em, root, v, tokens)
+    store = f"{out.ptr}[i] = mlso::from_f32<{CTYPE[out.dtype]}>({val});"
     code = Code()
-    with (
-        code.block(uses.signature(name, nt)),
-        code.block(
-            f"for (int i = blockIdx.x * {nt} + threadIdx.x; i < {n}; i += gridDim.x * {nt})"
-        ),
-    ):
-        code.extend(em.lines)
-        code(f"{out.ptr}[i] = mlso::from_f32<{CTYPE[out.dtype]}>({val});")
-    grid = (min(_ceil(n, nt), GRID_CAP), 1, 1)
-    return Kernel(name, code.text(), grid, (nt, 1, 1), 0, uses.params(), _what(root))
+    with code.block(uses.signature(name, nt)):
+        if team > 1:
+            code(f"const int {TEAM_LANE} = threadIdx.x & {team - 1};")
+        first = "blockIdx.x * {nt} + threadIdx.x".format(nt=nt)
+        if team > 1:
+            first, stride = f"({first}) / {team}", f"gridDim.x * {nt // team}"
+        else:
+            stride = f"gridDim.x * {nt}"
+        with code.block(f"for (int i = {first}; i < {n}; i += {stride})"):
+            code.extend(em.lines)
+            code(f"if ({TEAM_LANE} == 0) {store}" if team > 1 else store)
+    grid = (min(_ceil(n * team, nt), GRID_CAP), 1, 1)
+    what = _what(root) + (f" ({team} lanes per element)" if team > 1 else "")
+    return Kernel(name, code.text(), grid, (nt, 1, 1), 0, uses.params(), what)
+
+
+TEAM_ITEMS = 8
+"""Partials each lane of a team folds: the in-place loops are unrolled 8 times, so 8 is one
+round of loads in flight per lane."""
+TEAM_THREADS = 132 * 2048
+"""Threads one wave of the H200 holds: a team is worth its redundant element work only while
+the grid is short of a wave."""
+
+
+def team_size(outputs: int, lengths: list[int]) -> int:
+    """Lanes per output element of an elementwise kernel whose chain folds `lengths` values in
+    place at its top level: a power of two up to 32, so each lane keeps about TEAM_ITEMS of the
+    shortest fold, the grid stays within one wave, and every warp's lanes leave the grid-stride
+    loop together (outputs a multiple of the elements a warp holds), as the shuffles need."""
+    if not lengths:
+        return 1
+    fits = [
+        t
+        for t in (2, 4, 8, 16, 32)
+        if t * TEAM_ITEMS <= min(lengths)
+        and outputs * t <= TEAM_THREADS
+        and outputs % (32 // t) == 0
+    ]
+    return max(fits, default=1)
+
+
+def inplace_reductions(root: Node, storage) -> list[int]:
+    """Lengths of the reductions `root`'s chain evaluates in place at its top level (not nested
+    in another one): what the emitter turns into loops (emitter._reduce and _combined)."""
+    lengths: list[int] = []
+    seen: set[Node] = set()
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        if n in seen or (n in storage and n is not root):
+            continue
+        seen.add(n)
+        if n.op in REDUCE:
+            if isinstance(n.arg, Combined):
+                lengths.append(n.src[0].shape[n.arg.dims[0]])
+            elif isinstance(n.arg, int):
+                lengths.append(n.src[0].shape[n.arg])
+            continue  # what it folds is evaluated inside its loop (serial per lane)
+        stack.extend(n.src)
+        if n.op is Op.THREAD:
+            stack.append(n.arg.body)
+    return lengths
 
 
 # ---- reductions ---------------------------------------------------------------------------------
