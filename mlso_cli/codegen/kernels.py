@@ -74,7 +74,7 @@ def emit_elementwise(lw: Lowering, root: Node) -> Kernel:
     with code.block(uses.signature(name, nt)):
         if team > 1:
             code(f"const int {TEAM_LANE} = threadIdx.x & {team - 1};")
-        first = "blockIdx.x * {nt} + threadIdx.x".format(nt=nt)
+        first = f"blockIdx.x * {nt} + threadIdx.x"
         if team > 1:
             first, stride = f"({first}) / {team}", f"gridDim.x * {nt // team}"
         else:

@@ -102,6 +102,13 @@ class Hardware:
     split_round_s: float = 0.3e-6
     """Each further slice of a K split over warps is added to C after a barrier (fitted on the
     80 programs timed with the split template: wrong-way pairs 18 -> 13)."""
+    noloop_serial: float = 0.0
+    """With one resident block per SM and no loop, the share of the shorter parts (loads, flops,
+    mma chains) that runs in series with the longest. It was 1 (all in series), fitted when a
+    loop-free layernorm program ran one warp's chain of 256 dependent mma.sync; `_mma_chain_s`
+    now prices that chain itself. Refit on 88 programs timed at 183a98d: the two loop-free ones
+    (mla_bs1 sizings, 11.9 and 11.3 µs) were estimated 18.5 and 14.9 µs, the worst ranking
+    errors of the set; 0 takes wrong-way pairs from 65 to 47 of 297 (0.5: 58)."""
     loop_pass_s: float = 0.75e-6
     """Latency each loop-phase reduction adds to a loop step of a register-path kernel (fitted).
     The online softmax runs in registers, but a reduction over the step's tile (qknorm's per-key
@@ -277,9 +284,9 @@ def block_graph_time(gd: Node, nbytes: int, flops: int, tensor: bool, hw: Hardwa
         chain,
     )
     if steps == 1 and per_sm == 1:
-        # one resident block per SM and no loop: nothing overlaps its tile loads with its
-        # compute (the pipeline stages overlap steps, other resident blocks overlap blocks)
-        step = max(hw.step_latency_s, sum(parts))
+        # one resident block per SM and no loop: no pipeline stage overlaps its tile loads with
+        # its compute, only the warps' own interleaving (`noloop_serial`)
+        step = max(hw.step_latency_s, max(parts) + hw.noloop_serial * (sum(parts) - max(parts)))
     elif per_sm == 1:
         # a loop, but no other resident block: the stages hide only part of the chain
         step = max(hw.step_latency_s, *parts) + hw.chain_exposed * min(parts[0], parts[2])
