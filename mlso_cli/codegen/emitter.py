@@ -30,6 +30,7 @@ from mlso_cli.codegen.cfmt import (
 from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.scale import BINARY, UNARY_DEGREE, Scale, Storage, Val
 from mlso_cli.codegen.synthetic import Combined, Copy
+from mlso_cli.codegen.teams import FOLD
 from mlso_cli.codegen.views import strided, view_strides
 from mlso_cli.ir.node import Node, const_value
 from mlso_cli.ir.ops import BINARY as BINARY_OPS
@@ -155,31 +156,29 @@ class Emitter:
         em._thread_ids = self._thread_ids + 1000
         return em
 
-    def loop(
-        self, var: str, length: int, body: Emitter, folds: list[tuple[str, str, str, str]]
-    ) -> None:
-        """Append `for (var < length) { body; acc = fold(acc, value) }` for each (acc, init, fold, value)
-        (strided over the team's lanes, then all-reduced, when `team` > 1)."""
-        for acc, init, _, _ in folds:
-            self.lines.append(f"float {acc} = {init};")
+    def loop(self, var: str, length: int, body: Emitter, folds: list[tuple[str, str, str]]) -> None:
+        """Append `for (var < length) { body; acc = op(acc, value) }` for each (acc, op, value),
+        op a key of teams.FOLD (strided over the team's lanes, then all-reduced, when `team` > 1)."""
+        for acc, op, _ in folds:
+            self.lines.append(f"float {acc} = {FOLD[op][0]};")
         inner = " ".join(
-            body.lines + [f"{acc} = {fold.format(a=acc, b=val)};" for acc, _, fold, val in folds]
+            body.lines + [f"{acc} = {FOLD[op][1].format(a=acc, b=val)};" for acc, op, val in folds]
         )
         # unrolled, so that a thread has 8 loads in flight, not one memory latency per element
         self.lines.append("#pragma unroll 8")
         self.lines.append(f"for ({self._range(var, length)}) {{ {inner} }}")
-        for acc, init, _, _ in folds:
-            self._team_reduce(acc, "max" if init == _FOLD["max"][0] else "sum")
+        for acc, op, _ in folds:
+            self._team_reduce(acc, op)
 
-    def _range(self, var: str, length: int) -> str:
-        if self.team == 1:
+    def _range(self, var: str, length: int, split: bool = True) -> str:
+        """Loop header of an in-place fold over `length`; `split`: over the team's lanes."""
+        if self.team == 1 or not split:
             return f"int {var} = 0; {var} < {length}; ++{var}"
         return f"int {var} = {TEAM_LANE}; {var} < {length}; {var} += {self.team}"
 
     def _team_reduce(self, acc: str, op: str) -> None:
         if self.team > 1:
-            fn = "mlso::SumOp" if op == "sum" else "mlso::MaxOp"
-            self.lines.append(f"{acc} = mlso::warp_allreduce<{fn}, {self.team}>({acc});")
+            self.lines.append(f"{acc} = mlso::warp_allreduce<{FOLD[op][2]}, {self.team}>({acc});")
 
     def var(self, expr: str, ctype: str = "float") -> str:
         name = self.names.new("t")
@@ -283,7 +282,6 @@ def _reshape(em: Emitter, n: Node, coords: Coords) -> Val:
     return em.value(src, em.coords_of_flat(flat, src.shape))
 
 
-_FOLD = {"sum": ("0.0f", "{a} + {b}"), "max": ("mlso::neg_inf()", "fmaxf({a}, {b})")}
 TEAM_LANE = "tl"
 """A thread's lane within its team (kernels.emit_elementwise declares it)."""
 
@@ -309,11 +307,10 @@ def _reduce(em: Emitter, n: Node, coords: Coords) -> Val:
     varying = probe is not None and any(mentions(c, r) for c in probe.mcoords)
     body = em.child()
     acc = em.names.new("acc")
-    init, fold = _FOLD[op]
     scale = None
     if probe is None or (not varying and (op == "sum" or probe.degree > 0)):
         v = body.value(x, inner_t)
-        em.loop(r, length, body, [(acc, init, fold, v.code)])
+        em.loop(r, length, body, [(acc, op, v.code)])
         scale = v.scale
     elif op == "sum" and probe.degree == 1:
         dims = tuple(j for j, c in enumerate(probe.mcoords) if mentions(c, r))
@@ -324,10 +321,10 @@ def _reduce(em: Emitter, n: Node, coords: Coords) -> Val:
         mg = em.value(mg_node, mg_coords).code
         v = body.value(x, inner_t)
         m = body.mvalue(v.scale)
-        em.loop(r, length, body, [(acc, init, fold, f"{v.code} * mlso::partial_weight({m}, {mg})")])
+        em.loop(r, length, body, [(acc, op, f"{v.code} * mlso::partial_weight({m}, {mg})")])
         scale = Scale(mg_node, 1, mg_coords)
     else:
-        em.loop(r, length, body, [(acc, init, fold, body.plain(x, inner_t))])
+        em.loop(r, length, body, [(acc, op, body.plain(x, inner_t))])
     out = acc if n.op is not Op.REDUCE_MEAN else em.var(f"{acc} / {c_float(length)}")
     return Val(out, scale)
 
@@ -345,8 +342,7 @@ def _combined(em: Emitter, n: Node, coords: Coords) -> Val:
     em.lines.append(f"float {acc} = mlso::neg_inf();")
     # the team strides the outermost partial dim only; inner ones run whole in each lane
     head = " ".join(
-        f"for ({em._range(var, m.shape[j]) if k == 0 else f'int {var} = 0; {var} < {m.shape[j]}; ++{var}'})"
-        for k, (j, var) in enumerate(loops)
+        f"for ({em._range(var, m.shape[j], split=k == 0)})" for k, (j, var) in enumerate(loops)
     )
     em.lines.append(f"{head} {{ {' '.join(body.lines)} {acc} = fmaxf({acc}, {val}); }}")
     em._team_reduce(acc, "max")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mlso_cli.codegen import synthetic
+from mlso_cli.codegen.blocklayout import SM_COUNT_HINT
 from mlso_cli.codegen.cfmt import (
     CTYPE,
     Code,
@@ -71,17 +72,16 @@ def emit_elementwise(lw: Lowering, root: Node) -> Kernel:
     val = lw.stored_code(em, root, v, tokens)
     store = f"{out.ptr}[i] = mlso::from_f32<{CTYPE[out.dtype]}>({val});"
     code = Code()
+    first, stride = f"blockIdx.x * {nt} + threadIdx.x", f"gridDim.x * {nt}"
+    if team > 1:
+        first, stride = f"({first}) / {team}", f"gridDim.x * {nt // team}"
+        store = f"if ({TEAM_LANE} == 0) {store}"
     with code.block(uses.signature(name, nt)):
         if team > 1:
             code(f"const int {TEAM_LANE} = threadIdx.x & {team - 1};")
-        first = f"blockIdx.x * {nt} + threadIdx.x"
-        if team > 1:
-            first, stride = f"({first}) / {team}", f"gridDim.x * {nt // team}"
-        else:
-            stride = f"gridDim.x * {nt}"
         with code.block(f"for (int i = {first}; i < {n}; i += {stride})"):
             code.extend(em.lines)
-            code(f"if ({TEAM_LANE} == 0) {store}" if team > 1 else store)
+            code(store)
     grid = (min(_ceil(n * team, nt), GRID_CAP), 1, 1)
     what = _what(root) + (f" ({team} lanes per element)" if team > 1 else "")
     return Kernel(name, code.text(), grid, (nt, 1, 1), 0, uses.params(), what)
@@ -90,8 +90,8 @@ def emit_elementwise(lw: Lowering, root: Node) -> Kernel:
 TEAM_ITEMS = 8
 """Partials each lane of a team folds: the in-place loops are unrolled 8 times, so 8 is one
 round of loads in flight per lane."""
-TEAM_THREADS = 132 * 2048
-"""Threads one wave of the H200 holds: a team is worth its redundant element work only while
+TEAM_THREADS = SM_COUNT_HINT * 2048
+"""Threads one wave of the H200 holds (2048 per SM): a team is worth its redundant element work only while
 the grid is short of a wave."""
 
 
