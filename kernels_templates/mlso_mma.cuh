@@ -148,29 +148,55 @@ __device__ __forceinline__ void store_acc(const float (&acc)[NB][4], float* c, i
   }
 }
 
+// ---- the fragments of ILP consecutive k-steps of one strip, loaded ahead of their mma ----------
+// Why: ldmatrix and mma.sync are volatile asm, issued in program order. An mma right behind the
+// loads of its own operands waits out their shared-memory latency at every k-step, whatever the
+// number of independent sums. Loading the next group of k-steps before the mma of the current
+// one keeps the loads in flight while the tensor cores work (as CUTLASS's fragment pipeline does).
+template <int NB, int ILP, bool AK, bool BK, typename T>
+struct MmaFrags {
+  static_assert(NB >= 1 && NB <= 16 && ILP >= 1 && ILP * NB <= 16, "MmaFrags: 1..16 fragment tiles");
+  unsigned a[ILP][4];
+  unsigned b[ILP][NB][2];
+
+  __device__ __forceinline__ void load(const T* A, int lda, const T* B, int ldb, int m0, int n0, int k0) {
+#pragma unroll
+    for (int i = 0; i < ILP; ++i) {
+      load_a_frag<AK>(a[i], A, lda, m0, k0 + 16 * i);
+#pragma unroll
+      for (int j = 0; j < NB; ++j) load_b_frag<BK>(b[i][j], B, ldb, k0 + 16 * i, n0 + 8 * j);
+    }
+  }
+  // k-step i of the group into acc
+  __device__ __forceinline__ void mma(float (&acc)[NB][4], int i) const {
+#pragma unroll
+    for (int j = 0; j < NB; ++j) mma_16816<T>(acc[j], a[i], b[i][j]);
+  }
+};
+
 // ---- one warp: a 16 x (8*NB) strip over the whole K -----------------------------------------------
 template <int NB, int K, bool AK, bool BK, typename T>
 __device__ __forceinline__ void warp_mma_strip(float (&acc)[NB][4], const T* A, int lda, const T* B, int ldb,
                                                int m0, int n0) {
   static_assert(NB >= 1 && NB <= 16, "NB: 1..16 n8 tiles per strip");
   static_assert(K % 16 == 0, "K must be a multiple of 16");
+  MmaFrags<NB, 1, AK, BK, T> cur;
+  cur.load(A, lda, B, ldb, m0, n0, 0);
 #pragma unroll 2
-  for (int k0 = 0; k0 < K; k0 += 16) {
-    unsigned a[4];
-    load_a_frag<AK>(a, A, lda, m0, k0);
-#pragma unroll
-    for (int j = 0; j < NB; ++j) {
-      unsigned b[2];
-      load_b_frag<BK>(b, B, ldb, k0, n0 + 8 * j);
-      mma_16816<T>(acc[j], a, b);
-    }
+  for (int k0 = 16; k0 < K; k0 += 16) {
+    MmaFrags<NB, 1, AK, BK, T> nxt;
+    nxt.load(A, lda, B, ldb, m0, n0, k0);
+    cur.mma(acc, 0);
+    cur = nxt;
   }
+  cur.mma(acc, 0);
 }
 
 // ---- one warp: a 16 x (8*NB) strip over K rows [kb, kb + KLEN), ILP independent sums ----------
 // Why: a strip of one n8 tile over a deep K (a GEMV-like step: 2 rows times a 1024 x 32 weight
 // tile) is one dependent chain of K/16 mma.sync, each waiting on the last; ILP partial sums,
-// dealt k-step by k-step and added in a fixed order at the end, keep ILP mma in flight.
+// dealt k-step by k-step and added in a fixed order at the end, keep ILP mma in flight, and the
+// next ILP k-steps' fragments load while these run (MmaFrags).
 template <int NB, int KLEN, int ILP, bool AK, bool BK, typename T>
 __device__ __forceinline__ void warp_mma_partial(float (&p)[NB][4], const T* A, int lda, const T* B, int ldb,
                                                  int m0, int n0, int kb) {
@@ -179,20 +205,18 @@ __device__ __forceinline__ void warp_mma_partial(float (&p)[NB][4], const T* A, 
   float q[ILP][NB][4];
 #pragma unroll
   for (int i = 0; i < ILP; ++i) zero_acc<NB>(q[i]);
-#pragma unroll 1
-  for (int k0 = kb; k0 < kb + KLEN; k0 += 16 * ILP) {
+  MmaFrags<NB, ILP, AK, BK, T> cur;
+  cur.load(A, lda, B, ldb, m0, n0, kb);
+#pragma unroll 2
+  for (int k0 = kb + 16 * ILP; k0 < kb + KLEN; k0 += 16 * ILP) {
+    MmaFrags<NB, ILP, AK, BK, T> nxt;
+    nxt.load(A, lda, B, ldb, m0, n0, k0);
 #pragma unroll
-    for (int i = 0; i < ILP; ++i) {
-      unsigned a[4];
-      load_a_frag<AK>(a, A, lda, m0, k0 + 16 * i);
-#pragma unroll
-      for (int j = 0; j < NB; ++j) {
-        unsigned b[2];
-        load_b_frag<BK>(b, B, ldb, k0 + 16 * i, n0 + 8 * j);
-        mma_16816<T>(q[i][j], a, b);
-      }
-    }
+    for (int i = 0; i < ILP; ++i) cur.mma(q[i], i);
+    cur = nxt;
   }
+#pragma unroll
+  for (int i = 0; i < ILP; ++i) cur.mma(q[i], i);
 #pragma unroll
   for (int j = 0; j < NB; ++j) {
 #pragma unroll

@@ -41,11 +41,21 @@ extern "C" __global__ void __launch_bounds__(256) mlso_k0(const __half* __restri
     mlso::cp_async_wait<1>();
     __syncthreads();
     // stage mul[16, 32] as float16
-    for (int e = threadIdx.x; e < 512; e += 256) {
-      const float t0 = mlso::to_f32(s0[((e / 32)) * 40 + (e % 32)]);
-      const float t1 = mlso::to_f32(s1[(e % 32)]);
-      const float t2 = mlso::ew::mul(t0, t1);
-      stg0[((e / 32)) * 40 + (e % 32)] = mlso::from_f32<__half>(t2);
+    for (int eb = threadIdx.x; eb < 512; eb += 512) {
+      float bv0[2];
+      #pragma unroll
+      for (int ue = 0; ue < 2; ++ue) {
+        const int e = eb + ue * 256;
+        const float t0 = mlso::to_f32(s0[((e / 32)) * 40 + (e % 32)]);
+        const float t1 = mlso::to_f32(s1[(e % 32)]);
+        const float t2 = mlso::ew::mul(t0, t1);
+        bv0[ue] = t2;
+      }
+      #pragma unroll
+      for (int ue = 0; ue < 2; ++ue) {
+        const int e = eb + ue * 256;
+        stg0[((e / 32)) * 40 + (e % 32)] = mlso::from_f32<__half>(bv0[ue]);
+      }
     }
     __syncthreads();
     // accumulate matmul: ([16, 32] x [32, 16]), mma accumulate
