@@ -244,7 +244,9 @@ class BlockKernel(BlockLayout):
             code("#pragma unroll")
             with code.block(f"for (int ue = 0; ue < {batch}; ++ue)"):
                 code(f"const int e = eb + ue * {self.nt};")
-                code.extend(f"{s.dest} = {s.wrap.format(f'bv{i}[ue]')};" for i, s in enumerate(stores))
+                code.extend(
+                    f"{s.dest} = {s.wrap.format(f'bv{i}[ue]')};" for i, s in enumerate(stores)
+                )
 
     def _team(
         self,
@@ -304,7 +306,13 @@ class BlockKernel(BlockLayout):
                         "Report this as a codegen bug.",
                     )
                 v = val.code
-            return [Store(f"{s.ptr}[{offset(coords, s.strides)}]", v, wrap=f"mlso::from_f32<{ctype}>({{}})")]
+            return [
+                Store(
+                    f"{s.ptr}[{offset(coords, s.strides)}]",
+                    v,
+                    wrap=f"mlso::from_f32<{ctype}>({{}})",
+                )
+            ]
 
         code(
             f"// stage {st.src.op.value}{list(st.src.shape)} as {s.dtype.value}"
@@ -588,7 +596,13 @@ class BlockKernel(BlockLayout):
             def stage_p(em: Emitter, coords: Coords) -> list[str]:
                 row = offset(canon(g.m.shape, coords[:-1] + ("0",)), m.strides)
                 val = f"mlso::exp_rel({em.plain(s, coords)}, {m.ptr}[{row}])"
-                return [Store(f"{p.ptr}[{offset(coords, p.strides)}]", val, wrap=f"mlso::from_f32<{ctype}>({{}})")]
+                return [
+                    Store(
+                        f"{p.ptr}[{offset(coords, p.strides)}]",
+                        val,
+                        wrap=f"mlso::from_f32<{ctype}>({{}})",
+                    )
+                ]
 
             self._elementwise(code, s.shape, stage_p)
 
