@@ -53,6 +53,14 @@ struct is_mma_type<__half> { static constexpr bool value = true; };
 template <>
 struct is_mma_type<__nv_bfloat16> { static constexpr bool value = true; };
 
+// W neighbouring elements moved by one aligned shared-memory access (the vector passes of
+// generated kernels read and write tile rows this way; W * sizeof(T) is 4, 8 or 16 bytes).
+template <typename T, int W>
+struct alignas(sizeof(T) * W) vec {
+  static_assert(W >= 1 && (W & (W - 1)) == 0 && sizeof(T) * W <= 16, "vec: 4, 8 or 16 bytes");
+  T v[W];
+};
+
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 

@@ -32,6 +32,7 @@ kernel-level REDUCE_SUM uses (kernels.emit_reduce).
 from __future__ import annotations
 
 from collections.abc import Callable
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -52,6 +53,7 @@ from mlso_cli.codegen.cfmt import (
     decompose,
     numel,
     offset,
+    paren,
 )
 from mlso_cli.codegen.emitter import Emitter
 from mlso_cli.codegen.errors import CodegenError
@@ -59,6 +61,7 @@ from mlso_cli.codegen.mmawork import strip_width
 from mlso_cli.codegen.program import Kernel
 from mlso_cli.codegen.scale import BufferScale, Storage, structural
 from mlso_cli.codegen.teams import FOLD, LOOP_VAR, Pass, choose_mode, emit_passes
+from mlso_cli.codegen.vectorize import plan_lane, wide_store
 from mlso_cli.codegen.views import strided
 from mlso_cli.ir.graph import PARTIAL, BlockGraph
 from mlso_cli.ir.node import Node
@@ -119,7 +122,7 @@ class BlockKernel(BlockLayout):
             return [Store(f"{buf}[e]", em.plain(f, coords))]
 
         code(f"// per-key factor of the {what}, {list(f.shape)}")
-        self._elementwise(code, f.shape, body)
+        self._elementwise(code, f.shape, body, vector=True)
         code("__syncthreads();")
         self._w(buf)
 
@@ -212,7 +215,11 @@ class BlockKernel(BlockLayout):
         return self.lw.emitter(self.uses, self.names)
 
     def _elementwise(
-        self, code: Code, shape: tuple[int, ...], body: Callable[[Emitter, Coords], list[Store]]
+        self,
+        code: Code,
+        shape: tuple[int, ...],
+        body: Callable[[Emitter, Coords], list[Store]],
+        vector: bool = False,
     ) -> None:
         """for every element e of `shape`, with threads striding: body(emitter, coords) computes
         the values and says where they go.
@@ -221,32 +228,111 @@ class BlockKernel(BlockLayout):
         apart from the one stored to, so a loop that loads, computes and stores element by
         element waits out a shared-memory round trip per element (measured on the H200: a
         16 x 512 staging pass per loop step cost a third of a norm + linear kernel). Each thread
-        therefore computes `batch` elements (all loads first) before it stores any of them."""
-        em = self.emitter()
-        coords = decompose("e", shape)
-        stores = body(em, coords)
+        therefore computes a batch of elements (all loads first) before it stores any of them.
+
+        Why vectors (`vector`, for bodies whose coordinates may be any C expressions): a thread
+        takes `width` neighbours along the last axis (lanes vj), reads and writes them with wide
+        shared-memory accesses, and computes what does not depend on the lane (a row's mean, a
+        group's scale) once per vector; vectorize.py decides which, by evaluating the indices."""
         count = numel(shape)
-        per = count // self.nt if count % self.nt == 0 else 0
-        batch = max((u for u in range(1, ELEMENTWISE_BATCH + 1) if per and per % u == 0), default=1)
-        if batch == 1:
-            with code.block(f"for (int e = threadIdx.x; e < {count}; e += {self.nt})"):
-                code.extend(em.lines)
-                code.extend(s.line() for s in stores)
-            return
+        width = self._vector_width(shape) if vector else 1
+        if width == 1:
+            em = self.emitter()
+            stores = body(em, decompose("e", shape))
+            batch = self._batch(count, ELEMENTWISE_BATCH)
+            if batch == 1:
+                with code.block(f"for (int e = threadIdx.x; e < {count}; e += {self.nt})"):
+                    code.extend(em.lines)
+                    code.extend(s.line() for s in stores)
+                return
+        else:
+            vshape = (*shape[:-1], shape[-1] // width)
+            vc = decompose("ev", vshape)
+            last = "vj" if vc[-1] == "0" else f"({paren(vc[-1])} * {width} + vj)"
+            em = self.emitter()
+            stores = body(em, (*vc[:-1], last))
+            count //= width
+            batch = self._batch(count, max(1, ELEMENTWISE_BATCH // width))
         step = self.nt * batch
+        if width == 1:
+            with code.block(f"for (int eb = threadIdx.x; eb < {count}; eb += {step})"):
+                code(*(f"float bv{i}[{batch}];" for i in range(len(stores))))
+                code("#pragma unroll")
+                with code.block(f"for (int ue = 0; ue < {batch}; ++ue)"):
+                    code(f"const int e = eb + ue * {self.nt};")
+                    code.extend(em.lines)
+                    code.extend(f"bv{i}[ue] = {s.computed()};" for i, s in enumerate(stores))
+                code("#pragma unroll")
+                with code.block(f"for (int ue = 0; ue < {batch}; ++ue)"):
+                    code(f"const int e = eb + ue * {self.nt};")
+                    code.extend(
+                        f"{s.dest} = {s.wrap.format(f'bv{i}[ue]')};" for i, s in enumerate(stores)
+                    )
+            return
+        ctypes = self._aligned_buffers()
+        lane = plan_lane(em.lines, count, width, ctypes)
+        wide = [wide_store(s.dest, count, width, ctypes) if s.op == "=" else None for s in stores]
+        flat = f"const int e = ev * {width} + vj;"
+        needs_flat = any(re.search(r"\be\b", t) for t in (*lane.lane, *map(Store.line, stores)))
+        slot = f"ue * {width} + vj"
+        lanes = f"for (int vj = 0; vj < {width}; ++vj)"
         with code.block(f"for (int eb = threadIdx.x; eb < {count}; eb += {step})"):
-            code(*(f"float bv{i}[{batch}];" for i in range(len(stores))))
+            code(*(f"float bv{i}[{batch * width}];" for i in range(len(stores))))
             code("#pragma unroll")
             with code.block(f"for (int ue = 0; ue < {batch}; ++ue)"):
-                code(f"const int e = eb + ue * {self.nt};")
-                code.extend(em.lines)
-                code.extend(f"bv{i}[ue] = {s.computed()};" for i, s in enumerate(stores))
+                code("const int ev = eb + ue * " + str(self.nt) + ";")
+                code.extend(lane.pre)
+                code("#pragma unroll")
+                with code.block(lanes):
+                    code.extend([flat] if needs_flat else [])
+                    code.extend(lane.lane)
+                    code.extend(f"bv{i}[{slot}] = {s.computed()};" for i, s in enumerate(stores))
             code("#pragma unroll")
             with code.block(f"for (int ue = 0; ue < {batch}; ++ue)"):
-                code(f"const int e = eb + ue * {self.nt};")
-                code.extend(
-                    f"{s.dest} = {s.wrap.format(f'bv{i}[ue]')};" for i, s in enumerate(stores)
-                )
+                code("const int ev = eb + ue * " + str(self.nt) + ";")
+                for i, (s, w) in enumerate(zip(stores, wide)):
+                    if w is None:
+                        continue
+                    ctype, first = w
+                    vec = f"mlso::vec<{ctype}, {width}>"
+                    with code.block(""):
+                        code(f"{vec} pv;")
+                        code("#pragma unroll")
+                        with code.block(lanes):
+                            code(f"pv.v[vj] = {s.wrap.format(f'bv{i}[{slot}]')};")
+                        code(f"*reinterpret_cast<{vec}*>(&{first}) = pv;")
+                narrow = [(i, s) for i, (s, w) in enumerate(zip(stores, wide)) if w is None]
+                if narrow:
+                    code("#pragma unroll")
+                    with code.block(lanes):
+                        code.extend([flat] if needs_flat else [])
+                        code.extend(
+                            f"{s.dest} = {s.wrap.format(f'bv{i}[{slot}]')};" for i, s in narrow
+                        )
+
+    def _aligned_buffers(self) -> dict[str, str]:
+        """Shared-memory buffers by name -> C element type, each 128-byte aligned: the allocated
+        ones, and the loop tiles' per-step aliases (every stage of which is allocated)."""
+        out = {name: ctype for ctype, name, _ in self.ptrs}
+        for it in self.loop_iters:
+            stages = [f"s{it.arg}_{k}" for k in range(self.nstage)]
+            if all(st in out for st in stages):
+                out[f"s{it.arg}"] = CTYPE[it.dtype]
+        return out
+
+    def _batch(self, count: int, most: int) -> int:
+        """Items per thread per batch: the most, up to `most`, that divides each thread's share."""
+        per = count // self.nt if count % self.nt == 0 else 0
+        return max((u for u in range(1, most + 1) if per and per % u == 0), default=1)
+
+    def _vector_width(self, shape: tuple[int, ...]) -> int:
+        """Neighbours per thread along the last axis: 8, 4 or 2 where that divides the axis and
+        still leaves every thread of the block a vector; else 1."""
+        n = numel(shape)
+        for width in (8, 4, 2):
+            if shape and shape[-1] % width == 0 and n // width >= self.nt:
+                return width
+        return 1
 
     def _team(
         self,
@@ -318,7 +404,7 @@ class BlockKernel(BlockLayout):
             f"// stage {st.src.op.value}{list(st.src.shape)} as {s.dtype.value}"
             + (" (scaled by a row max)" if st.scale is not None else "")
         )
-        self._elementwise(code, st.src.shape, body)
+        self._elementwise(code, st.src.shape, body, vector=st.scale is None)
         self._w(s.ptr)
 
     def _batch_offset(self, op: Operand, out_batch: tuple[int, ...]) -> str:
@@ -434,7 +520,7 @@ class BlockKernel(BlockLayout):
             return [Store(f"{st.ptr}[e]", em.plain(n.src[0], coords), "+=")]
 
         code(f"// acc_sum{list(n.shape)}")
-        self._elementwise(code, n.shape, body)
+        self._elementwise(code, n.shape, body, vector=True)
 
     def _team_width(self, length: int, rows: int) -> int:
         """Lanes per row for a row pass: enough teams that every row gets one at once (when the

@@ -140,7 +140,7 @@ class Code:
 
     @contextmanager
     def block(self, head: str) -> Iterator[None]:
-        self(head + " {")
+        self(f"{head} {{" if head else "{")
         self.ind += 1
         try:
             yield

@@ -41,20 +41,32 @@ extern "C" __global__ void __launch_bounds__(256) mlso_k0(const __half* __restri
     mlso::cp_async_wait<1>();
     __syncthreads();
     // stage mul[16, 32] as float16
-    for (int eb = threadIdx.x; eb < 512; eb += 512) {
+    for (int eb = threadIdx.x; eb < 256; eb += 256) {
       float bv0[2];
       #pragma unroll
-      for (int ue = 0; ue < 2; ++ue) {
-        const int e = eb + ue * 256;
-        const float t0 = mlso::to_f32(s0[((e / 32)) * 40 + (e % 32)]);
-        const float t1 = mlso::to_f32(s1[(e % 32)]);
-        const float t2 = mlso::ew::mul(t0, t1);
-        bv0[ue] = t2;
+      for (int ue = 0; ue < 1; ++ue) {
+        const int ev = eb + ue * 256;
+        const mlso::vec<__half, 2> vt0 = *reinterpret_cast<const mlso::vec<__half, 2>*>(&s0[((ev / 16)) * 40 + (((ev % 16)) * 2 + 0)]);
+        const mlso::vec<__half, 2> vt1 = *reinterpret_cast<const mlso::vec<__half, 2>*>(&s1[(((ev % 16)) * 2 + 0)]);
+        #pragma unroll
+        for (int vj = 0; vj < 2; ++vj) {
+          const float t0 = mlso::to_f32(vt0.v[vj]);
+          const float t1 = mlso::to_f32(vt1.v[vj]);
+          const float t2 = mlso::ew::mul(t0, t1);
+          bv0[ue * 2 + vj] = t2;
+        }
       }
       #pragma unroll
-      for (int ue = 0; ue < 2; ++ue) {
-        const int e = eb + ue * 256;
-        stg0[((e / 32)) * 40 + (e % 32)] = mlso::from_f32<__half>(bv0[ue]);
+      for (int ue = 0; ue < 1; ++ue) {
+        const int ev = eb + ue * 256;
+        {
+          mlso::vec<__half, 2> pv;
+          #pragma unroll
+          for (int vj = 0; vj < 2; ++vj) {
+            pv.v[vj] = mlso::from_f32<__half>(bv0[ue * 2 + vj]);
+          }
+          *reinterpret_cast<mlso::vec<__half, 2>*>(&stg0[((ev / 16)) * 40 + (((ev % 16)) * 2 + 0)]) = pv;
+        }
       }
     }
     __syncthreads();
