@@ -49,7 +49,7 @@ def test_plan_hoists_invariants_and_widens_contiguous_reads():
         f"const float t2 = mlso::to_f32(mean[{GROUP}]);",
         "const float t3 = mlso::ew::rsqrt(t2);",
         "const float t4 = mlso::ew::mul(mlso::ew::sub(t1, t2), t3);",
-        f"const float t5 = mlso::to_f32(odd[(ev * 8 + vj) * 2]);",
+        "const float t5 = mlso::to_f32(odd[(ev * 8 + vj) * 2]);",
     ]
     ctypes = {"x": "__half", "mean": "float", "odd": "__half"}
     plan = plan_lane(lines, 1024, 8, ctypes)

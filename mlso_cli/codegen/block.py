@@ -31,8 +31,8 @@ kernel-level REDUCE_SUM uses (kernels.emit_reduce).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
