@@ -118,3 +118,9 @@ def test_groupnorm_linear_vector_pass_matches_float64(emu_cache):
         ins = graphgen.inputs_for(kg, seed)
         why = mismatch(kg, ins, hostemu.run(gp, ins))
         assert why is None, why
+
+
+def test_a_statement_on_the_flat_index_stays_in_the_lane_loop():
+    lines = ["const float t1 = mlso::to_f32(buf[e]);", "const float t2 = (float)(e) * 2.0f;"]
+    plan = plan_lane(lines, 1024, 8, {"buf": "float"})
+    assert plan.pre == [] and plan.lane == lines

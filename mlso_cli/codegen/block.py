@@ -234,41 +234,49 @@ class BlockKernel(BlockLayout):
         takes `width` neighbours along the last axis (lanes vj), reads and writes them with wide
         shared-memory accesses, and computes what does not depend on the lane (a row's mean, a
         group's scale) once per vector; vectorize.py decides which, by evaluating the indices."""
-        count = numel(shape)
         width = self._vector_width(shape) if vector else 1
-        if width == 1:
-            em = self.emitter()
-            stores = body(em, decompose("e", shape))
-            batch = self._batch(count, ELEMENTWISE_BATCH)
-            if batch == 1:
-                with code.block(f"for (int e = threadIdx.x; e < {count}; e += {self.nt})"):
-                    code.extend(em.lines)
-                    code.extend(s.line() for s in stores)
-                return
-        else:
-            vshape = (*shape[:-1], shape[-1] // width)
-            vc = decompose("ev", vshape)
-            last = "vj" if vc[-1] == "0" else f"({paren(vc[-1])} * {width} + vj)"
-            em = self.emitter()
-            stores = body(em, (*vc[:-1], last))
-            count //= width
-            batch = self._batch(count, max(1, ELEMENTWISE_BATCH // width))
-        step = self.nt * batch
-        if width == 1:
-            with code.block(f"for (int eb = threadIdx.x; eb < {count}; eb += {step})"):
-                code(*(f"float bv{i}[{batch}];" for i in range(len(stores))))
-                code("#pragma unroll")
-                with code.block(f"for (int ue = 0; ue < {batch}; ++ue)"):
-                    code(f"const int e = eb + ue * {self.nt};")
-                    code.extend(em.lines)
-                    code.extend(f"bv{i}[ue] = {s.computed()};" for i, s in enumerate(stores))
-                code("#pragma unroll")
-                with code.block(f"for (int ue = 0; ue < {batch}; ++ue)"):
-                    code(f"const int e = eb + ue * {self.nt};")
-                    code.extend(
-                        f"{s.dest} = {s.wrap.format(f'bv{i}[ue]')};" for i, s in enumerate(stores)
-                    )
+        if width > 1:
+            self._vector_pass(code, shape, body, width)
             return
+        count = numel(shape)
+        em = self.emitter()
+        stores = body(em, decompose("e", shape))
+        batch = self._batch(count, ELEMENTWISE_BATCH)
+        if batch == 1:
+            with code.block(f"for (int e = threadIdx.x; e < {count}; e += {self.nt})"):
+                code.extend(em.lines)
+                code.extend(s.line() for s in stores)
+            return
+        with code.block(f"for (int eb = threadIdx.x; eb < {count}; eb += {self.nt * batch})"):
+            code(*(f"float bv{i}[{batch}];" for i in range(len(stores))))
+            code("#pragma unroll")
+            with code.block(f"for (int ue = 0; ue < {batch}; ++ue)"):
+                code(f"const int e = eb + ue * {self.nt};")
+                code.extend(em.lines)
+                code.extend(f"bv{i}[ue] = {s.computed()};" for i, s in enumerate(stores))
+            code("#pragma unroll")
+            with code.block(f"for (int ue = 0; ue < {batch}; ++ue)"):
+                code(f"const int e = eb + ue * {self.nt};")
+                code.extend(
+                    f"{s.dest} = {s.wrap.format(f'bv{i}[ue]')};" for i, s in enumerate(stores)
+                )
+
+    def _vector_pass(
+        self,
+        code: Code,
+        shape: tuple[int, ...],
+        body: Callable[[Emitter, Coords], list[Store]],
+        width: int,
+    ) -> None:
+        """_elementwise with `width` lanes per thread: per batch of vectors, the lane-invariant
+        statements and wide loads (vectorize.plan_lane), the lanes' values, then the stores (one
+        wide store where the destination is a contiguous aligned vector)."""
+        vc = decompose("ev", (*shape[:-1], shape[-1] // width))
+        last = "vj" if vc[-1] == "0" else f"({paren(vc[-1])} * {width} + vj)"
+        em = self.emitter()
+        stores = body(em, (*vc[:-1], last))
+        count = numel(shape) // width
+        batch = self._batch(count, max(1, ELEMENTWISE_BATCH // width))
         ctypes = self._aligned_buffers()
         lane = plan_lane(em.lines, count, width, ctypes)
         wide = [wide_store(s.dest, count, width, ctypes) if s.op == "=" else None for s in stores]
@@ -276,11 +284,11 @@ class BlockKernel(BlockLayout):
         needs_flat = any(re.search(r"\be\b", t) for t in (*lane.lane, *map(Store.line, stores)))
         slot = f"ue * {width} + vj"
         lanes = f"for (int vj = 0; vj < {width}; ++vj)"
-        with code.block(f"for (int eb = threadIdx.x; eb < {count}; eb += {step})"):
+        with code.block(f"for (int eb = threadIdx.x; eb < {count}; eb += {self.nt * batch})"):
             code(*(f"float bv{i}[{batch * width}];" for i in range(len(stores))))
             code("#pragma unroll")
             with code.block(f"for (int ue = 0; ue < {batch}; ++ue)"):
-                code("const int ev = eb + ue * " + str(self.nt) + ";")
+                code(f"const int ev = eb + ue * {self.nt};")
                 code.extend(lane.pre)
                 code("#pragma unroll")
                 with code.block(lanes):
@@ -289,7 +297,7 @@ class BlockKernel(BlockLayout):
                     code.extend(f"bv{i}[{slot}] = {s.computed()};" for i, s in enumerate(stores))
             code("#pragma unroll")
             with code.block(f"for (int ue = 0; ue < {batch}; ++ue)"):
-                code("const int ev = eb + ue * " + str(self.nt) + ";")
+                code(f"const int ev = eb + ue * {self.nt};")
                 for i, (s, w) in enumerate(zip(stores, wide)):
                     if w is None:
                         continue

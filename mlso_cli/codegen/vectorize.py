@@ -31,6 +31,8 @@ READ = re.compile(r"\b([A-Za-z_]\w*)\[([^\[\]]*)\]")
 TEMP = re.compile(r"\bt\d+\b")
 WORD = re.compile(r"[A-Za-z_]\w*")
 LANE = re.compile(r"\bvj\b")
+PER_LANE = re.compile(r"\b(vj|e)\b")
+"""Names that differ between lanes: the lane, and the flat element index e = ev * width + vj."""
 ITEMSIZE = {"__half": 2, "__nv_bfloat16": 2, "float": 4}
 WIDE_BYTES = (4, 8, 16)
 """Vector accesses the hardware does in one instruction (shared memory, aligned)."""
@@ -95,7 +97,7 @@ def plan_lane(lines: Sequence[str], count: int, width: int, ctypes: Mapping[str,
         rest = READ.sub("", expr)
         if (
             all(k == "invariant" for _, k in kinds)
-            and not LANE.search(rest)
+            and not PER_LANE.search(rest)
             and set(TEMP.findall(rest)) <= invariant
         ):
             invariant.add(name)
