@@ -124,3 +124,34 @@ def test_a_statement_on_the_flat_index_stays_in_the_lane_loop():
     lines = ["const float t1 = mlso::to_f32(buf[e]);", "const float t2 = (float)(e) * 2.0f;"]
     plan = plan_lane(lines, 1024, 8, {"buf": "float"})
     assert plan.pre == [] and plan.lane == lines
+
+
+def test_team_reductions_read_whole_vectors_and_hoist_the_row_statistic(emu_cache):
+    """Both group reductions of groupnorm_linear walk their rows 8 halves per load; the second
+    (the sum of squared deviations) reads the group's mean once per vector, not once per lane."""
+    kg = groupnorm_linear()
+    gp = generate(kg)
+    passes = gp.source.split("// reduce_sum")[1:]
+    assert len(passes) == 2
+    for p in passes:
+        p = p[: p.index("warp_allreduce")]
+        assert "const int rv = " in p and "for (int vj = 0; vj < 8; ++vj)" in p
+        assert "*reinterpret_cast<const mlso::vec<__half, 8>*>" in p
+    second = passes[1][: passes[1].index("warp_allreduce")]
+    lanes = second[second.index("for (int vj") :]
+    assert "to_f32(sm" not in lanes  # the mean: read before the lane loop
+    assert "to_f32(sm" in second[: second.index("for (int vj")]
+    for seed in (2, 3):
+        ins = graphgen.inputs_for(kg, seed)
+        why = mismatch(kg, ins, hostemu.run(gp, ins))
+        assert why is None, why
+
+
+def test_plan_lane_over_named_index_variables():
+    """A row reduction's vectors are (row o, vector rv): a read of row o is the same for every
+    lane, a read of o's row at rv * 8 + vj is contiguous."""
+    space = {"o": 16, "rv": 32}
+    assert classify("o * 264 + (rv * 8 + vj)", space, 8) == "contiguous"
+    assert classify("o", space, 8) == "invariant"
+    assert classify("o * 264 + (rv * 8 + vj) * 2", space, 8) == "other"
+    assert classify("o * 260 + (rv * 8 + vj)", space, 8) == "other"  # rows of 260: unaligned

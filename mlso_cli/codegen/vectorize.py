@@ -46,17 +46,30 @@ class LanePlan:
     lane: list[str] = field(default_factory=list)
 
 
-def _values(index: str, count: int, width: int) -> np.ndarray | None:
-    """index evaluated for every vector ev < count and lane vj < width ([width, count]), or None."""
-    if not set(WORD.findall(index)) <= {"ev", "vj"}:
+Space = int | Mapping[str, int]
+"""The vectors a pass walks: a count of flat vectors `ev`, or named index variables and their
+extents (a row reduction's output `o` and vector `rv` along the row), every combination taken."""
+
+
+def _grid(space: Space) -> dict[str, np.ndarray]:
+    dims = {"ev": space} if isinstance(space, int) else dict(space)
+    axes = np.meshgrid(*(np.arange(n, dtype=np.int64) for n in dims.values()), indexing="ij")
+    return {name: a.ravel() for name, a in zip(dims, axes)}
+
+
+def _values(index: str, space: Space, width: int) -> np.ndarray | None:
+    """index evaluated for every vector of `space` and lane vj < width ([width, vectors]), or
+    None where it names anything else."""
+    grid = _grid(space)
+    if not set(WORD.findall(index)) <= {*grid, "vj"}:
         return None
     py = index.replace(" / ", " // ")
     if "/" in py.replace("//", ""):
         return None
-    ev = np.arange(count, dtype=np.int64)
+    shape = next(iter(grid.values())).shape
     try:
         rows = [
-            np.broadcast_to(eval(py, {"__builtins__": {}}, {"ev": ev, "vj": j}), ev.shape)  # noqa: S307
+            np.broadcast_to(eval(py, {"__builtins__": {}}, {**grid, "vj": j}), shape)  # noqa: S307
             for j in range(width)
         ]
     except Exception:  # an expression this evaluator does not model: leave it alone
@@ -64,7 +77,7 @@ def _values(index: str, count: int, width: int) -> np.ndarray | None:
     return np.stack(rows)
 
 
-def classify(index: str, count: int, width: int) -> str:
+def classify(index: str, count: Space, width: int) -> str:
     """'invariant', 'contiguous' (lane j reads i0 + j, i0 a multiple of width) or 'other'."""
     v = _values(index, count, width)
     if v is None:
@@ -81,7 +94,9 @@ def _wide(ctype: str | None, width: int) -> bool:
     return ctype in ITEMSIZE and ITEMSIZE[ctype] * width in WIDE_BYTES
 
 
-def plan_lane(lines: Sequence[str], count: int, width: int, ctypes: Mapping[str, str]) -> LanePlan:
+def plan_lane(
+    lines: Sequence[str], count: Space, width: int, ctypes: Mapping[str, str]
+) -> LanePlan:
     """Split one lane's statements into per-vector and per-lane ones (see the module doc).
     `ctypes` maps shared-memory buffer names (128-byte aligned) to their C element types."""
     plan = LanePlan()
@@ -123,7 +138,7 @@ def plan_lane(lines: Sequence[str], count: int, width: int, ctypes: Mapping[str,
 
 
 def wide_store(
-    dest: str, count: int, width: int, ctypes: Mapping[str, str]
+    dest: str, count: Space, width: int, ctypes: Mapping[str, str]
 ) -> tuple[str, str] | None:
     """(buffer's C type, first lane's dest) when `dest` is a contiguous, aligned vector of a
     buffer that takes one wide store; else None."""

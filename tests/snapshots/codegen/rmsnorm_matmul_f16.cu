@@ -77,11 +77,15 @@ extern "C" __global__ void __launch_bounds__(256) mlso_k0(const __half* __restri
       const int o = ob + (lane / 16), tl = lane % 16;
       float acc = 0.0f;
       #pragma unroll
-      for (int ri = 0; ri < 2; ++ri) {
-        const int rr = ((ri + lane / 16) % 2) * 16 + tl;
-        const float t3 = mlso::to_f32(s0[o * 40 + rr]);
-        const float t4 = mlso::ew::square(t3);
-        acc = acc + t4;
+      for (int ri = 0; ri < 1; ++ri) {
+        const int rv = ((ri + lane / 16) % 1) * 16 + tl;
+        const mlso::vec<__half, 2> vt3 = *reinterpret_cast<const mlso::vec<__half, 2>*>(&s0[o * 40 + (rv * 2 + 0)]);
+        #pragma unroll
+        for (int vj = 0; vj < 2; ++vj) {
+          const float t3 = mlso::to_f32(vt3.v[vj]);
+          const float t4 = mlso::ew::square(t3);
+          acc = acc + t4;
+        }
       }
       acc = mlso::warp_allreduce<mlso::SumOp, 16>(acc);
       if (tl == 0) {
