@@ -12,7 +12,9 @@ TIMINGS are `benchmarks/fixture_kernels.py --out` files. A result named `searche
 `<stem>.json` in one of the --graphs folders; any other name is a fixture of --fixtures. A
 program's row is its name without the `searched:` prefix and without a trailing `_alt<k>`,
 `_c<k>`, `_r<i>_v<j>` or `_w`. Within a row, a pair measured more than --margin apart (10%)
-counts as wrong-way when the model orders it the other way round. Prints the score of the
+counts as wrong-way when the model orders it the other way round. A row's regret is the
+measured time of the program the model ranks first over the row's fastest: what the search's
+pick costs (`--by-regret` ranks grid settings by the worst). Prints the score of the
 model as it is, then (with --grid) the best settings by wrong-way pairs, then geometric RMS
 error of estimate / measured.
 """
@@ -54,6 +56,13 @@ class Score:
     pairs: int
     geo_rms: float
     wrong_pairs: tuple[tuple[str, str], ...]
+    regret: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Per row: the measured time of the program the model ranks first over the row's fastest
+    measured program (1.0 when the model picks the fastest; ties go to the slower)."""
+
+    @property
+    def worst_regret(self) -> float:
+        return max(self.regret.values(), default=1.0)
 
 
 def row_of(name: str) -> str:
@@ -98,7 +107,11 @@ def score(progs: list[Timed], hw: Hardware, margin: float = 1.1) -> Score:
                 bad.append((fast.name, slow.name))
     logs = [math.log(est[p.name] / p.us) ** 2 for p in progs]
     geo = math.exp(math.sqrt(sum(logs) / len(logs))) if logs else float("nan")
-    return Score(wrong, pairs, geo, tuple(bad))
+    regret = {
+        row: min(members, key=lambda p: (est[p.name], -p.us)).us / min(p.us for p in members)
+        for row, members in rows.items()
+    }
+    return Score(wrong, pairs, geo, tuple(bad), regret)
 
 
 def _grid(specs: list[str]) -> list[dict[str, float]]:
@@ -119,23 +132,39 @@ def main() -> None:
     ap.add_argument("--grid", action="append", default=[])
     ap.add_argument("--margin", type=float, default=1.1)
     ap.add_argument("--top", type=int, default=5)
+    ap.add_argument(
+        "--by-regret",
+        action="store_true",
+        help="rank settings by worst regret first (what the search's pick costs), then wrong-way",
+    )
     args = ap.parse_args()
     progs = load(args.timings, args.graphs, args.fixtures)
     if not progs:
         raise SystemExit("no timed program found: check --graphs and --fixtures")
     now = score(progs, H200, args.margin)
     print(f"{len(progs)} programs in {len({p.row for p in progs})} rows; {now.pairs} pairs")
-    print(f"model as it is: wrong-way {now.wrong}, geometric RMS error {now.geo_rms:.3f}")
+    print(
+        f"model as it is: wrong-way {now.wrong}, geometric RMS error {now.geo_rms:.3f}, "
+        f"worst regret {now.worst_regret:.3f}"
+    )
     for fast, slow in now.wrong_pairs:
         print(f"  wrong way: {fast} measured faster than {slow}")
+    for row, r in sorted(now.regret.items()):
+        if r > 1.0:
+            print(f"  regret {r:.3f}: {row}'s first-ranked program against its fastest")
     if args.grid:
         results = []
         for setting in _grid(args.grid):
             s = score(progs, dataclasses.replace(H200, **setting), args.margin)
-            results.append((s.wrong, s.geo_rms, setting))
-        results.sort(key=lambda r: (r[0], r[1]))
-        for wrong, geo, setting in results[: args.top]:
-            print(f"wrong-way {wrong}, geometric RMS error {geo:.3f}: {setting}")
+            results.append(
+                (s.worst_regret if args.by_regret else 0, s.wrong, s.geo_rms, s, setting)
+            )
+        results.sort(key=lambda r: r[:3])
+        for _, wrong, geo, s, setting in results[: args.top]:
+            print(
+                f"wrong-way {wrong}, geometric RMS error {geo:.3f}, "
+                f"worst regret {s.worst_regret:.3f}: {setting}"
+            )
 
 
 if __name__ == "__main__":

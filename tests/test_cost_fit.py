@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.cost_fit import load, row_of, score
-from mlso_cli.search.cost import H200
+from mlso_cli.search.cost import H200, program_cost
 
 DATA = Path(__file__).resolve().parent / "data" / "cost_ranking"
 MEASURED = json.loads((DATA / "measured.json").read_text())
@@ -56,3 +56,19 @@ def test_measured_order_scores_no_wrong_pair_and_the_reverse_scores_all(tmp_path
     assert not held & {
         (f.removeprefix("searched:"), s.removeprefix("searched:")) for f, s in right.wrong_pairs
     }
+
+
+def test_regret_is_the_first_ranked_programs_time_over_the_fastest(tmp_path):
+    us = MEASURED["us"]
+    progs = load([_timings(tmp_path, us)], [DATA], "")
+    s = score(progs, H200)
+    est = {p.name: program_cost(p.graph, H200).us for p in progs}
+    for row in {p.row for p in progs}:
+        members = [p for p in progs if p.row == row]
+        pick = min(members, key=lambda p: (est[p.name], -p.us))
+        assert s.regret[row] == pytest.approx(pick.us / min(p.us for p in members))
+        assert s.regret[row] >= 1.0
+    # make the model's pick of every row the fastest: regret 1 everywhere
+    fastest_first = {p.name.removeprefix("searched:"): est[p.name] for p in progs}
+    best = score(load([_timings(tmp_path, fastest_first)], [DATA], ""), H200)
+    assert best.worst_regret == pytest.approx(1.0)
