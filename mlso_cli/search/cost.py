@@ -25,6 +25,13 @@ Calibration (measured, or fitted to measurements) (benchmarks/RESULTS.md, "optim
   `chain_exposed` of the shorter is added to the step (fitted 2026-12-02 after a layernorm
   program with a second matmul per step ran 1.36x the one-matmul program the model priced
   the same).
+- Refit of 2026-12-03 (seventh session; benchmarks/RESULTS.md): 158 programs timed on the
+  current code generator (25 fixtures, 35 searched programs, 98 sizing variants of 8 rows),
+  scored by `benchmarks/cost_fit.py` on each row's regret (the measured time of the model's
+  first pick over the row's fastest). A split combine now pays for reading its partials (they
+  were not counted, so 32 splits cost what 16 did); `step_fixed_s` and `fill_exposed` are new;
+  `mma_efficiency`, `warp_flops` and `chain_exposed` refitted. Worst regret 1.29 -> 1.11, pairs
+  ranked the wrong way 287 -> 144 of 1047.
 - Code generation's stand-alone kernel-level matmul (the lifted, unfused programs use it) reaches
   about 5% of DRAM bandwidth and 3.2 TFLOP/s on the benchmark shapes (rmsnorm_linear's lifted
   program: 246 / 349 / 499 µs at bs 1 / 8 / 16). Without these the model called those programs
@@ -68,22 +75,38 @@ class Hardware:
     """What a loop step adds, on top of its transfer or compute time, when its values go through
     shared memory rather than staying in registers (every graph-defined kernel but the register-path online softmax): the staging,
     barriers and fp32 round trips of codegen's shared-memory passes (fitted, as above)."""
+    fill_exposed: float = 1.0
+    """Share of one step's shorter part (its tile loads, or its compute) that a kernel pays once
+    per wave to fill its pipeline: the first stage's loads overlap nothing, and a loop-free
+    kernel loads everything before it computes (fitted, 2026-12-03, seventh session: with the
+    split-KV combine's reads counted, gqa bs1's loop-free 32-split program, 11.6 µs, had been
+    ranked above 2- and 4-step 16-split ones, 9.9 and 10.3 µs)."""
+    step_fixed_s: float = 0.2e-6
+    """What every loop step adds on top of its longest part, register path or not: the wait on
+    the step's stage, the barriers, and the loop's own bookkeeping, none of which the throughput
+    and chain terms see (fitted, seventh session). Measured on the H200 at one grid: gqa bs8
+    with 8, 16 and 32 steps ran 31.2, 32.7 and 40.2 µs; qknorm_real bs8 with 8 and 16 steps
+    40.0 and 46.4 µs, where the model, bound by a throughput term, priced each set the same."""
     pre_latency_s: float = 1.5e-6
     """The PRE phase's loads and the POST phase's stores: one round trip each way."""
-    mma_efficiency: float = 0.2
-    """Fraction of tensor-core peak codegen's mma.sync chains reach in one SM (fitted, as above):
-    a loop step's matmul work is shared by the blocks resident on an SM at this rate."""
+    mma_efficiency: float = 0.4
+    """Fraction of tensor-core peak codegen's mma.sync chains reach in one SM: a loop step's
+    matmul work is shared by the blocks resident on an SM at this rate. Refitted from 0.2 in the
+    seventh session, after the fragment pipeline (`mlso::MmaFrags`) shortened every chain."""
     exp_elem_s: float = 160e-9
     """Per score element per SM thread slot and loop step of an online-softmax accumulator (exp,
     running max and rescale on the SIMT units), fitted."""
     smem_elem_s: float = 320e-9
     """Per element per SM thread slot and loop step of a loop-phase value that goes through shared memory
     (every graph-defined kernel but the register-path online softmax), fitted."""
-    warp_flops: float = 0.2e12
-    """What one warp's dependent mma.sync chain sustains (fitted, as above): a block of few warps
-    cannot use its SM's share. gqa at batch 8 with 2-warp blocks and 32 loop steps measured
-    73 µs, twice the 4-warp fixture, where the SM share alone predicted the same time."""
-    chain_exposed: float = 0.5
+    warp_flops: float = 0.7e12
+    """What one warp's dependent mma.sync chain sustains: a block of few warps cannot use its
+    SM's share. gqa at batch 8 with 2-warp blocks and 32 loop steps measured 73 µs, twice the
+    4-warp fixture, where the SM share alone predicted the same time. Refitted from 0.2e12 in the
+    seventh session: with fragments loaded a group ahead, a 4-warp gqa bs1 block (2, 4, 16)
+    outran the 8-warp (2, 2, 32) one, 9.9 against 11.6 µs; `step_fixed_s` now prices the 32
+    steps."""
+    chain_exposed: float = 1.0
     """With one resident block per SM, the share of the shorter of a loop step's tile loads and
     its mma chain that the pipeline does not hide (fitted). Nothing else on the SM runs while
     the block's warps wait on their chain, and the next stage's loads are only issued between
@@ -228,7 +251,9 @@ def _kernel_reads(root: Node, materialised: set) -> list[Node]:
         if s in seen or s.op is Op.CONST:
             continue
         seen.add(s)
-        if s in materialised or s.op is Op.INPUT or not s.src:
+        if s.op is Op.PROJ and s.src[0] in materialised:
+            out.append(s)  # one output of a graph-defined kernel (a split's partials)
+        elif s in materialised or s.op is Op.INPUT or not s.src:
             out.append(s)
         else:
             stack.extend(s.src)
@@ -299,9 +324,13 @@ def block_graph_time(gd: Node, nbytes: int, flops: int, tensor: bool, hw: Hardwa
     score, passed = _loop_elements(bg)
     resident = concurrent / sms_used
     step += score * resident / hw.threads_per_sm * hw.exp_elem_s
+    step += hw.step_fixed_s
     if not layout.register_path:
         step += hw.smem_step_s + passed * resident / hw.threads_per_sm * hw.smem_elem_s
-    return waves * (hw.pre_latency_s + steps * step) + hw.launch_s
+    # the pipeline's fill: the first stage's loads wait with nothing to overlap them (a loop-free
+    # kernel loads everything, then computes)
+    fill = hw.fill_exposed * min(parts[0], max(parts[1], parts[2]))
+    return waves * (hw.pre_latency_s + steps * step + fill) + hw.launch_s
 
 
 def _loop_elements(bg) -> tuple[int, int]:
