@@ -64,3 +64,27 @@ def test_optimize_measures_then_verify_and_bench_on_gpu(tmp_path, name):
     rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
     assert {x["type"] for x in rows} == {"model", "region"}
     assert all(x["orig_us"] > 0 and (x.get("fast_us") or x.get("kernel_us")) > 0 for x in rows)
+
+
+def test_gpu_flags_with_the_cpu_onnxruntime_are_environment_problems(tmp_path, monkeypatch):
+    """A GPU is there but onnxruntime is the CPU package: every --gpu path stops before any
+    work with exit 4 and says to install onnxruntime-gpu (it used to fail after the search,
+    deep in ORT, with exit 1)."""
+    import onnxruntime as ort
+
+    import mlso_cli.runtime as runtime
+    from mlso_cli.errors import EnvironmentProblem
+    from mlso_cli.pipeline import gpu
+    from mlso_cli.runtime import GpuInfo
+
+    fake = GpuInfo(0, "Fake GPU", (9, 0), 227 * 1024)
+    monkeypatch.setattr(runtime, "gpu_info", lambda index=0: fake)
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    with pytest.raises(EnvironmentProblem) as e:
+        gpu.require_gpu(0)
+    assert e.value.exit_code == 4
+    assert "CUDAExecutionProvider" in str(e.value) and "onnxruntime-gpu" in e.value.fix
+    monkeypatch.setattr(
+        ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    )
+    assert gpu.require_gpu(0) is fake

@@ -20,12 +20,11 @@ import click
 
 from mlso_cli.commands.options import input_shape_option, json_option
 from mlso_cli.console import chatty, log, stderr
-from mlso_cli.errors import EnvironmentProblem, UsageError
+from mlso_cli.errors import UsageError
 
 # the names also live in bench/compare.py; repeated here so that `mlso --help` stays cheap
 PLAIN = "plain"
 CUDA_GRAPH = "cuda-graph"
-CUDA_EP = "CUDAExecutionProvider"
 
 
 def _modes(mode: str | None, cuda_graph: bool, gpu: int | None) -> list[str]:
@@ -47,16 +46,6 @@ def _modes(mode: str | None, cuda_graph: bool, gpu: int | None) -> list[str]:
         return [PLAIN]
     mode = mode or "both"
     return [PLAIN, CUDA_GRAPH] if mode == "both" else [mode]
-
-
-def _require_cuda_ep() -> None:
-    import onnxruntime as ort
-
-    if CUDA_EP not in ort.get_available_providers():
-        raise EnvironmentProblem(
-            f"this onnxruntime build has no {CUDA_EP}",
-            "Install onnxruntime-gpu (pip install onnxruntime-gpu), or drop --gpu to time on the CPU",
-        )
 
 
 def _table(rows: list[dict], title: str) -> None:
@@ -179,7 +168,6 @@ def bench_cmd(
         from mlso_cli.pipeline.gpu import require_gpu
 
         device = require_gpu(gpu).name
-        _require_cuda_ep()
     from mlso_cli.bench.compare import compare
     from mlso_cli.bench.models import open_model, require_same_inputs
     from mlso_cli.frontend.load import parse_input_shapes
