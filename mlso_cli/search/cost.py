@@ -26,7 +26,7 @@ Calibration (measured, or fitted to measurements) (benchmarks/RESULTS.md, "optim
   program with a second matmul per step ran 1.36x the one-matmul program the model priced
   the same).
 - Refit of 2026-12-03 (seventh session; benchmarks/RESULTS.md): 158 programs timed on the
-  current code generator (25 fixtures, 35 searched programs, 98 sizing variants of 8 rows),
+  current code generator (25 fixtures, 31 searched programs, 102 sizing variants of 8 rows),
   scored by `benchmarks/cost_fit.py` on each row's regret (the measured time of the model's
   first pick over the row's fastest). A split combine now pays for reading its partials (they
   were not counted, so 32 splits cost what 16 did); `step_fixed_s` and `fill_exposed` are new;
