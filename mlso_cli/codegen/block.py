@@ -411,7 +411,7 @@ class BlockKernel(BlockLayout):
             vlines = [re.sub(rf"\b{LOOP_VAR}\b", walk, t) for t in lines]
             vexpr = re.sub(rf"\b{LOOP_VAR}\b", walk, expr)
             lane = plan_lane(vlines, {"o": count, "rv": length // width}, width, ctypes)
-            if not any("mlso::vec<" in t for t in lane.pre):
+            if not lane.wide_loads:
                 continue
             n = length // (team * width)
             code("#pragma unroll")

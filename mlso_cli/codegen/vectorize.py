@@ -44,6 +44,8 @@ class LanePlan:
 
     pre: list[str] = field(default_factory=list)
     lane: list[str] = field(default_factory=list)
+    wide_loads: int = 0
+    """Reads turned into one wide load per vector."""
 
 
 Space = int | Mapping[str, int]
@@ -77,9 +79,9 @@ def _values(index: str, space: Space, width: int) -> np.ndarray | None:
     return np.stack(rows)
 
 
-def classify(index: str, count: Space, width: int) -> str:
+def classify(index: str, space: Space, width: int) -> str:
     """'invariant', 'contiguous' (lane j reads i0 + j, i0 a multiple of width) or 'other'."""
-    v = _values(index, count, width)
+    v = _values(index, space, width)
     if v is None:
         return "other"
     if (v == v[0]).all():
@@ -95,7 +97,7 @@ def _wide(ctype: str | None, width: int) -> bool:
 
 
 def plan_lane(
-    lines: Sequence[str], count: Space, width: int, ctypes: Mapping[str, str]
+    lines: Sequence[str], space: Space, width: int, ctypes: Mapping[str, str]
 ) -> LanePlan:
     """Split one lane's statements into per-vector and per-lane ones (see the module doc).
     `ctypes` maps shared-memory buffer names (128-byte aligned) to their C element types."""
@@ -108,7 +110,7 @@ def plan_lane(
     loads: dict[tuple[str, str], str] = {}
     for m in parsed:
         name, expr = m.group(1), m.group(2)
-        kinds = [(r, classify(r.group(2), count, width)) for r in READ.finditer(expr)]
+        kinds = [(r, classify(r.group(2), space, width)) for r in READ.finditer(expr)]
         rest = READ.sub("", expr)
         if (
             all(k == "invariant" for _, k in kinds)
@@ -127,6 +129,7 @@ def plan_lane(
                 key = (buf, index)
                 if key not in loads:
                     loads[key] = f"v{name}"
+                    plan.wide_loads += 1
                     ct = ctypes[buf]
                     plan.pre.append(
                         f"const mlso::vec<{ct}, {width}> {loads[key]} = "
@@ -138,13 +141,13 @@ def plan_lane(
 
 
 def wide_store(
-    dest: str, count: Space, width: int, ctypes: Mapping[str, str]
+    dest: str, space: Space, width: int, ctypes: Mapping[str, str]
 ) -> tuple[str, str] | None:
     """(buffer's C type, first lane's dest) when `dest` is a contiguous, aligned vector of a
     buffer that takes one wide store; else None."""
     m = READ.fullmatch(dest)
     if m is None or not _wide(ctypes.get(m.group(1)), width):
         return None
-    if classify(m.group(2), count, width) != "contiguous":
+    if classify(m.group(2), space, width) != "contiguous":
         return None
     return ctypes[m.group(1)], f"{m.group(1)}[{LANE.sub('0', m.group(2))}]"

@@ -39,9 +39,11 @@ def require_cuda_ep() -> None:
     """EnvironmentProblem (exit 4) unless onnxruntime has the CUDA execution provider."""
     import onnxruntime as ort
 
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
+    from mlso_cli.runtime.session_helper import CUDA_EP
+
+    if CUDA_EP not in ort.get_available_providers():
         raise EnvironmentProblem(
-            f"this onnxruntime build ({ort.__version__}) has no CUDAExecutionProvider",
+            f"this onnxruntime build ({ort.__version__}) has no {CUDA_EP}",
             "Install onnxruntime-gpu in place of onnxruntime (pip uninstall onnxruntime; "
             "pip install onnxruntime-gpu), or drop --gpu",
         )
