@@ -62,6 +62,22 @@ __device__ __forceinline__ void copy_chunks(GAddr gaddr, SAddr saddr) {
   }
 }
 
+// Copy PER 16-byte chunks per thread whose offsets (in elements) the caller computed once:
+// chunk u goes from g + go[u] to s + so[u]. A loop's tile copies read the same chunks every step,
+// one step further along, so per step this is an add and a cp.async per chunk.
+template <bool ASYNC, int PER, typename T>
+__device__ __forceinline__ void copy_offsets(const T* g, T* s, const int (&go)[PER], const int (&so)[PER]) {
+  static_assert(PER > 0 && PER <= 32, "copy_offsets: 1..32 chunks per thread");
+#pragma unroll
+  for (int u = 0; u < PER; ++u) {
+    if (ASYNC) {
+      cp_async_16(s + so[u], g + go[u]);
+    } else {
+      copy_16_sync(s + so[u], g + go[u]);
+    }
+  }
+}
+
 // Element-by-element load with conversion, for tiles that are not 16-byte contiguous or whose
 // shared type differs from the stored one; put(e) loads element e and writes it to shared memory.
 template <int NT, int ELEMS, class Put>

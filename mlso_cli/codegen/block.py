@@ -73,6 +73,8 @@ if TYPE_CHECKING:
 XYZ = ("x", "y", "z")
 PHASES = (Phase.PRE, Phase.LOOP, Phase.POST)
 ELEMENTWISE_BATCH = 8
+HOIST_REGS = 48
+"""Registers per thread the hoisted chunk offsets of the loop tiles may take (two per chunk)."""
 """Most elements one thread of an elementwise pass computes before it stores (see _elementwise)."""
 
 
@@ -110,6 +112,8 @@ class BlockKernel(BlockLayout):
         self.gd = gd
         self.name = lw.kernel_name()
         self.uses = lw.uses()
+        self.hoisted: dict[int, tuple[int, int]] = {}
+        """Loop tile -> (chunks per thread, elements per step) where its offsets are hoisted."""
 
     def _flash_args(self, plan: MatmulPlan, op: Operand, contiguous_last: bool) -> str:
         off = f"({self._batch_offset(op, plan.c.shape[:-2])})(0)"
@@ -835,6 +839,73 @@ class BlockKernel(BlockLayout):
         return m_node, mbuf
 
     # ---- loads -------------------------------------------------------------------------------
+    def _chunked(self, it: Node) -> bool:
+        """Whether tile `it` is copied in 16-byte chunks: a strided view of a stored tensor of its
+        own type, contiguous and 16-byte aligned along the last axis, in global and shared memory."""
+        src = self.gd.src[it.arg]
+        view = strided(src, self.lw.storage)
+        if view is None or not it.shape:
+            return False
+        gst = self.lw.storage[view.leaf]
+        st = self.storage[it]
+        vec = 16 // it.dtype.itemsize
+        return (
+            gst.dtype == it.dtype
+            and gst.scale is None
+            and view.strides[-1] == 1
+            and it.shape[-1] % vec == 0
+            and view.base % vec == 0
+            and all(s % vec == 0 for s in view.strides[:-1])
+            and st.strides[-1] == 1
+            and all(s % vec == 0 for s in st.strides[:-1])
+        )
+
+    def _hoist_offsets(self, code: Code) -> None:
+        """Per-thread chunk offsets of the loop tiles, computed once before the prologue: every
+        step's copy of a tile reads the same chunks at the same places but one step further along
+        the loop axis, so a step costs one add and one cp.async per chunk instead of each chunk's
+        index arithmetic (divisions, 64-bit address math: about 17 instructions per chunk, which
+        is most of what the loop issues when it streams a weight tile). Only tiles whose chunks
+        divide evenly over the block, within HOIST_REGS registers per thread in all."""
+        self.hoisted = {}
+        budget = HOIST_REGS
+        for it in sorted(self.loop_iters, key=lambda n: -n.numel):
+            if not self._chunked(it):
+                continue
+            vec = 16 // it.dtype.itemsize
+            chunks = numel(it.shape) // vec
+            per = chunks // self.nt
+            if chunks % self.nt or 2 * per > budget:
+                continue
+            budget -= 2 * per
+            i = it.arg
+            im = self.bg.inputs[i]
+            view = strided(self.gd.src[i], self.lw.storage)
+            tile, st = it.shape, self.storage[it]
+            fmap = im.fmap if self.bg.loop > 1 and im.fmap is not None else None
+            step_stride = tile[fmap] * view.strides[fmap] if fmap is not None else 0
+            base = []
+            for d in range(len(tile)):
+                base.append(
+                    [
+                        f"(int)blockIdx.{XYZ[g]} * {self.gd.src[i].shape[d] // self.bg.grid[g]}"
+                        for g in range(3)
+                        if im.imap[g] == d and self.bg.grid[g] > 1
+                    ]
+                )
+            per_row = tile[-1] // vec
+            rows = "c" if per_row == 1 else f"(c / {per_row})"
+            t = decompose(rows, tile[:-1]) + ("0" if per_row == 1 else f"(c % {per_row}) * {vec}",)
+            g = tuple(" + ".join(([c] if c != "0" else []) + b) or "0" for c, b in zip(t, base))
+            code(f"int go{i}[{per}], so{i}[{per}];", "#pragma unroll")
+            with code.block(f"for (int u = 0; u < {per}; ++u)"):
+                code(
+                    f"const int c = threadIdx.x + u * {self.nt};",
+                    f"go{i}[u] = {offset(g, view.strides, view.base)};",
+                    f"so{i}[u] = {offset(t, st.strides)};",
+                )
+            self.hoisted[i] = (per, step_stride)
+
     def _load(self, code: Code, it: Node, step: str | None, dst: str, asynchronous: bool) -> None:
         i = it.arg
         src = self.gd.src[i]
@@ -859,22 +930,19 @@ class BlockKernel(BlockLayout):
         view = strided(src, self.lw.storage)
         gst = self.lw.storage[view.leaf] if view is not None else None
         vec = 16 // it.dtype.itemsize
-        if (
-            view is not None
-            and tile
-            and gst.dtype == it.dtype
-            and gst.scale is None
-            and view.strides[-1] == 1
-            and tile[-1] % vec == 0
-            and view.base % vec == 0
-            and all(s % vec == 0 for s in view.strides[:-1])
-            and st.strides[-1] == 1
-            and all(s % vec == 0 for s in st.strides[:-1])
-        ):
+        if self._chunked(it):
             self.uses.read(view.leaf)
             per_row = tile[-1] // vec
             rows = "c" if per_row == 1 else f"(c / {per_row})"
             t = decompose(rows, tile[:-1]) + ("0" if per_row == 1 else f"(c % {per_row}) * {vec}",)
+            hoisted = self.hoisted.get(i)
+            if hoisted is not None and step is not None:
+                per, step_stride = hoisted
+                code(
+                    f"mlso::copy_offsets<{_bool(asynchronous)}, {per}>({gst.ptr} + ({step}) * "
+                    f"{step_stride}, {dst}, go{i}, so{i});"
+                )
+                return
             code(
                 f"mlso::copy_chunks<{_bool(asynchronous)}, {self.nt}, {numel(tile) // vec}>("
                 f"[&](int c) -> const {ctype}* {{ return {gst.ptr} + {offset(gcoords(t), view.strides, view.base)}; }}, "
@@ -1029,6 +1097,7 @@ class BlockKernel(BlockLayout):
             # The loop's wait<ns - 1> counts on ns - 1 prologue groups: the layout only deepens
             # the pipeline for loops of at least 3 steps (blocklayout.py).
             assert loop >= ns - 1, (loop, ns)
+            self._hoist_offsets(code)
             code("mlso::cp_async_commit();")
             for k in range(ns - 1):
                 for it in loop_iters:

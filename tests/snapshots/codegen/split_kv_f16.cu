@@ -20,9 +20,23 @@ extern "C" __global__ void __launch_bounds__(32) mlso_k0(const __half* __restric
   float* const alpha0 = reinterpret_cast<float*>(smem + 0);
   __half* const p0 = reinterpret_cast<__half*>(smem + 0);
   mlso::copy_chunks<true, 32, 32>([&](int c) -> const __half* { return in0 + ((int)blockIdx.x * 1) * 512 + ((c / 2) + (int)blockIdx.y * 16) * 16 + (c % 2) * 8; }, [&](int c) -> __half* { return s0 + ((c / 2)) * 24 + (c % 2) * 8; });
+  int go1[2], so1[2];
+  #pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int c = threadIdx.x + u * 32;
+    go1[u] = ((int)blockIdx.x * 1) * 2048 + ((c / 4)) * 128 + (c % 4) * 8 + (int)blockIdx.z * 64;
+    so1[u] = ((c / 4)) * 40 + (c % 4) * 8;
+  }
+  int go2[2], so2[2];
+  #pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int c = threadIdx.x + u * 32;
+    go2[u] = ((int)blockIdx.x * 1) * 2048 + ((c / 2) + (int)blockIdx.z * 64) * 16 + (c % 2) * 8;
+    so2[u] = ((c / 2)) * 24 + (c % 2) * 8;
+  }
   mlso::cp_async_commit();
-  mlso::copy_chunks<true, 32, 64>([&](int c) -> const __half* { return in1 + ((int)blockIdx.x * 1) * 2048 + ((c / 4)) * 128 + (c % 4) * 8 + (int)blockIdx.z * 64 + (0) * 32; }, [&](int c) -> __half* { return s1_0 + ((c / 4)) * 40 + (c % 4) * 8; });
-  mlso::copy_chunks<true, 32, 64>([&](int c) -> const __half* { return in2 + ((int)blockIdx.x * 1) * 2048 + ((c / 2) + (int)blockIdx.z * 64 + (0) * 32) * 16 + (c % 2) * 8; }, [&](int c) -> __half* { return s2_0 + ((c / 2)) * 24 + (c % 2) * 8; });
+  mlso::copy_offsets<true, 2>(in1 + (0) * 32, s1_0, go1, so1);
+  mlso::copy_offsets<true, 2>(in2 + (0) * 512, s2_0, go2, so2);
   mlso::cp_async_commit();
   mlso::cp_async_wait<1>();
   __syncthreads();
@@ -35,8 +49,8 @@ extern "C" __global__ void __launch_bounds__(32) mlso_k0(const __half* __restric
     __half* const s1 = ((it) & 1 ? s1_1 : s1_0);
     __half* const s2 = ((it) & 1 ? s2_1 : s2_0);
     if (it + 1 < 2) {
-      mlso::copy_chunks<true, 32, 64>([&](int c) -> const __half* { return in1 + ((int)blockIdx.x * 1) * 2048 + ((c / 4)) * 128 + (c % 4) * 8 + (int)blockIdx.z * 64 + (it + 1) * 32; }, [&](int c) -> __half* { return ((it + 1) & 1 ? s1_1 : s1_0) + ((c / 4)) * 40 + (c % 4) * 8; });
-      mlso::copy_chunks<true, 32, 64>([&](int c) -> const __half* { return in2 + ((int)blockIdx.x * 1) * 2048 + ((c / 2) + (int)blockIdx.z * 64 + (it + 1) * 32) * 16 + (c % 2) * 8; }, [&](int c) -> __half* { return ((it + 1) & 1 ? s2_1 : s2_0) + ((c / 2)) * 24 + (c % 2) * 8; });
+      mlso::copy_offsets<true, 2>(in1 + (it + 1) * 32, ((it + 1) & 1 ? s1_1 : s1_0), go1, so1);
+      mlso::copy_offsets<true, 2>(in2 + (it + 1) * 512, ((it + 1) & 1 ? s2_1 : s2_0), go2, so2);
     }
     mlso::cp_async_commit();
     mlso::cp_async_wait<1>();
