@@ -21,6 +21,8 @@ from mlso_cli.ir.graph import BlockGraph
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import ACCUMULATORS, REDUCE, DType, Op, Phase
 
+BLOCK_THREADS = 256
+"""Threads of a graph-defined kernel's block outside the register path."""
 FLASH_COLUMNS = 128
 """Value columns one warp keeps in registers on the register path (16 x 128 fp32: 64 registers)."""
 FLASH_WARPS = 8
@@ -84,7 +86,7 @@ class BlockAnalysis:
         self.flash_form: ScoreForm | None = None
         self.flash_split = 1
         self.flash = self._flash_group()
-        self.nt = 32 * self.flash_strips * self.flash_split if self.flash else 256
+        self.nt = 32 * self.flash_strips * self.flash_split if self.flash else BLOCK_THREADS
         self.nw = self.nt // 32
         self.materialised: set[Node] = set(self.iters) | set(self.stab.values())
         self.materialised |= {

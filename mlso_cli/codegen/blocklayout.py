@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from mlso_cli.codegen import blockanalysis
 from mlso_cli.codegen.blockmatmul import MatmulPlan, MatmulPlanning, Operand, Stage
 from mlso_cli.codegen.blockstorage import _ceil_to
 from mlso_cli.codegen.cfmt import CTYPE, contiguous, numel
@@ -165,10 +166,9 @@ class BlockLayout(MatmulPlanning):
                     break
             if not fits or self.flash is flash:
                 break
-            self.nt, self.nw = (
-                256,
-                8,
-            )  # the register path does not apply after all: the usual block size
+            # the register path does not apply after all: the usual block size
+            self.nt = blockanalysis.BLOCK_THREADS
+            self.nw = self.nt // 32
         return SmemLayout(
             self.smem,
             fits,
