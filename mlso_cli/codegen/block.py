@@ -860,13 +860,38 @@ class BlockKernel(BlockLayout):
             and all(s % vec == 0 for s in st.strides[:-1])
         )
 
+    def _tile_coords(self, it: Node, step: str | None) -> Callable[[Coords], Coords]:
+        """Tile coordinates -> coordinates in the global tensor: plus the block's offset along
+        each grid-mapped axis and, for a loop tile at step `step`, the step's along the loop axis."""
+        src, im, tile = self.gd.src[it.arg], self.bg.inputs[it.arg], it.shape
+        base = []
+        for d in range(len(tile)):
+            terms = [
+                f"(int)blockIdx.{XYZ[g]} * {src.shape[d] // self.bg.grid[g]}"
+                for g in range(3)
+                if im.imap[g] == d and self.bg.grid[g] > 1
+            ]
+            if im.fmap == d and step is not None and self.bg.loop > 1:
+                terms.append(f"({step}) * {tile[d]}")
+            base.append(terms)
+        return lambda t: tuple(
+            " + ".join(([c] if c != "0" else []) + b) or "0" for c, b in zip(t, base)
+        )
+
+    @staticmethod
+    def _chunk_coords(tile: tuple[int, ...], vec: int) -> Coords:
+        """Tile coordinates of the first element of 16-byte chunk `c` (row-major chunks)."""
+        per_row = tile[-1] // vec
+        rows = "c" if per_row == 1 else f"(c / {per_row})"
+        return decompose(rows, tile[:-1]) + ("0" if per_row == 1 else f"(c % {per_row}) * {vec}",)
+
     def _hoist_offsets(self, code: Code) -> None:
         """Per-thread chunk offsets of the loop tiles, computed once before the prologue: every
         step's copy of a tile reads the same chunks at the same places but one step further along
         the loop axis, so a step costs one add and one cp.async per chunk instead of each chunk's
-        index arithmetic (divisions, 64-bit address math: about 17 instructions per chunk, which
-        is most of what the loop issues when it streams a weight tile). Only tiles whose chunks
-        divide evenly over the block, within HOIST_REGS registers per thread in all."""
+        index arithmetic (a division, a remainder and 64-bit address math: about 19 instructions
+        per chunk, most of what a loop that streams a weight tile issues for its copies). Only
+        tiles whose chunks divide evenly over the block, within HOIST_REGS registers in all."""
         self.hoisted = {}
         budget = HOIST_REGS
         for it in sorted(self.loop_iters, key=lambda n: -n.numel):
@@ -878,71 +903,42 @@ class BlockKernel(BlockLayout):
             if chunks % self.nt or 2 * per > budget:
                 continue
             budget -= 2 * per
-            i = it.arg
-            im = self.bg.inputs[i]
+            i, im = it.arg, self.bg.inputs[it.arg]
             view = strided(self.gd.src[i], self.lw.storage)
-            tile, st = it.shape, self.storage[it]
-            fmap = im.fmap if self.bg.loop > 1 and im.fmap is not None else None
-            step_stride = tile[fmap] * view.strides[fmap] if fmap is not None else 0
-            base = []
-            for d in range(len(tile)):
-                base.append(
-                    [
-                        f"(int)blockIdx.{XYZ[g]} * {self.gd.src[i].shape[d] // self.bg.grid[g]}"
-                        for g in range(3)
-                        if im.imap[g] == d and self.bg.grid[g] > 1
-                    ]
-                )
-            per_row = tile[-1] // vec
-            rows = "c" if per_row == 1 else f"(c / {per_row})"
-            t = decompose(rows, tile[:-1]) + ("0" if per_row == 1 else f"(c % {per_row}) * {vec}",)
-            g = tuple(" + ".join(([c] if c != "0" else []) + b) or "0" for c, b in zip(t, base))
+            loops = self.bg.loop > 1 and im.fmap is not None
+            step_elems = it.shape[im.fmap] * view.strides[im.fmap] if loops else 0
+            t = self._chunk_coords(it.shape, vec)
+            g = self._tile_coords(it, None)(t)
             code(f"int go{i}[{per}], so{i}[{per}];", "#pragma unroll")
             with code.block(f"for (int u = 0; u < {per}; ++u)"):
                 code(
                     f"const int c = threadIdx.x + u * {self.nt};",
                     f"go{i}[u] = {offset(g, view.strides, view.base)};",
-                    f"so{i}[u] = {offset(t, st.strides)};",
+                    f"so{i}[u] = {offset(t, self.storage[it].strides)};",
                 )
-            self.hoisted[i] = (per, step_stride)
+            self.hoisted[i] = (per, step_elems)
 
     def _load(self, code: Code, it: Node, step: str | None, dst: str, asynchronous: bool) -> None:
         i = it.arg
         src = self.gd.src[i]
-        im = self.bg.inputs[i]
         tile = it.shape
         st = self.storage[it]
         ctype = CTYPE[it.dtype]
-        base = []
-        for d in range(len(tile)):
-            terms = [
-                f"(int)blockIdx.{XYZ[g]} * {src.shape[d] // self.bg.grid[g]}"
-                for g in range(3)
-                if im.imap[g] == d and self.bg.grid[g] > 1
-            ]
-            if im.fmap == d and step is not None and self.bg.loop > 1:
-                terms.append(f"({step}) * {tile[d]}")
-            base.append(terms)
-
-        def gcoords(t: Coords) -> Coords:
-            return tuple(" + ".join(([c] if c != "0" else []) + b) or "0" for c, b in zip(t, base))
-
-        view = strided(src, self.lw.storage)
-        gst = self.lw.storage[view.leaf] if view is not None else None
-        vec = 16 // it.dtype.itemsize
+        gcoords = self._tile_coords(it, step)
         if self._chunked(it):
+            view = strided(src, self.lw.storage)
+            gst = self.lw.storage[view.leaf]
             self.uses.read(view.leaf)
-            per_row = tile[-1] // vec
-            rows = "c" if per_row == 1 else f"(c / {per_row})"
-            t = decompose(rows, tile[:-1]) + ("0" if per_row == 1 else f"(c % {per_row}) * {vec}",)
             hoisted = self.hoisted.get(i)
             if hoisted is not None and step is not None:
-                per, step_stride = hoisted
+                per, step_elems = hoisted
                 code(
                     f"mlso::copy_offsets<{_bool(asynchronous)}, {per}>({gst.ptr} + ({step}) * "
-                    f"{step_stride}, {dst}, go{i}, so{i});"
+                    f"{step_elems}, {dst}, go{i}, so{i});"
                 )
                 return
+            vec = 16 // it.dtype.itemsize
+            t = self._chunk_coords(tile, vec)
             code(
                 f"mlso::copy_chunks<{_bool(asynchronous)}, {self.nt}, {numel(tile) // vec}>("
                 f"[&](int c) -> const {ctype}* {{ return {gst.ptr} + {offset(gcoords(t), view.strides, view.base)}; }}, "
