@@ -84,12 +84,13 @@ def test_wide_store_needs_a_known_buffer_and_a_whole_aligned_vector():
     assert wide_store(f"stg[{GROUP}]", 1024, 8, {"stg": "__half"}) is None
 
 
-def groupnorm_linear(rows: int = 4, h: int = 1024, n: int = 32, loop: int = 2):
+def groupnorm_linear(rows: int = 4, h: int = 1024, n: int = 32, loop: int = 2, blocks: int = 1):
     """GroupNorm (groups of 128) on each K step's X tile, then X̂ W accumulated: the staging pass
-    is rows x 512 halves, wide enough for 8-lane vectors, with per-group mean and rsqrt."""
+    is rows x 512 halves, wide enough for 8-lane vectors, with per-group mean and rsqrt. `blocks`
+    blocks split W's columns (grid x)."""
     dt = DType.F16
     x, gamma, w = b.input_(0, (rows, h), dt), b.input_(1, (h,), dt), b.input_(2, (h, n), dt)
-    blk = _Blk((1, 1, 1), loop)
+    blk = _Blk((blocks, 1, 1), loop)
     bx = blk.it(x, (None, None, None), 1)
     bg = blk.it(gamma, (None, None, None), 0)
     bw = blk.it(w, (1, None, None), 0)
