@@ -22,7 +22,7 @@ EVERY = [
     "layernorm_linear",
 ]
 QUICK = ("gqa", "gated_mlp")
-"""The rows `make test` runs (attention with a split-KV combine kernel, a gated MLP); the others,
+"""The rows `make test` runs (attention, a gated MLP); the others, including mla's split-KV program,
 8-13 s each on 2 cores, run in `make test-slow` (CI runs both), so that `make test` stays under
 10 minutes."""
 
