@@ -62,7 +62,7 @@ from mlso_cli.codegen.program import Kernel
 from mlso_cli.codegen.scale import BufferScale, Storage, structural
 from mlso_cli.codegen.teams import FOLD, LOOP_VAR, Pass, choose_mode, emit_passes
 from mlso_cli.codegen.vectorize import READ, plan_lane, wide_store
-from mlso_cli.codegen.views import strided
+from mlso_cli.codegen.views import Strided, strided
 from mlso_cli.ir.graph import PARTIAL, BlockGraph
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import ACCUMULATORS, SMEM_BUDGET, Op, Phase
@@ -73,9 +73,9 @@ if TYPE_CHECKING:
 XYZ = ("x", "y", "z")
 PHASES = (Phase.PRE, Phase.LOOP, Phase.POST)
 ELEMENTWISE_BATCH = 8
+"""Most elements one thread of an elementwise pass computes before it stores (see _elementwise)."""
 HOIST_REGS = 48
 """Registers per thread the hoisted chunk offsets of the loop tiles may take (two per chunk)."""
-"""Most elements one thread of an elementwise pass computes before it stores (see _elementwise)."""
 
 
 @dataclass(frozen=True)
@@ -839,17 +839,17 @@ class BlockKernel(BlockLayout):
         return m_node, mbuf
 
     # ---- loads -------------------------------------------------------------------------------
-    def _chunked(self, it: Node) -> bool:
-        """Whether tile `it` is copied in 16-byte chunks: a strided view of a stored tensor of its
-        own type, contiguous and 16-byte aligned along the last axis, in global and shared memory."""
-        src = self.gd.src[it.arg]
-        view = strided(src, self.lw.storage)
+    def _chunked_view(self, it: Node) -> Strided | None:
+        """The global view tile `it` is copied from in 16-byte chunks, or None when it is not: a
+        strided view of a stored tensor of the tile's type, contiguous and 16-byte aligned along
+        the last axis, in global and shared memory."""
+        view = strided(self.gd.src[it.arg], self.lw.storage)
         if view is None or not it.shape:
-            return False
+            return None
         gst = self.lw.storage[view.leaf]
         st = self.storage[it]
         vec = 16 // it.dtype.itemsize
-        return (
+        chunked = (
             gst.dtype == it.dtype
             and gst.scale is None
             and view.strides[-1] == 1
@@ -859,6 +859,7 @@ class BlockKernel(BlockLayout):
             and st.strides[-1] == 1
             and all(s % vec == 0 for s in st.strides[:-1])
         )
+        return view if chunked else None
 
     def _tile_coords(self, it: Node, step: str | None) -> Callable[[Coords], Coords]:
         """Tile coordinates -> coordinates in the global tensor: plus the block's offset along
@@ -892,10 +893,10 @@ class BlockKernel(BlockLayout):
         index arithmetic (a division, a remainder and 64-bit address math: about 19 instructions
         per chunk, most of what a loop that streams a weight tile issues for its copies). Only
         tiles whose chunks divide evenly over the block, within HOIST_REGS registers in all."""
-        self.hoisted = {}
         budget = HOIST_REGS
         for it in sorted(self.loop_iters, key=lambda n: -n.numel):
-            if not self._chunked(it):
+            view = self._chunked_view(it)
+            if view is None:
                 continue
             vec = 16 // it.dtype.itemsize
             chunks = numel(it.shape) // vec
@@ -904,7 +905,6 @@ class BlockKernel(BlockLayout):
                 continue
             budget -= 2 * per
             i, im = it.arg, self.bg.inputs[it.arg]
-            view = strided(self.gd.src[i], self.lw.storage)
             loops = self.bg.loop > 1 and im.fmap is not None
             step_elems = it.shape[im.fmap] * view.strides[im.fmap] if loops else 0
             t = self._chunk_coords(it.shape, vec)
@@ -925,8 +925,8 @@ class BlockKernel(BlockLayout):
         st = self.storage[it]
         ctype = CTYPE[it.dtype]
         gcoords = self._tile_coords(it, step)
-        if self._chunked(it):
-            view = strided(src, self.lw.storage)
+        view = self._chunked_view(it)
+        if view is not None:
             gst = self.lw.storage[view.leaf]
             self.uses.read(view.leaf)
             hoisted = self.hoisted.get(i)
