@@ -483,7 +483,7 @@ class BlockKernel(BlockLayout):
         )
         if plan.kind == "mma":
             mp = _ceil_to(m, 16)
-            nb = strip_width(batch, m, n, self.nw)
+            nb = strip_width(batch, m, n, k, self.nw)
             lda, ldb = a.ld(plan.a_kmajor), b.ld(not plan.b_kmajor)
             code(
                 f"mlso::block_mma<{CTYPE[plan.dtype]}, {batch}, {mp}, {m}, {n}, {k}, {nb}, {_bool(plan.a_kmajor)}, "

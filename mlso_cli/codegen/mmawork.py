@@ -20,10 +20,34 @@ def _strips(batch: int, m: int, n: int, nb: int) -> int:
     return batch * -(-m // MMA_M) * (n // (MMA_N * nb))
 
 
-def strip_width(batch: int, m: int, n: int, warps: int) -> int:
-    """n8 tiles per warp strip (NB): the widest that still gives every warp a strip, else one."""
-    cands = [nb for nb in (8, 4, 2, 1) if n % (MMA_N * nb) == 0]
-    return next((nb for nb in cands if _strips(batch, m, n, nb) >= warps), cands[-1])
+ROUND_MMAS = 16
+"""What one more round of strips costs a warp, in mma.sync of its chain: the strip's fragment
+pipeline starts again, and its partial sums and accumulator update run again."""
+SPLIT_MMAS = 8
+"""What one more K slice costs, in mma.sync: a barrier and an accumulator update."""
+
+
+def strip_width(batch: int, m: int, n: int, k: int, warps: int) -> int:
+    """n8 tiles per warp strip (NB): the width whose busiest warp finishes first, counting its
+    mma.sync (rounds of strips times NB times its K slice's k-steps), ROUND_MMAS per round and
+    SPLIT_MMAS per extra K slice; on a tie, the narrower strip.
+
+    Why rounds count: at equal mma counts, a warp that runs two strips one after the other pays
+    each strip's fragment loads, partial sums and accumulator update twice, and the block waits
+    for it. Measured on the H200 (benchmarks/RESULTS.md, ninth session), same program, only NB
+    changed: rmsnorm_linear bs16's 16 x 96 x 256 step ran 39.0 us with NB = 1 (12 strips: two
+    rounds on 8 warps), 34.2 with NB = 2 (6 strips, one round), 37.3 with NB = 4 (3 strips, K
+    split in two); groupnorm_linear bs8 (16 x 32 x 512) 39.4, 40.6 and 42.3 with NB = 1, 2, 4
+    (2, 4 and 4 K slices, the same mma count). The weights order both rows as measured."""
+    ksteps = -(-k // MMA_K)
+
+    def price(nb: int) -> int:
+        strips = _strips(batch, m, n, nb)
+        split = k_split(strips, warps, ksteps)
+        rounds = -(-strips // warps) if split == 1 else 1
+        return rounds * (nb * (ksteps // split) + ROUND_MMAS) + (split - 1) * SPLIT_MMAS
+
+    return min((nb for nb in (1, 2, 4, 8) if n % (MMA_N * nb) == 0), key=price, default=1)
 
 
 MIN_SLICE = 8
@@ -63,7 +87,7 @@ class MmaWork:
 def mma_work(batch: int, m: int, n: int, k: int, warps: int) -> MmaWork:
     """The work split of C(batch, m, n) += A(m, k) B(k, n) as block_mma runs it on `warps` warps
     (k a multiple of 16, n of 8: the template's shapes)."""
-    nb = strip_width(batch, m, n, warps)
+    nb = strip_width(batch, m, n, k, warps)
     strips = _strips(batch, m, n, nb)
     ksteps = -(-k // MMA_K)
     split = k_split(strips, warps, ksteps)

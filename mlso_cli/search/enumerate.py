@@ -738,10 +738,18 @@ class BlockSearch:
 class KernelCompletion:
     """Split signatures: block values are partial sums. A kernel-level REDUCE_SUM over the
     partial dim completes each candidate save; then up to `depth` rounds of elementwise kernel
-    ops over the completed values, deduplicated by fingerprint, until an output is matched."""
+    ops over the completed values, deduplicated by fingerprint, until an output is matched.
+
+    A round applies the target's unary ops to the values of the last round, its binary ops to
+    pairs of values, and each of its constants in the role the target gives it (an epsilon is
+    added, a 1/N scales). Why unary ops and constants: a norm split over its reduced index
+    (split-K RMSNorm + linear) completes its sum of squares into rsqrt(S / N + eps) only after
+    the combine, three rounds of such ops before the product with the completed matmul."""
 
     search: BlockSearch
     depth: int = 2
+    chain: int = 3
+    """Rounds of unary ops and constants on each new value before pairs are tried."""
     max_partials: int = 16
     max_pool: int = 160
     allowance: int = 20_000
@@ -781,42 +789,93 @@ class KernelCompletion:
                 continue
             seen.add(c.print.key())
             pool.append((b.input_(_PLACEHOLDER + i, v.node.shape, v.node.dtype), c))
+        consts = self._consts()
         new = list(pool)
         used = 0
-        for rnd in range(self.depth + 1):
-            for node, e in new:
+        found: list[Node] = []
+
+        def admit(build: Callable[[], Node], srcs: list[Expr], into: list) -> bool:
+            """Try one kernel-level op; False when the search is over (an output is matched or
+            the allowance is spent)."""
+            nonlocal used
+            try:
+                node = build()
+            except Exception:
+                bs.stats.invalid += 1
+                return True
+            bs.stats.states += 1
+            used += 1
+            e = bs.alg.kernel_op(node, srcs)
+            if e is None:
+                bs.stats.pruned += 1
+            elif e.print.key() in seen:
+                bs.stats.duplicates += 1
+            else:
+                seen.add(e.print.key())
+                into.append((node, e))
                 if len(bs.target.outputs) == 1 and fp.combined_output(e.print) == 0:
-                    yield self._recipe(node)
-                    return
-            if rnd == self.depth or used >= self.allowance or not bs.tick():
+                    found.append(node)
+                    return False
+            return used < self.allowance
+
+        for node, e in new:
+            if len(bs.target.outputs) == 1 and fp.combined_output(e.print) == 0:
+                yield self._recipe(node)
                 return
+        for _ in range(self.depth):
+            if not bs.tick():
+                return
+            # unary ops and constants first: a chain of them on one value (rsqrt(S / N + eps))
+            # costs a few states per value, where pairs cost the pool's size each
+            chain, ok = list(new), True
+            for _ in range(self.chain):
+                ext: list[tuple[Node, Expr]] = []
+                for x in chain:
+                    for op in bs.vocab.unary:
+                        ok = ok and admit(lambda op=op, x=x: b.unary(op, x[0]), [x[1]], ext)
+                    for k, (cn, ce) in consts:
+                        for op in (o for o in bs.vocab.binary if _CONST_FAMILY.get(o) == k):
+                            ok = ok and admit(
+                                lambda op=op, x=x, cn=cn: b.binary(op, x[0], cn), [x[1], ce], ext
+                            )
+                chain = ext[: self.max_pool]
+                new = chain + new
+                pool.extend(chain)
+                if not ok:
+                    break
             grown: list[tuple[Node, Expr]] = []
-            for x in new:
+            for x in new if ok else ():
                 for y in pool:
                     for op in bs.vocab.binary:
                         if op is Op.MAX or (x is y and op is not Op.MUL):
                             continue
                         for a, c in ((x, y), (y, x)) if op not in _COMMUTATIVE else ((x, y),):
-                            try:
-                                node = b.binary(op, a[0], c[0])
-                            except Exception:
-                                bs.stats.invalid += 1
-                                continue
-                            bs.stats.states += 1
-                            used += 1
-                            if used >= self.allowance:
-                                return
-                            e = bs.alg.kernel_op(node, [a[1], c[1]])
-                            if e is None:
-                                bs.stats.pruned += 1
-                                continue
-                            if e.print.key() in seen:
-                                bs.stats.duplicates += 1
-                                continue
-                            seen.add(e.print.key())
-                            grown.append((node, e))
+                            ok = ok and admit(
+                                lambda op=op, a=a, c=c: b.binary(op, a[0], c[0]),
+                                [a[1], c[1]],
+                                grown,
+                            )
+            if found:
+                yield self._recipe(found[0])
+                return
+            if not ok:
+                return
             new = grown[: self.max_pool]
             pool.extend(new)
+
+    def _consts(self) -> list[tuple[str, tuple[Node, Expr]]]:
+        """The target's constants with their roles ('scale' or 'shift'), as kernel-level
+        operands."""
+        from mlso_cli.ir import build as b
+
+        bs = self.search
+        out = []
+        for c, role in sorted(bs.vocab.roles):
+            node = b.const(c)
+            e = bs.alg.kernel_op(node, [])
+            if e is not None:
+                out.append((role, (node, e)))
+        return out
 
     def _recipe(self, out: Node) -> Recipe:
         """The kernel-level node over placeholders, as recipe steps after the PROJs."""
