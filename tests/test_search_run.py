@@ -335,3 +335,79 @@ def test_groups_regroup_on_a_tile_that_holds_whole_groups():
     for loop, gd in zip((2, 8), gds):
         shapes = [m.shape for m in gd.arg.nodes() if m.op is Op.RESHAPE and len(m.shape) == 3]
         assert shapes == [(rows, groups // loop, gs)]
+
+
+def test_a_split_statistic_completes_through_unary_ops_after_the_combine():
+    """(x @ W) / sqrt((x * x) @ V / h + eps) with a grid dim splitting the contraction index:
+    each block saves partial products, and the kernel-level completion must build
+    1 / sqrt(A / h + eps) * B from the completed sums: a constant scale, a constant shift and a
+    unary op after the combine, before the pair (split-K with an output-shaped statistic).
+    Without those rounds (chain=0) the split signature completes nothing."""
+    from mlso_cli.ir import serialize
+    from mlso_cli.ir.graph import PARTIAL
+    from mlso_cli.search import enumerate as EN
+    from mlso_cli.search import run as R
+    from mlso_cli.search.dims import dim_classes
+    from mlso_cli.search.select import choose_dims
+    from mlso_cli.search.space import Axis, Signature
+    from mlso_cli.verify.equivalence import check_equivalent
+
+    rows, h, n = 8, 64, 32
+    x = b.input_(0, (rows, h), DType.F32)
+    w = b.input_(1, (h, n), DType.F32)
+    v = b.input_(2, (h, n), DType.F32)
+    ms = b.mul(b.matmul(b.unary(Op.SQUARE, x), v), b.const(Fraction(1, h)))
+    y = b.div(b.matmul(x, w), b.unary(Op.SQRT, b.add(ms, b.const(Fraction(1, 1000)))))
+    target = check(b.kernel_graph([x, w, v], [y]))
+    dc = dim_classes(target)
+    k, cols = dc.input_class[0][1], dc.input_class[1][1]
+    sig = Signature((Axis(cols, False), Axis(k, True)), k)
+    task = R.Task(serialize.dumps(target), sig, 20_000, 0, "sm_90", 11, None, True)
+
+    def explored(chain: int):
+        R._REGIONS.clear()
+        orig = EN.KernelCompletion.__init__.__defaults__
+        try:
+            EN.KernelCompletion.__init__.__defaults__ = (orig[0], chain, *orig[2:])
+            return R.explore(task)
+        finally:
+            EN.KernelCompletion.__init__.__defaults__ = orig
+
+    assert not explored(0).found
+    ex = explored(3)
+    assert ex.found, ex
+    recipe = ex.found[0].recipe
+    (sized, *_) = choose_dims(target, dc, recipe, R.save_slots(recipe), keep=1)
+    kg = check(sized.graph)
+    gds = [nd for nd in kg.nodes() if nd.op is Op.GRAPH_DEF]
+    assert len(gds) == 1 and sized.cost.launches == 2
+    # the block kernel's saves are partial sums over the split index
+    assert all(PARTIAL in s.arg.omap for s in gds[0].arg.outputs)
+    assert check_equivalent(target, kg, seed=1).equivalent
+    _agrees(target, SimpleNamespace(graph=kg))
+
+
+def test_a_division_by_a_value_the_target_never_divides_by_is_pruned():
+    """x * s / s is x again, and its abstract expression says so; the enumeration had used it
+    to broadcast a per-row statistic to a whole tile (a division by zero wherever s is 0). A
+    division survives only if the reciprocal of its divisor is in the target's forms."""
+    from mlso_cli.search.dims import dim_classes
+    from mlso_cli.search.enumerate import SearchAlgebra
+    from mlso_cli.search.prune import BoundPruner, make_pruner
+
+    x = b.input_(0, (8, 32), DType.F32)
+    s = b.input_(1, (8, 32), DType.F32)
+    d = b.input_(2, (8, 32), DType.F32)
+    target = check(b.kernel_graph([x, s, d], [b.div(b.mul(x, s), d)]))
+    pruner = make_pruner(target, dim_classes(target))
+    kernel = BoundPruner(pruner, None).kernel_op
+    ex = [SimpleNamespace(abstract=e) for e in pruner.inputs]
+    xs = b.mul(x, s)
+    xs_e = SimpleNamespace(abstract=kernel(xs, [ex[0].abstract, ex[1].abstract]))
+    assert xs_e.abstract is not None
+    # x * s / s: the quotient is x, a subexpression, but 1 / s is not in the target
+    assert kernel(b.div(xs, s), [xs_e.abstract, ex[1].abstract]) is not None
+    assert not SearchAlgebra._denominator(b.div(xs, s), [xs_e, ex[1]], kernel)
+    # x * s / d is the target; a constant divisor is always allowed
+    assert SearchAlgebra._denominator(b.div(xs, d), [xs_e, ex[2]], kernel)
+    assert SearchAlgebra._denominator(b.div(x, b.const(3)), [ex[0], None], kernel)

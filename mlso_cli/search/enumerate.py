@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Protocol
 
+import numpy as np
+
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.node import Node, const_value, toposort
 from mlso_cli.ir.ops import ELEMENTWISE, REDUCE, Op, Phase
@@ -82,10 +84,23 @@ class SearchAlgebra:
         a = None
         if self.pruner is not None:
             a = self.pruner.op(node, [s.abstract for s in srcs])
-            if a is None:
+            if a is None or not self._denominator(node, srcs, self.pruner.op):
                 return None
         p = self.fp.op(node, [s.print for s in srcs])
         return None if p is None else Expr(p, a)
+
+    @staticmethod
+    def _denominator(node: Node, srcs: Sequence[Expr], check: Callable) -> bool:
+        """A division survives only if the reciprocal of its divisor is a subexpression of the
+        target too (a constant divisor always does). Why: x * y / y is x again, and admitted as
+        such; the enumeration used it to broadcast a per-row statistic to a whole tile (S * P
+        / P), a division by zero wherever P is 0 that no field check at random points sees.
+        A target that divides by y has 1 / y in its canonical forms; one that never does, not."""
+        if node.op is not Op.DIV or node.src[1].op is Op.CONST:
+            return True
+        from mlso_cli.ir import build as b
+
+        return check(b.unary(Op.RECIPROCAL, node.src[1]), [srcs[1].abstract]) is not None
 
     def admits_accumulated(self, node: Node, e: Expr) -> bool:
         """Is the sum of this loop-phase value over all steps a subexpression of the target?"""
@@ -130,7 +145,7 @@ class SearchAlgebra:
         a = None
         if self.pruner is not None:
             a = self.pruner.kernel_op(node, [s.abstract for s in srcs])
-            if a is None:
+            if a is None or not self._denominator(node, srcs, self.pruner.kernel_op):
                 return None
         p = self.fp.op(node, [s.print for s in srcs])
         return None if p is None else Expr(p, a)
@@ -178,6 +193,28 @@ class Limits:
 
 
 _CONST_FAMILY = {Op.MUL: "scale", Op.DIV: "scale", Op.ADD: "shift", Op.SUB: "shift"}
+_INVERSE = {Op.DIV: Op.MUL, Op.MUL: Op.DIV, Op.SUB: Op.ADD, Op.ADD: Op.SUB}
+
+
+def _undoes(node: Node) -> bool:
+    """Does this op undo its operand's own last op: (a * b) / b, (a / b) * b, (a + c) - c,
+    (a - c) + c? Such a value is `a` again, spelled bigger: the enumeration had used it to
+    broadcast a per-row statistic to a whole tile (S * P / P), a division by zero wherever P is
+    0 that also saves a full tile where a column would do. Pruned at both levels."""
+    inv = _INVERSE.get(node.op)
+    if inv is None or len(node.src) != 2:
+        return False
+    x, y = node.src
+    orders = ((x, y), (y, x)) if node.op in _COMMUTATIVE else ((x, y),)
+    for inner, other in orders:
+        if inner.op is not inv or len(inner.src) != 2:
+            continue
+        removable = inner.src if inv in _COMMUTATIVE else inner.src[1:]
+        if any(r == other for r in removable):
+            return True
+    return False
+
+
 _COMMUTATIVE = frozenset({Op.ADD, Op.MUL, Op.MAX})
 _COUNTED = frozenset({Op.MATMUL, Op.ACC_SUM, Op.ACC_EXP_SUM, Op.ACC_EXP_WSUM}) | frozenset(
     {Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MEAN}
@@ -468,6 +505,9 @@ class BlockSearch:
             )
         except RecipeError:
             self.stats.invalid += 1
+            return None
+        if _undoes(node):
+            self.stats.pruned += 1
             return None
         if classes is not None:
             classes = tuple(c if node.shape[d] > 1 else None for d, c in enumerate(classes))
@@ -782,12 +822,14 @@ class KernelCompletion:
         parts = sorted(bs.partials, key=lambda i: (bs.values[i].cost, i))[: self.max_partials]
         pool: list[tuple[Node, Expr]] = []
         seen: set[Hashable] = set()
+        kept: list[np.ndarray] = []
         for i in parts:
             v = bs.values[i]
             c = bs.combined[i]
-            if c.print.key() in seen:
+            if c.print.key() in seen or _broadcast_of(v.expr.print.value.p, kept):
                 continue
             seen.add(c.print.key())
+            kept.append(v.expr.print.value.p)
             pool.append((b.input_(_PLACEHOLDER + i, v.node.shape, v.node.dtype), c))
         consts = self._consts()
         new = list(pool)
@@ -805,7 +847,7 @@ class KernelCompletion:
                 return True
             bs.stats.states += 1
             used += 1
-            e = bs.alg.kernel_op(node, srcs)
+            e = None if _undoes(node) else bs.alg.kernel_op(node, srcs)
             if e is None:
                 bs.stats.pruned += 1
             elif e.print.key() in seen:
@@ -827,7 +869,7 @@ class KernelCompletion:
                 return
             # unary ops and constants first: a chain of them on one value (rsqrt(S / N + eps))
             # costs a few states per value, where pairs cost the pool's size each
-            chain, ok = list(new), True
+            chain, ok, ordered = list(new), True, list(new)
             for _ in range(self.chain):
                 ext: list[tuple[Node, Expr]] = []
                 for x in chain:
@@ -839,10 +881,13 @@ class KernelCompletion:
                                 lambda op=op, x=x, cn=cn: b.binary(op, x[0], cn), [x[1], ce], ext
                             )
                 chain = ext[: self.max_pool]
-                new = chain + new
+                ordered += chain
                 pool.extend(chain)
                 if not ok:
                     break
+            # pairs take the shallowest values first: the first match ends the search, and a
+            # value reached in fewer steps is the cheaper spelling of it
+            new = ordered
             grown: list[tuple[Node, Expr]] = []
             for x in new if ok else ():
                 for y in pool:
@@ -901,3 +946,17 @@ class KernelCompletion:
 
 _PLACEHOLDER = 1 << 20
 """Input numbers of the placeholders that stand for completed partial values."""
+
+
+def _broadcast_of(p: np.ndarray, kept: list[np.ndarray]) -> bool:
+    """Is this partial's fingerprint a smaller kept one broadcast to its shape? Then it is the
+    same partial sum saved bigger, spelled through ops that cancel (S * P / P): saving it costs
+    a full tile per block, and x / x is a division by zero wherever x is 0."""
+    for q in kept:
+        if q.shape != p.shape and q.ndim == p.ndim:
+            try:
+                if np.array_equal(np.broadcast_to(q, p.shape), p):
+                    return True
+            except ValueError:
+                continue
+    return False
