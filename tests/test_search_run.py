@@ -17,6 +17,7 @@ import pytest
 
 from mlso_cli.ir import DType, Op, Phase, check
 from mlso_cli.ir import build as b
+from mlso_cli.ir.node import toposort
 from mlso_cli.search.api import SearchOptions
 from mlso_cli.search.run import search
 from mlso_cli.verify import interpreter
@@ -411,3 +412,48 @@ def test_a_division_by_a_value_the_target_never_divides_by_is_pruned():
     # x * s / d is the target; a constant divisor is always allowed
     assert SearchAlgebra._denominator(b.div(xs, d), [xs_e, ex[2]], kernel)
     assert SearchAlgebra._denominator(b.div(x, b.const(3)), [ex[0], None], kernel)
+
+
+def test_a_norm_split_over_its_contraction_saves_its_statistic_broadcast():
+    """RMSNorm(x) * g @ W with a grid dim splitting the normalised (contraction) index: each
+    block saves partial products P and its rows' partial sums of squares S, broadcast to the
+    output tile (a per-row value saved as it is would be laid out one column per block), and
+    the completion builds rsqrt-like(S / h + eps) * P after the combine. Nothing divides by a
+    value the target never divides by (the enumeration had spelt the broadcast S * P / P).
+    Held-out spelling: the norm divides by sqrt, gamma comes after the norm."""
+    from mlso_cli.ir import serialize
+    from mlso_cli.ir.graph import PARTIAL
+    from mlso_cli.search import run as R
+    from mlso_cli.search.dims import dim_classes
+    from mlso_cli.search.select import choose_dims
+    from mlso_cli.search.space import Axis, Signature
+    from mlso_cli.verify.equivalence import check_equivalent
+
+    rows, h, n = 8, 64, 32
+    x = b.input_(0, (rows, h), DType.F32)
+    g = b.input_(1, (h,), DType.F32)
+    w = b.input_(2, (h, n), DType.F32)
+    ms = b.mul(b.reduce(Op.REDUCE_SUM, b.unary(Op.SQUARE, x), 1), b.const(Fraction(1, h)))
+    y = b.div(x, b.unary(Op.SQRT, b.add(ms, b.const(Fraction(1, 1000)))))
+    target = check(b.kernel_graph([x, g, w], [b.matmul(b.mul(y, g), w)]))
+    dc = dim_classes(target)
+    k, cols = dc.input_class[0][1], dc.input_class[2][1]
+    R._REGIONS.clear()
+    sig = Signature((Axis(cols, False), Axis(k, True)), k)
+    ex = R.explore(R.Task(serialize.dumps(target), sig, 20_000, 0, "sm_90", 11, None, True))
+    assert ex.found, ex
+    recipe = ex.found[0].recipe
+    (sized, *_) = choose_dims(target, dc, recipe, R.save_slots(recipe), keep=1)
+    kg = check(sized.graph)
+    (gd,) = [nd for nd in kg.nodes() if nd.op is Op.GRAPH_DEF]
+    assert sized.cost.launches == 2
+    saves = gd.arg.outputs
+    assert len(saves) == 2 and all(PARTIAL in s.arg.omap for s in saves)
+    assert any(nd.op is Op.BROADCAST for s in saves for nd in toposort([s])), [
+        [(nd.op, nd.shape) for nd in toposort([s])] for s in saves
+    ]
+    for nd in list(gd.arg.nodes()) + list(kg.nodes()):
+        if nd.op is Op.DIV:
+            assert nd.src[1].op is Op.CONST or nd.src[1].op in (Op.SQRT, Op.ADD), nd
+    assert check_equivalent(target, kg, seed=1).equivalent
+    _agrees(target, SimpleNamespace(graph=kg))

@@ -297,6 +297,8 @@ TYPING = {
     Op.ACC_EXP_SUM: _t_acc_exp_sum,
     Op.ACC_EXP_WSUM: _t_acc_exp_wsum,
     Op.CONST: lambda arg, srcs, r: (),
+    # a recipe's broadcast step (value, shape donor): the donor's indices where the value has 1
+    Op.BROADCAST: _t_elementwise,
 }
 """Op -> the index classes of its result from its sources', or None when the op would pair two
 different indices (elementwise, or in a contraction) or give one value an index twice. The

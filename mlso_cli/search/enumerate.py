@@ -22,9 +22,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Protocol
 
-import numpy as np
-
-from mlso_cli.ir.graph import KernelGraph
+from mlso_cli.ir.graph import PARTIAL, KernelGraph
 from mlso_cli.ir.node import Node, const_value, toposort
 from mlso_cli.ir.ops import ELEMENTWISE, REDUCE, Op, Phase
 from mlso_cli.search import terms as T
@@ -364,6 +362,9 @@ class BlockSearch:
         }
         self.partials: list[int] = []
         self.combined: dict[int, Expr] = {}
+        self.narrow: list[int] = []
+        """Post-loop values narrower than the output tile, waiting for a value of the tile's
+        shape to broadcast them to (`_broadcast_partial`)."""
         # partial sums are completed at kernel level for one output only (KernelCompletion)
         self.partial_omap = (
             save_omap(dc, sig, 0)
@@ -516,7 +517,7 @@ class BlockSearch:
             self.limits.max_states is not None and self.stats.states >= self.limits.max_states
         ):
             self.stopped = True
-        e = self.alg.op(node, [v.expr for v in srcs])
+        e = self.alg.op(node, [v.expr for v in srcs][: len(node.src)])  # a broadcast: no donor
         if e is None or (node.numel > 1 and e.print.uniform()):
             self.stats.pruned += 1  # not a subexpression, or a constant spelled the long way
             return None
@@ -570,6 +571,60 @@ class BlockSearch:
         self._check_goal(len(self.values) - 1)
         return len(self.values) - 1
 
+    def _broadcast_partial(self, i: int) -> None:
+        """A post-loop value narrower than the output tile (a per-row sum of squares next to
+        a rows x cols product), broadcast to the tile so that it can be saved as a partial sum
+        in the output's layout. Why: saved as it is, its size-1 dim is laid out along the
+        output's split grid dim (one column per block), which no kernel-level op can
+        broadcast back; and without the broadcast the enumeration spelled it S * P / P. The
+        step names a value of the tile's shape as its shape donor, so the recipe instantiates
+        at any dims."""
+        v = self.values[i]
+        if v.step is not None and v.step.op is Op.BROADCAST:
+            return
+        tile = self._tile_shape()
+        shape = v.node.shape
+        if tile is None or len(shape) != len(tile):
+            return
+        if shape == tile:
+            # a donor at last: broadcast the narrow values that waited for one
+            waiting, self.narrow = self.narrow, []
+            for j in waiting:
+                self._add(Step(Op.BROADCAST, (j, i)), [j, i], self.values[j].round)
+            return
+        if any(s != t and s != 1 for s, t in zip(shape, tile)):
+            return
+        donor = self._tile_donor(tile)
+        if donor is None:
+            self.narrow.append(i)
+        else:
+            self._add(Step(Op.BROADCAST, (i, donor)), [i, donor], v.round)
+
+    def _tile_shape(self) -> tuple[int, ...] | None:
+        """One block's tile of output 0 at this signature's provisional sizes."""
+        if self.partial_omap is None:
+            return None
+        tile = list(self.target.outputs[0].shape)
+        grid = tuple(self.dims.grid) + (1,) * (3 - len(self.dims.grid))
+        for g, d in enumerate(self.partial_omap):
+            if d is not None and d != PARTIAL:
+                tile[d] //= grid[g]
+        return tuple(tile)
+
+    def _tile_donor(self, tile: tuple[int, ...]) -> int | None:
+        """The first post-loop value of the output tile's shape (any will do: only its shape
+        is read)."""
+        return next(
+            (
+                j
+                for j, u in enumerate(self.values)
+                if u.node.phase is Phase.POST
+                and u.node.shape == tile
+                and (u.step is None or u.step.op is not Op.BROADCAST)
+            ),
+            None,
+        )
+
     def _splits_loop(self, step: Step, srcs: list[Value], node: Node) -> bool:
         """Does this op sum over the index the loop walks (a contraction within one step)?"""
         if node.phase is not Phase.LOOP or self.sig.loop is None:
@@ -595,6 +650,9 @@ class BlockSearch:
                 and i not in self.combined
                 and len(v.node.shape) == len(self.target.outputs[0].shape)
             ):
+                self._broadcast_partial(i)
+                if v.node.shape != self._tile_shape():
+                    return  # saved narrow, it would be laid out one column per block
                 c = self.alg.combine(v.expr, v.node, self.partial_omap)
                 if c is not None:
                     self.combined[i] = c
@@ -822,14 +880,12 @@ class KernelCompletion:
         parts = sorted(bs.partials, key=lambda i: (bs.values[i].cost, i))[: self.max_partials]
         pool: list[tuple[Node, Expr]] = []
         seen: set[Hashable] = set()
-        kept: list[np.ndarray] = []
         for i in parts:
             v = bs.values[i]
             c = bs.combined[i]
-            if c.print.key() in seen or _broadcast_of(v.expr.print.value.p, kept):
+            if c.print.key() in seen:
                 continue
             seen.add(c.print.key())
-            kept.append(v.expr.print.value.p)
             pool.append((b.input_(_PLACEHOLDER + i, v.node.shape, v.node.dtype), c))
         consts = self._consts()
         new = list(pool)
@@ -850,6 +906,9 @@ class KernelCompletion:
             e = None if _undoes(node) else bs.alg.kernel_op(node, srcs)
             if e is None:
                 bs.stats.pruned += 1
+                if not _undoes(node) and self._is_output(node, srcs):
+                    found.append(node)
+                    return False
             elif e.print.key() in seen:
                 bs.stats.duplicates += 1
             else:
@@ -908,6 +967,23 @@ class KernelCompletion:
             new = grown[: self.max_pool]
             pool.extend(new)
 
+    def _is_output(self, node: Node, srcs: list[Expr]) -> bool:
+        """Does a value the abstract check refused still equal the output, by fingerprint?
+        Why: the check prunes the values a search builds on, and a final value builds on
+        nothing; its normal forms can miss one spelling of the output. Measured: rmsnorm split
+        over its contraction, rsqrt(S / N + eps) * P with S and P completed over the split,
+        was refused though its fingerprint equals the output's (the rsqrt's argument is a
+        sum over split and chunk, the target's one sum). The chosen program is verified at
+        full shapes like any other, so a fingerprint match is enough to propose it."""
+        bs = self.search
+        if len(bs.target.outputs) != 1:
+            return False
+        pruner = bs.alg.pruner
+        if pruner is not None and not bs.alg._denominator(node, srcs, pruner.kernel_op):
+            return False
+        p = bs.alg.fp.op(node, [s.print for s in srcs])
+        return p is not None and bs.alg.fp.combined_output(p) == 0
+
     def _consts(self) -> list[tuple[str, tuple[Node, Expr]]]:
         """The target's constants with their roles ('scale' or 'shift'), as kernel-level
         operands."""
@@ -946,17 +1022,3 @@ class KernelCompletion:
 
 _PLACEHOLDER = 1 << 20
 """Input numbers of the placeholders that stand for completed partial values."""
-
-
-def _broadcast_of(p: np.ndarray, kept: list[np.ndarray]) -> bool:
-    """Is this partial's fingerprint a smaller kept one broadcast to its shape? Then it is the
-    same partial sum saved bigger, spelled through ops that cancel (S * P / P): saving it costs
-    a full tile per block, and x / x is a division by zero wherever x is 0."""
-    for q in kept:
-        if q.shape != p.shape and q.ndim == p.ndim:
-            try:
-                if np.array_equal(np.broadcast_to(q, p.shape), p):
-                    return True
-            except ValueError:
-                continue
-    return False

@@ -304,6 +304,8 @@ def _apply(op: Op, srcs: list[Node], arg: Any, target: KernelGraph | None = None
         return b.transpose(srcs[0], arg)
     if op is Op.RESHAPE:
         return b.reshape(srcs[0], _shape_arg(arg, srcs, target))
+    if op is Op.BROADCAST:
+        return b.broadcast_to(srcs[0], srcs[1].shape)
     raise RecipeError(f"recipe step {op.value} has no builder")
 
 
@@ -314,6 +316,8 @@ def _block_step(
     try:
         srcs = [values[i] for i in step.srcs]
         arg = _shape_arg(step.arg, srcs, target) if step.op is Op.RESHAPE else step.arg
+        if step.op is Op.BROADCAST:  # (value, shape donor): the donor's shape at these dims
+            srcs, arg = srcs[:1], srcs[1].shape
     except IndexError as exc:
         raise RecipeError(f"{step.op.value}: {exc}") from exc
     return bb.apply(step.op, srcs, arg)
