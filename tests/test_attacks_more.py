@@ -331,6 +331,8 @@ def _optimized(tmp_path: Path) -> Path:
     return out
 
 
+# slow (25 s: three CLI runs that search); CI runs the slow set too
+@pytest.mark.slow
 def test_process_substitution_loads_in_inspect_optimize_and_verify(tmp_path):
     g = str(GQA)
     r = _cli(shell=f"mlso inspect <(cat {g}) --json")

@@ -196,6 +196,9 @@ def _fatbin_entries(data: bytes) -> set[tuple[str, int]]:
     return out
 
 
+# slow (21 s on 2 cores): every generated source through nvcc. `make test` still compiles
+# programs through nvcc (the cache, launcher and stabilise tests); CI runs the slow set too.
+@pytest.mark.slow
 def test_everything_compiles_with_nvcc(graphs, programs):
     """Every test graph, every fixture (small, and full size at every batch size) and every lifted
     region, compiled by nvcc in a few batched translation units."""
