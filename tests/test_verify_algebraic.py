@@ -93,6 +93,8 @@ def _passes_with_numeric(a, b, *extra: str) -> None:
 # ---- honest Bs pass -----------------------------------------------------------------------------
 
 
+# slow (21 s: optimize, then the algebraic check, through the CLI); CI runs the slow set too
+@pytest.mark.slow
 def test_an_honest_optimize_output_is_algebraically_equal(tmp_path):
     a = _small("rmsnorm_linear")
     b = tmp_path / "b.onnx"
