@@ -362,15 +362,18 @@ class BlockSearch:
         }
         self.partials: list[int] = []
         self.combined: dict[int, Expr] = {}
-        self.narrow: list[int] = []
-        """Post-loop values narrower than the output tile, waiting for a value of the tile's
-        shape to broadcast them to (`_broadcast_partial`)."""
         # partial sums are completed at kernel level for one output only (KernelCompletion)
         self.partial_omap = (
             save_omap(dc, sig, 0)
             if sig.partial() is not None and len(target.outputs) == 1
             else None
         )
+        self.tile = self._tile_shape()
+        """One block's tile of output 0 (split signatures only): the shape a partial is saved in."""
+        self.donor: int | None = None
+        """The first post-loop value of the tile's shape: broadcasts take their shape from it."""
+        self.narrow: list[int] = []
+        """Post-loop values narrower than the tile, waiting for a donor (`_broadcast_partial`)."""
         self.stopped = False
 
     @staticmethod
@@ -582,23 +585,23 @@ class BlockSearch:
         v = self.values[i]
         if v.step is not None and v.step.op is Op.BROADCAST:
             return
-        tile = self._tile_shape()
-        shape = v.node.shape
+        tile, shape = self.tile, v.node.shape
         if tile is None or len(shape) != len(tile):
             return
         if shape == tile:
-            # a donor at last: broadcast the narrow values that waited for one
-            waiting, self.narrow = self.narrow, []
-            for j in waiting:
-                self._add(Step(Op.BROADCAST, (j, i)), [j, i], self.values[j].round)
+            if self.donor is None:
+                # a donor at last: broadcast the narrow values that waited for one
+                self.donor = i
+                waiting, self.narrow = self.narrow, []
+                for j in waiting:
+                    self._add(Step(Op.BROADCAST, (j, i)), [j, i], self.values[j].round)
             return
         if any(s != t and s != 1 for s, t in zip(shape, tile)):
             return
-        donor = self._tile_donor(tile)
-        if donor is None:
+        if self.donor is None:
             self.narrow.append(i)
         else:
-            self._add(Step(Op.BROADCAST, (i, donor)), [i, donor], v.round)
+            self._add(Step(Op.BROADCAST, (i, self.donor)), [i, self.donor], v.round)
 
     def _tile_shape(self) -> tuple[int, ...] | None:
         """One block's tile of output 0 at this signature's provisional sizes."""
@@ -610,20 +613,6 @@ class BlockSearch:
             if d is not None and d != PARTIAL:
                 tile[d] //= grid[g]
         return tuple(tile)
-
-    def _tile_donor(self, tile: tuple[int, ...]) -> int | None:
-        """The first post-loop value of the output tile's shape (any will do: only its shape
-        is read)."""
-        return next(
-            (
-                j
-                for j, u in enumerate(self.values)
-                if u.node.phase is Phase.POST
-                and u.node.shape == tile
-                and (u.step is None or u.step.op is not Op.BROADCAST)
-            ),
-            None,
-        )
 
     def _splits_loop(self, step: Step, srcs: list[Value], node: Node) -> bool:
         """Does this op sum over the index the loop walks (a contraction within one step)?"""
@@ -651,7 +640,7 @@ class BlockSearch:
                 and len(v.node.shape) == len(self.target.outputs[0].shape)
             ):
                 self._broadcast_partial(i)
-                if v.node.shape != self._tile_shape():
+                if v.node.shape != self.tile:
                     return  # saved narrow, it would be laid out one column per block
                 c = self.alg.combine(v.expr, v.node, self.partial_omap)
                 if c is not None:
@@ -903,10 +892,13 @@ class KernelCompletion:
                 return True
             bs.stats.states += 1
             used += 1
-            e = None if _undoes(node) else bs.alg.kernel_op(node, srcs)
+            if _undoes(node):
+                bs.stats.pruned += 1
+                return used < self.allowance
+            e = bs.alg.kernel_op(node, srcs)
             if e is None:
                 bs.stats.pruned += 1
-                if not _undoes(node) and self._is_output(node, srcs):
+                if self._is_output(node, srcs):
                     found.append(node)
                     return False
             elif e.print.key() in seen:
@@ -931,14 +923,7 @@ class KernelCompletion:
             chain, ok, ordered = list(new), True, list(new)
             for _ in range(self.chain):
                 ext: list[tuple[Node, Expr]] = []
-                for x in chain:
-                    for op in bs.vocab.unary:
-                        ok = ok and admit(lambda op=op, x=x: b.unary(op, x[0]), [x[1]], ext)
-                    for k, (cn, ce) in consts:
-                        for op in (o for o in bs.vocab.binary if _CONST_FAMILY.get(o) == k):
-                            ok = ok and admit(
-                                lambda op=op, x=x, cn=cn: b.binary(op, x[0], cn), [x[1], ce], ext
-                            )
+                ok = all(admit(bld, srcs, ext) for bld, srcs in self._singles(chain, consts))
                 chain = ext[: self.max_pool]
                 ordered += chain
                 pool.extend(chain)
@@ -948,17 +933,7 @@ class KernelCompletion:
             # value reached in fewer steps is the cheaper spelling of it
             new = ordered
             grown: list[tuple[Node, Expr]] = []
-            for x in new if ok else ():
-                for y in pool:
-                    for op in bs.vocab.binary:
-                        if op is Op.MAX or (x is y and op is not Op.MUL):
-                            continue
-                        for a, c in ((x, y), (y, x)) if op not in _COMMUTATIVE else ((x, y),):
-                            ok = ok and admit(
-                                lambda op=op, a=a, c=c: b.binary(op, a[0], c[0]),
-                                [a[1], c[1]],
-                                grown,
-                            )
+            ok = ok and all(admit(bld, srcs, grown) for bld, srcs in self._pairs(new, pool))
             if found:
                 yield self._recipe(found[0])
                 return
@@ -966,6 +941,32 @@ class KernelCompletion:
                 return
             new = grown[: self.max_pool]
             pool.extend(new)
+
+    def _singles(self, values: list, consts: list) -> Iterator[tuple[Callable[[], Node], list]]:
+        """Kernel-level candidates on one value each: the target's unary ops, and its constants
+        in their roles (builders, so that a shape error counts as an invalid state)."""
+        from mlso_cli.ir import build as b
+
+        binary = self.search.vocab.binary
+        for x in values:
+            for op in self.search.vocab.unary:
+                yield (lambda op=op, x=x: b.unary(op, x[0])), [x[1]]
+            for role, (cn, ce) in consts:
+                for op in (o for o in binary if _CONST_FAMILY.get(o) == role):
+                    yield (lambda op=op, x=x, cn=cn: b.binary(op, x[0], cn)), [x[1], ce]
+
+    def _pairs(self, new: list, pool: list) -> Iterator[tuple[Callable[[], Node], list]]:
+        """Kernel-level candidates on a new value and a pool value: the target's binary ops,
+        both operand orders unless the op commutes."""
+        from mlso_cli.ir import build as b
+
+        for x in new:
+            for y in pool:
+                for op in self.search.vocab.binary:
+                    if op is Op.MAX or (x is y and op is not Op.MUL):
+                        continue
+                    for a, c in ((x, y), (y, x)) if op not in _COMMUTATIVE else ((x, y),):
+                        yield (lambda op=op, a=a, c=c: b.binary(op, a[0], c[0])), [a[1], c[1]]
 
     def _is_output(self, node: Node, srcs: list[Expr]) -> bool:
         """Does a value the abstract check refused still equal the output, by fingerprint?
