@@ -118,16 +118,22 @@ __device__ __forceinline__ void zero_acc(float (&acc)[NB][4]) {
   for (int j = 0; j < NB; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 }
 
+// Each thread's two neighbouring columns move as one 8-byte access (c, ldc and n0 even): with
+// rows that start 8 banks apart (blockstorage.py pads accumulators so) a half-warp's 4 rows fill
+// the 32 banks once, where 4-byte accesses to rows a multiple of 32 floats long conflict 8 ways.
 template <int NB>
 __device__ __forceinline__ void load_acc(float (&acc)[NB][4], const float* c, int ldc, int m0, int n0, int m_valid) {
   const int lane = threadIdx.x & 31, r = m0 + (lane >> 2), col = n0 + (lane & 3) * 2;
 #pragma unroll
   for (int j = 0; j < NB; ++j) {
     const float* p = c + r * ldc + col + j * 8;
-    acc[j][0] = r < m_valid ? p[0] : 0.0f;
-    acc[j][1] = r < m_valid ? p[1] : 0.0f;
-    acc[j][2] = r + 8 < m_valid ? p[8 * ldc] : 0.0f;
-    acc[j][3] = r + 8 < m_valid ? p[8 * ldc + 1] : 0.0f;
+    const vec<float, 2> lo = r < m_valid ? *reinterpret_cast<const vec<float, 2>*>(p) : vec<float, 2>{{0.0f, 0.0f}};
+    const vec<float, 2> hi =
+        r + 8 < m_valid ? *reinterpret_cast<const vec<float, 2>*>(p + 8 * ldc) : vec<float, 2>{{0.0f, 0.0f}};
+    acc[j][0] = lo.v[0];
+    acc[j][1] = lo.v[1];
+    acc[j][2] = hi.v[0];
+    acc[j][3] = hi.v[1];
   }
 }
 
@@ -137,14 +143,8 @@ __device__ __forceinline__ void store_acc(const float (&acc)[NB][4], float* c, i
 #pragma unroll
   for (int j = 0; j < NB; ++j) {
     float* p = c + r * ldc + col + j * 8;
-    if (r < m_valid) {
-      p[0] = acc[j][0];
-      p[1] = acc[j][1];
-    }
-    if (r + 8 < m_valid) {
-      p[8 * ldc] = acc[j][2];
-      p[8 * ldc + 1] = acc[j][3];
-    }
+    if (r < m_valid) *reinterpret_cast<vec<float, 2>*>(p) = vec<float, 2>{{acc[j][0], acc[j][1]}};
+    if (r + 8 < m_valid) *reinterpret_cast<vec<float, 2>*>(p + 8 * ldc) = vec<float, 2>{{acc[j][2], acc[j][3]}};
   }
 }
 

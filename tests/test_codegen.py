@@ -26,6 +26,7 @@ import pytest
 from mlso_cli import knobs as knobs_mod
 from mlso_cli.codegen import CodegenError, CompileError, compile_program, generate, hostemu
 from mlso_cli.codegen import nvcc as nvcc_mod
+from mlso_cli.codegen.blockstorage import _acc_strides
 from mlso_cli.codegen.cfmt import c_float
 from mlso_cli.codegen.scale import BINARY, Scale
 from mlso_cli.codegen.stabilise import consumers_of, stabilisers
@@ -282,6 +283,29 @@ def test_snapshot(name):
 
 
 # ---- units -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "shape, padded",
+    [((32, 192), 200), ((16, 32), 40), ((4, 32, 48), 72), ((8, 64), 72), ((16, 40), 40)],
+)
+def test_accumulator_rows_start_eight_banks_apart(shape, padded):
+    """A block_mma accumulator's rows are padded so that 4 rows of 8 floats (a half-warp's
+    8-byte accesses to C fragments) fill the 32 banks once; narrow or short ones stay as is."""
+    strides = _acc_strides(shape)
+    assert strides[-2] == padded and strides[-2] % 32 == 8 and strides[-1] == 1
+    assert strides[:-2] == tuple(shape[-2] * padded * s for s in (1,) * (len(shape) - 2))
+    for short in ((2, 192), (16, 16), (7, 64)):
+        assert _acc_strides(short) == (short[1], 1)
+
+
+def test_padded_accumulators_are_emulated(programs):
+    """The gated MLP's accumulators are padded (ldc 40 for 32 columns), so the emulator run of
+    test_emulated_matches_reference checks padded C tiles: block_mma, the zeroing and the reads
+    after the loop all use the padded row stride."""
+    src = programs["gated_mlp_f16"].source
+    calls = re.findall(r"block_mma<[^,]*, \d+, \d+, \d+, (\d+), .*?\}, sm\d+, (\d+), (\d+)\)", src)
+    assert calls and all(int(ldc) % 32 == 8 and int(ldc) > int(n) for n, ldc, _ in calls), calls
 
 
 def test_split_kv_combine_folds_partials_with_a_team(programs):

@@ -478,6 +478,11 @@ class BlockKernel(BlockLayout):
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         out_batch = c.shape[:-2]
         batch = numel(out_batch)
+        # C's row and batch strides: an accumulator's rows may be padded (blockstorage)
+        ldc = c.strides[-2]
+        cbs = c.strides[-3] if len(c.shape) > 2 else m * ldc
+        lead = contiguous(out_batch)
+        assert c.strides[-1] == 1 and all(s == d * cbs for s, d in zip(c.strides[:-2], lead))
         code(
             f"// {what}: ({list(a.shape)} x {list(b.shape)}), {plan.kind}{' accumulate' if plan.accumulate else ''}"
         )
@@ -489,7 +494,7 @@ class BlockKernel(BlockLayout):
                 f"mlso::block_mma<{CTYPE[plan.dtype]}, {batch}, {mp}, {m}, {n}, {k}, {nb}, {_bool(plan.a_kmajor)}, "
                 f"{_bool(plan.b_kmajor)}, {_bool(plan.accumulate)}, {self.nw}>({a.ptr}, {lda}, "
                 f"{self._batch_offset(a, out_batch)}, {b.ptr}, {ldb}, {self._batch_offset(b, out_batch)}, "
-                f"{c.ptr}, {n}, {m * n}{', ' + plan.row_scale if plan.row_scale else ''});"
+                f"{c.ptr}, {ldc}, {cbs}{', ' + plan.row_scale if plan.row_scale else ''});"
             )
             return
         bt = decompose("bt", out_batch)
@@ -498,21 +503,24 @@ class BlockKernel(BlockLayout):
         ea = f"mlso::to_f32({a.ptr}[{offset(ca, a.strides, a.base)}])"
         eb = f"mlso::to_f32({b.ptr}[{offset(cb, b.strides, b.base)}])"
         total = batch * m * n
-        init = f"{c.ptr}[o]" if plan.accumulate else "0.0f"
+        co = "co" if ldc != n else "o"  # C's element: padded rows need their own offset
+        init = f"{c.ptr}[{co}]" if plan.accumulate else "0.0f"
         if plan.accumulate and plan.row_scale:
-            init = f"{c.ptr}[o] * {plan.row_scale}[o / {n}]"
+            init = f"{c.ptr}[{co}] * {plan.row_scale}[o / {n}]"
         head = [
             f"const int bt = o / {m * n};",
             f"const int mm = (o / {n}) % {m};",
             f"const int nn = o % {n};",
         ]
+        if co != "o":
+            head.append(f"const int co = bt * {cbs} + mm * {ldc} + nn;")
         if plan.kind == "simt":
             with code.block(f"for (int o = threadIdx.x; o < {total}; o += {self.nt})"):
                 code.extend(head)
                 code(f"float acc = {init};")
                 with code.block(f"for (int kk = 0; kk < {k}; ++kk)"):
                     code(f"acc = fmaf({ea}, {eb}, acc);")
-                code(f"{c.ptr}[o] = acc;")
+                code(f"{c.ptr}[{co}] = acc;")
         else:
             with code.block(f"for (int o = warp; o < {total}; o += {self.nw})"):
                 code.extend(head)
@@ -521,7 +529,7 @@ class BlockKernel(BlockLayout):
                     code(f"acc = fmaf({ea}, {eb}, acc);")
                 code("acc = mlso::warp_sum(acc);")
                 with code.block("if (lane == 0)"):
-                    code(f"{c.ptr}[o] = {init} + acc;")
+                    code(f"{c.ptr}[{co}] = {init} + acc;")
 
     def _pass_node_matmul(self, code: Code, n: Node) -> None:
         self._pass_matmul(code, self.plans[n], f"matmul -> {list(n.shape)}")
@@ -1109,9 +1117,9 @@ class BlockKernel(BlockLayout):
         for acc in inits:
             if acc is self.flash_alias:
                 continue  # shares the loop tiles' memory; written once, by the register pass's flush
-            code(
-                f"for (int e = threadIdx.x; e < {acc.numel}; e += {self.nt}) {self.storage[acc].ptr}[e] = 0.0f;"
-            )
+            st = self.storage[acc]
+            extent = st.strides[0] * st.shape[0] if st.shape else 1  # padding rows included
+            code(f"for (int e = threadIdx.x; e < {extent}; e += {self.nt}) {st.ptr}[e] = 0.0f;")
         for g in self.groups.values():
             code(
                 f"for (int e = threadIdx.x; e < {g.m.numel}; e += {self.nt}) "

@@ -62,6 +62,10 @@ class BlockLayout(MatmulPlanning):
         self.stages: dict[tuple, Stage] = {}
         self.plans: dict[Node, MatmulPlan] = {}
         self.red = self._alloc("float", "red", 32 * 4)
+        # the C of every block matmul: accumulators it is fused into, and stored products
+        self.mma_out = set(self.fused.values()) | {
+            n for n in self.nodes if n.op is Op.MATMUL and n not in self.fused
+        }
         fl = self.flash
         # loop tiles first, in one contiguous region: after the loop it is dead, and the register
         # pass keeps its weighted sum there (flushed once the last step is done)
@@ -100,7 +104,7 @@ class BlockLayout(MatmulPlanning):
                     self.storage[n] = Storage(name, DType.F32, n.shape, contiguous(n.shape))
                     self.flash_alias = n
                 else:
-                    self._fp32(n)
+                    self._fp32(n, pad and n in self.mma_out)
         for g in self.groups.values():
             self._fp32(g.m)
             name = self.names.new("alpha")

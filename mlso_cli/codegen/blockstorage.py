@@ -22,6 +22,25 @@ def _ceil_to(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
+ACC_ROW_BANKS = 8
+"""An fp32 accumulator row starts this many banks (mod 32) after the previous one."""
+
+
+def _acc_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides of an fp32 matmul accumulator in shared memory.
+
+    Why: a thread of an mma.sync C fragment holds two neighbouring columns of rows lane/4 and
+    lane/4 + 8; mlso::add_partial moves them as one 8-byte access per row. A half-warp then
+    touches 4 rows of 8 floats. With a row length that is a multiple of 32 floats those 4 rows
+    sit in the same 8 banks (a 4-way conflict on every load and store of C, every loop step).
+    Rows that start 8 banks apart fill all 32 banks once. Only matrices of 8 rows or more with
+    16-byte-aligned rows of at least 32 floats are padded; the rest stay contiguous."""
+    if len(shape) < 2 or shape[-2] < 8 or shape[-1] < 32 or shape[-1] % 8:
+        return contiguous(shape)
+    row = shape[-1] + (ACC_ROW_BANKS - shape[-1]) % 32
+    return contiguous(shape[:-1] + (row,))
+
+
 class BlockStorage(BlockAnalysis):
     """Allocation of shared memory (offsets 128-byte aligned) and the scale of each buffer."""
 
@@ -36,10 +55,14 @@ class BlockStorage(BlockAnalysis):
         self.ptrs.append((ctype, name, off))
         return name
 
-    def _fp32(self, n: Node) -> Storage:
+    def _fp32(self, n: Node, mma_rows: bool = False) -> Storage:
+        """An fp32 buffer; with `mma_rows` (the C of a tensor-core matmul), rows padded so that
+        the accumulator fragments load and store without bank conflicts (`_acc_strides`)."""
         if n not in self.storage:
-            name = self._alloc("float", self.names.new("sm"), n.numel * 4)
-            self.storage[n] = Storage(name, DType.F32, n.shape, contiguous(n.shape))
+            strides = _acc_strides(n.shape) if mma_rows else contiguous(n.shape)
+            nbytes = (strides[0] * n.shape[0] if n.shape else 1) * 4
+            name = self._alloc("float", self.names.new("sm"), nbytes)
+            self.storage[n] = Storage(name, DType.F32, n.shape, strides)
         return self.storage[n]
 
     @staticmethod
