@@ -457,3 +457,34 @@ def test_a_norm_split_over_its_contraction_saves_its_statistic_broadcast():
             assert nd.src[1].op is Op.CONST or nd.src[1].op in (Op.SQRT, Op.ADD), nd
     assert check_equivalent(target, kg, seed=1).equivalent
     _agrees(target, SimpleNamespace(graph=kg))
+
+
+def test_timed_searches_keep_two_sizings_of_each_structure():
+    """With programs to time (--gpu: full_checks > 1) each structure goes on with its two best
+    sizings, so the timing can pick between them; a search the cost model decides alone keeps
+    one. Same structures either way, and the first sizing is the one a model-only search keeps."""
+    from mlso_cli.ir import serialize
+    from mlso_cli.search import run as R
+
+    assert R.sizings_for(1) == 1 and R.sizings_for(3) == R.TIMED_SIZINGS == 2
+    x = b.input_(0, (8, 32), DType.F32)
+    s = b.input_(1, (32,), DType.F32)
+    w = b.input_(2, (32, 64), DType.F32)
+    target = check(b.kernel_graph([x, s, w], [b.matmul(b.mul(x, s), w)]))
+    _, _, sigs = R.explorable(target)
+    text = serialize.dumps(target)
+    two_sizings = 0
+    for i, sig in enumerate(sigs):
+        one = R.explore(R.Task(text, sig, 3000, i, "sm_90", 11, None, True, 1))
+        two = R.explore(R.Task(text, sig, 3000, i, "sm_90", 11, None, True, 2))
+        firsts = {}
+        for f in two.found:
+            firsts.setdefault(f.recipe, []).append(f)
+        assert [f.recipe for f in one.found] == list(firsts)
+        for f, sized in zip(one.found, firsts.values()):
+            assert sized[0] == f and len(sized) <= 2
+            assert [g.estimate_us for g in sized] == sorted(g.estimate_us for g in sized)
+            if len(sized) == 2:
+                assert sized[0].dims != sized[1].dims
+                two_sizings += 1
+    assert two_sizings >= 1
