@@ -137,6 +137,12 @@ def test_gqa_at_batch_one_finds_a_register_path_split_kv_program(tmp_path):
     best = min(res.candidates, key=lambda c: c.estimate_us)
     layouts = [k.layout for k in plan(best.graph, "sm_90").kernels if k.layout is not None]
     assert res.verified >= 1 and layouts and layouts[0].register_path
+    # the per-row exp sum is saved as it is ([.., rows, 1]: no grid dim lays out its last axis),
+    # not broadcast to the weighted sum's tile first (64x the partial bytes)
+    (gd,) = [n for n in best.graph.nodes() if n.op is Op.GRAPH_DEF]
+    body = gd.arg.nodes()
+    assert not any(n.op is Op.BROADCAST for n in body)
+    assert any(n.op is Op.SAVE and n.shape[-1] == 1 for n in body)
 
 
 def test_a_deep_chain_of_row_statistics_fuses_into_one_kernel():

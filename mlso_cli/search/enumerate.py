@@ -603,6 +603,21 @@ class BlockSearch:
         else:
             self._add(Step(Op.BROADCAST, (i, self.donor)), [i, self.donor], v.round)
 
+    def _saved_in_place(self, shape: tuple[int, ...]) -> bool:
+        """Can a post-loop value of this shape be saved as a partial as it is? Yes for the tile,
+        and for a value narrower than it (size 1 where the tile is wider) along output axes that
+        no grid dim lays out: a split-KV sum per row ([1, rows, 1] beside a [1, rows, d] weighted
+        sum, grid over batch, rows and splits) is saved as [splits, .., rows, 1], and the
+        combine broadcasts it. Along an axis the grid lays out (rmsnorm's columns), each block
+        would write its own column: such a value is broadcast to the tile first."""
+        tile = self.tile
+        if tile is None or len(shape) != len(tile):
+            return False
+        laid_out = {d for d in self.partial_omap if d is not None and d != PARTIAL}
+        return all(
+            s == t or (s == 1 and a not in laid_out) for a, (s, t) in enumerate(zip(shape, tile))
+        )
+
     def _tile_shape(self) -> tuple[int, ...] | None:
         """One block's tile of output 0 at this signature's provisional sizes."""
         if self.partial_omap is None:
@@ -639,8 +654,10 @@ class BlockSearch:
                 and i not in self.combined
                 and len(v.node.shape) == len(self.target.outputs[0].shape)
             ):
-                self._broadcast_partial(i)
-                if v.node.shape != self.tile:
+                in_place = self._saved_in_place(v.node.shape)
+                if v.node.shape == self.tile or not in_place:
+                    self._broadcast_partial(i)  # a donor, or a value that must be spread first
+                if not in_place:
                     return  # saved narrow, it would be laid out one column per block
                 c = self.alg.combine(v.expr, v.node, self.partial_omap)
                 if c is not None:
