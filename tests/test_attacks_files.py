@@ -114,8 +114,11 @@ def test_stale_temp_files_of_dead_runs_are_removed(tmp_path):
 def test_stop_signal_during_a_write_leaves_no_temp_file(tmp_path, signum):
     """optimize through the CLI, with a serializer that stalls half-way; the signal arrives then."""
     out = tmp_path / "fast.onnx"
+    # a signal this process inherited as ignored (a run under nohup ignores SIGHUP) stays ignored
+    # by design; here the child must receive it
     proc = _python(f"""
-        import sys, time
+        import signal, sys, time
+        signal.signal({signum}, signal.SIG_DFL)
         from mlso_cli.package import write as w
         def stalled(path, chunks):
             with open(path, "wb") as f:
@@ -138,6 +141,34 @@ def test_stop_signal_during_a_write_leaves_no_temp_file(tmp_path, signum):
         b"Traceback" not in err and len(errors) == 1
     )  # (warnings, e.g. a cache rebuild, may precede it)
     assert signal.Signals(signum).name in errors[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_hangup_ignored_by_the_parent_stays_ignored_during_a_write(tmp_path):
+    """Under nohup SIGHUP arrives ignored: the write keeps it so (the run goes on), and a
+    SIGTERM still stops it cleanly, temp file removed."""
+    out = tmp_path / "fast.onnx"
+    proc = _python(f"""
+        import signal, sys, time
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        from mlso_cli.package import write as w
+        def stalled(path, chunks):
+            with open(path, "wb") as f:
+                f.write(b"half")
+                f.flush()
+            print("writing", flush=True)
+            time.sleep(60)
+        w._fsync_write = stalled
+        from mlso_cli.cli import main
+        main(["optimize", {str(GQA)!r}, "-o", {str(out)!r}, *{FAST!r}])
+    """)
+    assert proc.stdout.readline() == b"writing\n", proc.stderr.read()
+    proc.send_signal(signal.SIGHUP)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=2)  # ignored: still writing
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1 and b"SIGTERM" in err
     assert list(tmp_path.iterdir()) == []
 
 
