@@ -465,6 +465,7 @@ def test_a_norm_split_over_its_contraction_saves_its_statistic_broadcast():
     _agrees(target, SimpleNamespace(graph=kg))
 
 
+@pytest.mark.slow
 def test_timed_searches_keep_two_sizings_of_each_structure():
     """With programs to time (--gpu: full_checks > 1) each structure goes on with its two best
     sizings, so the timing can pick between them; a search the cost model decides alone keeps
