@@ -110,15 +110,12 @@ def test_stale_temp_files_of_dead_runs_are_removed(tmp_path):
     )
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
-def test_stop_signal_during_a_write_leaves_no_temp_file(tmp_path, signum):
-    """optimize through the CLI, with a serializer that stalls half-way; the signal arrives then."""
-    out = tmp_path / "fast.onnx"
-    # a signal this process inherited as ignored (a run under nohup ignores SIGHUP) stays ignored
-    # by design; here the child must receive it
+def _stalled_optimize(out, disposition: str):
+    """optimize through the CLI in a child whose serializer stalls half-way, after setting the
+    child's handling of a signal (`disposition`, a line of Python); returns once it is writing."""
     proc = _python(f"""
         import signal, sys, time
-        signal.signal({signum}, signal.SIG_DFL)
+        {disposition}
         from mlso_cli.package import write as w
         def stalled(path, chunks):
             with open(path, "wb") as f:
@@ -132,6 +129,15 @@ def test_stop_signal_during_a_write_leaves_no_temp_file(tmp_path, signum):
     """)
     line = proc.stdout.readline()
     assert line == b"writing\n", proc.stderr.read()
+    return proc
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_stop_signal_during_a_write_leaves_no_temp_file(tmp_path, signum):
+    """optimize through the CLI, with a serializer that stalls half-way; the signal arrives then.
+    A signal the test process inherited as ignored (a run under nohup ignores SIGHUP) stays
+    ignored by design, so the child resets the one it is sent."""
+    proc = _stalled_optimize(tmp_path / "fast.onnx", f"signal.signal({signum}, signal.SIG_DFL)")
     assert [p.name for p in tmp_path.iterdir() if ".mlso-tmp." in p.name]  # the temp is there now
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=30)
@@ -147,22 +153,7 @@ def test_stop_signal_during_a_write_leaves_no_temp_file(tmp_path, signum):
 def test_a_hangup_ignored_by_the_parent_stays_ignored_during_a_write(tmp_path):
     """Under nohup SIGHUP arrives ignored: the write keeps it so (the run goes on), and a
     SIGTERM still stops it cleanly, temp file removed."""
-    out = tmp_path / "fast.onnx"
-    proc = _python(f"""
-        import signal, sys, time
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        from mlso_cli.package import write as w
-        def stalled(path, chunks):
-            with open(path, "wb") as f:
-                f.write(b"half")
-                f.flush()
-            print("writing", flush=True)
-            time.sleep(60)
-        w._fsync_write = stalled
-        from mlso_cli.cli import main
-        main(["optimize", {str(GQA)!r}, "-o", {str(out)!r}, *{FAST!r}])
-    """)
-    assert proc.stdout.readline() == b"writing\n", proc.stderr.read()
+    proc = _stalled_optimize(tmp_path / "fast.onnx", "signal.signal(signal.SIGHUP, signal.SIG_IGN)")
     proc.send_signal(signal.SIGHUP)
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(timeout=2)  # ignored: still writing

@@ -370,6 +370,8 @@ class BlockSearch:
         )
         self.tile = self._tile_shape()
         """One block's tile of output 0 (split signatures only): the shape a partial is saved in."""
+        self.laid_out = {d for d in self.partial_omap or () if d is not None and d != PARTIAL}
+        """Output axes a grid dim lays out (`_saved_in_place`)."""
         self.donor: int | None = None
         """The first post-loop value of the tile's shape: broadcasts take their shape from it."""
         self.narrow: list[int] = []
@@ -613,9 +615,9 @@ class BlockSearch:
         tile = self.tile
         if tile is None or len(shape) != len(tile):
             return False
-        laid_out = {d for d in self.partial_omap if d is not None and d != PARTIAL}
         return all(
-            s == t or (s == 1 and a not in laid_out) for a, (s, t) in enumerate(zip(shape, tile))
+            s == t or (s == 1 and a not in self.laid_out)
+            for a, (s, t) in enumerate(zip(shape, tile))
         )
 
     def _tile_shape(self) -> tuple[int, ...] | None:
