@@ -290,12 +290,14 @@ def test_a_statistic_over_the_loop_index_is_taken_once_from_a_whole_feed():
     whole row before the first step, so the row is fed a second time, whole, and the statistics
     are computed once in the PRE phase (search/space.py WHOLE). Without it the only fused
     programs were loop-free (layernorm_linear: 64 µs on the H200 against 31 for the fixture)."""
+    from mlso_cli.ir.graph import InputMap
     from mlso_cli.search.dims import dim_classes
     from mlso_cli.search.space import (
         WHOLE,
         Axis,
         Signature,
         feeds_of,
+        input_map,
         whole_feeds,
         with_whole_variants,
     )
@@ -306,9 +308,13 @@ def test_a_statistic_over_the_loop_index_is_taken_once_from_a_whole_feed():
     # only the row is fed whole: the weight reaches the loop index through the contraction, and
     # gamma/beta only elementwise after the statistics
     assert whole_feeds(target, dc, Signature((), k)) == (WHOLE + 0,)
-    # no loop, or a split-K grid dim over the index: no whole feed
+    # no loop: no whole feed
     assert whole_feeds(target, dc, Signature((), None)) == ()
-    assert whole_feeds(target, dc, Signature((Axis(k, True),), k)) == ()
+    # split-K (a partial grid dim over the index): still the whole row, not the block's chunk
+    split = Signature((Axis(k, True),), k, whole=True)
+    assert whole_feeds(target, dc, split) == (WHOLE + 0,)
+    assert input_map(dc, split, WHOLE + 0) == InputMap((None, None, None), None)
+    assert input_map(dc, split, 0).imap[0] == 1
     # only the signature's whole variant is fed them: the plain one explores as before
     assert feeds_of(target, dc, Signature((), k)) == (0, 1, 2, 3)
     assert feeds_of(target, dc, Signature((), k, whole=True)) == (0, 1, 2, 3, WHOLE)
@@ -321,6 +327,93 @@ def test_a_statistic_over_the_loop_index_is_taken_once_from_a_whole_feed():
     # the statistics are computed before the loop, once
     pre = [n for n in gd.arg.nodes() if n.op is Op.REDUCE_SUM]
     assert pre and all(n.phase is Phase.PRE for n in pre)
+
+
+def _split_k_explored(target, sig, max_partials: int | None = None):
+    """One split-K signature explored alone (optionally with the completion's pool of partials
+    cut to `max_partials`); its cheapest structure sized, checked and run in float64."""
+    from mlso_cli.ir import serialize
+    from mlso_cli.search import enumerate as EN
+    from mlso_cli.search import run as R
+    from mlso_cli.search.dims import dim_classes
+    from mlso_cli.search.select import choose_dims
+    from mlso_cli.verify.equivalence import check_equivalent
+
+    R._REGIONS.clear()
+    orig = EN.KernelCompletion.__init__.__defaults__
+    try:
+        if max_partials is not None:
+            EN.KernelCompletion.__init__.__defaults__ = (*orig[:2], max_partials, *orig[3:])
+        task = R.Task(serialize.dumps(target), sig, 20_000, 0, "sm_90", 11, None, True)
+        ex = R.explore(task)
+    finally:
+        EN.KernelCompletion.__init__.__defaults__ = orig
+    assert ex.found, ex
+    best = min(ex.found, key=lambda f: f.estimate_us)
+    dc = dim_classes(target)
+    (sized, *_) = choose_dims(target, dc, best.recipe, R.save_slots(best.recipe), keep=1)
+    kg = check(sized.graph)
+    assert check_equivalent(target, kg, seed=1).equivalent
+    _agrees(target, SimpleNamespace(graph=kg))
+    return kg
+
+
+def test_a_layernorm_split_over_its_contraction_takes_its_statistics_from_a_whole_feed():
+    """LayerNorm(x) @ W with a grid dim splitting the normalised index: every block reads its
+    rows whole before the loop (mean, variance), normalises its own chunk step by step, and
+    saves a partial product; the kernel-level combine is one sum. The normalised chunk is a deep
+    block value, so its partial ranks low among the partials: the completion must still take a
+    partial whose combine is the output, whatever its rank (here with a pool of none)."""
+    from mlso_cli.ir.graph import PARTIAL
+    from mlso_cli.search.dims import dim_classes
+    from mlso_cli.search.space import Axis, Signature
+
+    target = _layernorm_linear_target(rows=8)
+    dc = dim_classes(target)
+    k, cols = dc.input_class[0][1], dc.input_class[3][1]
+    kg = _split_k_explored(target, Signature((Axis(cols, False), Axis(k, True)), k, whole=True), 0)
+    (gd,) = [nd for nd in kg.nodes() if nd.op is Op.GRAPH_DEF]
+    assert all(PARTIAL in s.arg.omap for s in gd.arg.outputs)
+    # the combine is one sum over the partials (casts and views aside)
+    kernel_ops = [nd.op for nd in kg.nodes() if nd.op not in (Op.INPUT, Op.GRAPH_DEF, Op.PROJ)]
+    assert [o for o in kernel_ops if o not in (Op.CAST, Op.RESHAPE)] == [Op.REDUCE_SUM], kernel_ops
+    # the row is read whole (no grid or loop split) and sliced (split by the grid, walked by
+    # the loop); its statistics are computed before the loop
+    xs = [im for im, s in zip(gd.arg.inputs, gd.src) if s is target.inputs[0]]
+    assert len(xs) == 2
+    whole = [im for im in xs if im.fmap is None]
+    assert whole and whole[0].imap == (None, None, None)
+    stats = [n for n in gd.arg.nodes() if n.op is Op.REDUCE_SUM]
+    assert stats and all(n.phase is Phase.PRE for n in stats)
+
+
+def test_a_groupnorm_split_over_its_channels_is_admitted():
+    """GroupNorm then a linear layer with a grid dim splitting the channels (whole groups per
+    step): the accumulated product holds a mean term whose sums are an alpha-variant of the
+    target's (a free block digit reordered the binders' canonical names). Pattern keys name a
+    bound digit by its binder and its first occurrence, so the term is admitted and the
+    signature completes with one kernel-level sum."""
+    from mlso_cli.search.dims import dim_classes
+    from mlso_cli.search.space import Axis, Signature
+
+    rows, groups, gs, n = 2, 8, 16, 32
+    h = groups * gs
+    x = b.input_(0, (rows, h), DType.F32)
+    gg = b.input_(1, (groups,), DType.F32)
+    scale = b.input_(2, (h,), DType.F32)
+    w = b.input_(3, (h, n), DType.F32)
+    xg = b.reshape(x, (rows, groups, gs))
+    inv = b.const(Fraction(1, gs))
+    c = b.sub(xg, b.mul(b.reduce(Op.REDUCE_SUM, xg, 2), inv))
+    var = b.mul(b.reduce(Op.REDUCE_SUM, b.unary(Op.SQUARE, c), 2), inv)
+    y = b.mul(c, b.unary(Op.RSQRT, b.add(var, b.const(Fraction(1, 100000)))))
+    y = b.reshape(b.mul(y, b.reshape(gg, (groups, 1))), (rows, h))
+    target = check(b.kernel_graph([x, gg, scale, w], [b.matmul(b.mul(y, scale), w)]))
+    dc = dim_classes(target)
+    k, cols = dc.input_class[0][1], dc.input_class[3][1]
+    kg = _split_k_explored(target, Signature((Axis(cols, False), Axis(k, True)), k))
+    assert sum(nd.op is Op.GRAPH_DEF for nd in kg.nodes()) == 1
+    assert any(nd.op is Op.REDUCE_SUM for nd in kg.nodes())
 
 
 def test_groups_regroup_on_a_tile_that_holds_whole_groups():

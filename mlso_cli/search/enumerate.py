@@ -885,7 +885,23 @@ class KernelCompletion:
 
         bs = self.search
         fp = bs.alg.fp
-        parts = sorted(bs.partials, key=lambda i: (bs.values[i].cost, i))[: self.max_partials]
+        ranked = sorted(bs.partials, key=lambda i: (bs.values[i].cost, i))
+        parts = ranked[: self.max_partials]
+        if len(bs.target.outputs) == 1:
+            # a partial whose combine is the output needs no kernel-level op, whatever its
+            # rank: a LayerNorm split over its contraction, normalised by statistics of its
+            # whole feed, is a deep (costly) block value and ranked 23rd of 36 partials
+            direct = next(
+                (
+                    i
+                    for i in ranked[self.max_partials :]
+                    if fp.combined_output(bs.combined[i].print) == 0
+                ),
+                None,
+            )
+            if direct is not None:
+                v = bs.values[direct]
+                yield self._recipe(b.input_(_PLACEHOLDER + direct, v.node.shape, v.node.dtype))
         pool: list[tuple[Node, Expr]] = []
         seen: set[Hashable] = set()
         for i in parts:

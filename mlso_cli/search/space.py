@@ -157,6 +157,10 @@ def input_map(dc: DimClasses, sig: Signature, feed: int) -> InputMap:
     classes = dc.input_class[feed_input(feed)]
     imap: list[int | None] = []
     for ax in sig.grid:
+        if is_whole(feed) and ax.cls == sig.loop:
+            # a whole feed is the whole index, not the chunk a partial grid dim gives a block
+            imap.append(None)
+            continue
         imap.append(next((d for d, c in enumerate(classes) if c == ax.cls), None))
     imap += [None] * (3 - len(imap))
     fmap = (
@@ -185,10 +189,11 @@ def whole_feeds(target: KernelGraph, dc: DimClasses, sig: Signature) -> tuple[in
     Why so narrow: a whole feed costs the enumeration a tile of its own, and only such a
     reduction can use one (a statistic computed once per block, then applied to each step's
     slice). An input that reaches the loop's index only through a matmul (attention's keys) is
-    streamed, never held whole. Not offered when a grid dim splits the loop's index (split-K),
-    where 'whole' would be one block's chunk."""
+    streamed, never held whole. Under split-K (a partial grid dim over the loop's index) the
+    whole feed is still the whole index (`input_map` gives it no block chunk): every block then
+    computes the row's statistics itself, and its partial sum is over normalised values."""
     loop = sig.loop
-    if loop is None or any(ax.cls == loop for ax in sig.grid):
+    if loop is None or any(ax.cls == loop and not ax.partial for ax in sig.grid):
         return ()
     index = {n: i for i, n in enumerate(target.inputs)}
     found: set[int] = set()

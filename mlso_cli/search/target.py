@@ -64,7 +64,10 @@ class _Pattern:
       - a free digit that always follows the same free digit is dropped (the pair is one digit),
       - a free digit chain that only ever precedes bound digits is dropped (an offset: the term
         is a partial sum),
-      - binders keep their canonical variable ids but lose their ranges.
+      - binders lose their ranges, and a bound digit is named by its binder's depth and its
+        rank of first occurrence in the walk (not by the binder's canonical id, whose order
+        follows intern ids: a free block digit in a partial sum changed that order, and
+        gn's split-K mean term, an alpha-variant of the target's, was refused).
     Commutative children are ordered by their own context-free serialisation (computed once per
     subterm), so the numbering cannot depend on variable names. Nothing is rebuilt."""
 
@@ -95,7 +98,7 @@ class _Pattern:
             gk = (i, frozenset(self.skip & T.deps(i)) if self.skip else frozenset())
             k = _LOCAL.get(gk)
             if k is None:
-                k = _LOCAL[gk] = self.ser(i, {}, set())
+                k = _LOCAL[gk] = self.ser(i, {}, {})
             self._local[i] = k
         return k
 
@@ -103,7 +106,11 @@ class _Pattern:
         return sorted(ids, key=self.local)
 
     def ser(
-        self, i: int, num: dict[int, int], bound: set[int], drop: dict[int, T.Exp] | None = None
+        self,
+        i: int,
+        num: dict[int, int],
+        bound: dict[int, tuple[int, dict[int, int]]],
+        drop: dict[int, T.Exp] | None = None,
     ) -> tuple:
         t = T.node(i)
         k = t[0]
@@ -115,7 +122,11 @@ class _Pattern:
                     if v in self.skip:
                         continue
                     if v in bound:
-                        d.append(v)
+                        # a bound digit: its binder (by nesting depth) and its rank of first
+                        # occurrence in that binder's body, so alpha-equivalent sums agree
+                        # (negative: free digits are numbered from 0)
+                        depth, scope = bound[v]
+                        d.append(-1 - (depth << 10 | scope.setdefault(v, len(scope))))
                     else:
                         n = num.get(v)
                         if n is None:
@@ -146,23 +157,26 @@ class _Pattern:
             args = self._sorted(t[2]) if t[1] in T.SYMMETRIC else t[2]
             return ("fn", t[1], tuple(self.ser(a, num, bound) for a in args))
         if k == "sum" or k == "red":
-            bs = {v for v, _ in (t[1] if k == "sum" else t[2])}
+            bs = [v for v, _ in (t[1] if k == "sum" else t[2])]
             body = t[2] if k == "sum" else t[3]
-            return (k, t[1] if k == "red" else "", len(bs), self.ser(body, num, bound | bs))
+            depth = 1 + max((dp for dp, _ in bound.values()), default=-1)
+            scope: dict[int, int] = {}
+            inner = {**bound, **{v: (depth, scope) for v in bs}}
+            return (k, t[1] if k == "red" else "", len(bs), self.ser(body, num, inner))
         raise AssertionError(f"pattern of a {k} term")
 
     def mono(self, m: int) -> tuple:
-        return self.ser(m, {}, set())
+        return self.ser(m, {}, {})
 
     def poly(self, p: int, drop: dict[int, T.Exp]) -> tuple:
         """Terms in canonical order with the content dropped and the first coefficient 1."""
         coef = dict(T.terms(p))
-        keyed = sorted(coef, key=lambda m: self.ser(m, {}, set(), drop))
+        keyed = sorted(coef, key=lambda m: self.ser(m, {}, {}, drop))
         num: dict[int, int] = {}
         lead = coef[keyed[0]]
         return (
             "P",
-            tuple((self.ser(m, num, set(), drop), Fraction(coef[m]) / lead) for m in keyed),
+            tuple((self.ser(m, num, {}, drop), Fraction(coef[m]) / lead) for m in keyed),
         )
 
 
