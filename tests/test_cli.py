@@ -150,6 +150,52 @@ def test_verify_elementwise_tolerances(tmp_path):
     assert run_cli("verify", str(a), str(b), "--rtol", "abc").returncode == 2
 
 
+def test_verify_shrinks_inputs_whose_outputs_overflow_float16(tmp_path):
+    """Weights fed as graph inputs at N(0, 1) overflow a float16 output at every default scale
+    ((X W1)^2 W2 with 1024-wide contractions: about 2e5 at scale 1). No output was comparable,
+    and verify used to exit 3 (verification failed) on a model checked against itself. It now
+    shrinks the inputs until the outputs are representable, and says which scale it used; with
+    nothing comparable at all it is an error (exit 1), not a failed verification."""
+    from onnx import TensorProto, helper
+
+    h = 1024
+    nodes = [
+        helper.make_node("MatMul", ["X", "W1"], ["a"]),
+        helper.make_node("Mul", ["a", "a"], ["s"]),
+        helper.make_node("MatMul", ["s", "W2"], ["O"]),
+    ]
+    ins = [
+        helper.make_tensor_value_info("X", TensorProto.FLOAT16, [2, h]),
+        helper.make_tensor_value_info("W1", TensorProto.FLOAT16, [h, h]),
+        helper.make_tensor_value_info("W2", TensorProto.FLOAT16, [h, h]),
+    ]
+    out = [helper.make_tensor_value_info("O", TensorProto.FLOAT16, [2, h])]
+    m = helper.make_model(
+        helper.make_graph(nodes, "overflow", ins, out), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    m.ir_version = 8  # what ONNX Runtime loads
+    path = save(m, tmp_path / "overflow.onnx")
+    r = run_cli("verify", str(path), str(path), "--json", "--seed", "1")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in r.stdout.decode().splitlines()]
+    compared = [x for x in rows if x["type"] == "output"]
+    assert compared and all(x["scale"] < 1 and x["pass"] for x in compared)
+    # an output no scale can make finite (log of zero): nothing to compare is an error
+    nodes = [
+        helper.make_node("Sub", ["X", "X"], ["z"]),
+        helper.make_node("Log", ["z"], ["O"]),
+    ]
+    ins = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 4])]
+    out = [helper.make_tensor_value_info("O", TensorProto.FLOAT, [2, 4])]
+    m = helper.make_model(
+        helper.make_graph(nodes, "log0", ins, out), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    m.ir_version = 8
+    path = save(m, tmp_path / "log0.onnx")
+    r = run_cli("verify", str(path), str(path), "--seed", "1")
+    assert r.returncode == 1 and b"could not compare A and B" in r.stderr, r.stderr
+
+
 def test_verify_layernorm_model_against_itself(tmp_path):
     """GPT-2-style exports spell LayerNormalization with stash_type=1; the fp64 reference used to
     rewrite it to DOUBLE, which onnx's evaluator refuses, so verify crashed with a traceback."""
