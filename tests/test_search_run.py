@@ -344,7 +344,7 @@ def _split_k_explored(target, sig, max_partials: int | None = None):
     try:
         if max_partials is not None:
             EN.KernelCompletion.__init__.__defaults__ = (*orig[:2], max_partials, *orig[3:])
-        task = R.Task(serialize.dumps(target), sig, 20_000, 0, "sm_90", 11, None, True)
+        task = R.Task(serialize.dumps(target), sig, 3_000, 0, "sm_90", 11, None, True)
         ex = R.explore(task)
     finally:
         EN.KernelCompletion.__init__.__defaults__ = orig
