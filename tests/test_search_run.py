@@ -9,6 +9,7 @@ verification and again here against the float64 interpreter.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from fractions import Fraction
 from types import SimpleNamespace
 
@@ -329,25 +330,37 @@ def test_a_statistic_over_the_loop_index_is_taken_once_from_a_whole_feed():
     assert pre and all(n.phase is Phase.PRE for n in pre)
 
 
+@contextmanager
+def _completion_defaults(**values):
+    """KernelCompletion's field defaults replaced by name while the block runs (`explore` builds
+    its completion with the defaults)."""
+    from dataclasses import MISSING, fields
+
+    from mlso_cli.search.enumerate import KernelCompletion
+
+    orig = KernelCompletion.__init__.__defaults__
+    names = [f.name for f in fields(KernelCompletion) if f.default is not MISSING]
+    assert len(names) == len(orig) and set(values) <= set(names)
+    KernelCompletion.__init__.__defaults__ = tuple(values.get(n, d) for n, d in zip(names, orig))
+    try:
+        yield
+    finally:
+        KernelCompletion.__init__.__defaults__ = orig
+
+
 def _split_k_explored(target, sig, max_partials: int | None = None):
     """One split-K signature explored alone (optionally with the completion's pool of partials
     cut to `max_partials`); its cheapest structure sized, checked and run in float64."""
     from mlso_cli.ir import serialize
-    from mlso_cli.search import enumerate as EN
     from mlso_cli.search import run as R
     from mlso_cli.search.dims import dim_classes
     from mlso_cli.search.select import choose_dims
     from mlso_cli.verify.equivalence import check_equivalent
 
     R._REGIONS.clear()
-    orig = EN.KernelCompletion.__init__.__defaults__
-    try:
-        if max_partials is not None:
-            EN.KernelCompletion.__init__.__defaults__ = (*orig[:2], max_partials, *orig[3:])
-        task = R.Task(serialize.dumps(target), sig, 3_000, 0, "sm_90", 11, None, True)
-        ex = R.explore(task)
-    finally:
-        EN.KernelCompletion.__init__.__defaults__ = orig
+    fields = {} if max_partials is None else {"max_partials": max_partials}
+    with _completion_defaults(**fields):
+        ex = R.explore(R.Task(serialize.dumps(target), sig, 3_000, 0, "sm_90", 11, None, True))
     assert ex.found, ex
     best = min(ex.found, key=lambda f: f.estimate_us)
     dc = dim_classes(target)
@@ -445,7 +458,6 @@ def test_a_split_statistic_completes_through_unary_ops_after_the_combine():
     Without those rounds (chain=0) the split signature completes nothing."""
     from mlso_cli.ir import serialize
     from mlso_cli.ir.graph import PARTIAL
-    from mlso_cli.search import enumerate as EN
     from mlso_cli.search import run as R
     from mlso_cli.search.dims import dim_classes
     from mlso_cli.search.select import choose_dims
@@ -466,12 +478,8 @@ def test_a_split_statistic_completes_through_unary_ops_after_the_combine():
 
     def explored(chain: int):
         R._REGIONS.clear()
-        orig = EN.KernelCompletion.__init__.__defaults__
-        try:
-            EN.KernelCompletion.__init__.__defaults__ = (orig[0], chain, *orig[2:])
+        with _completion_defaults(chain=chain):
             return R.explore(task)
-        finally:
-            EN.KernelCompletion.__init__.__defaults__ = orig
 
     assert not explored(0).found
     ex = explored(3)

@@ -887,21 +887,6 @@ class KernelCompletion:
         fp = bs.alg.fp
         ranked = sorted(bs.partials, key=lambda i: (bs.values[i].cost, i))
         parts = ranked[: self.max_partials]
-        if len(bs.target.outputs) == 1:
-            # a partial whose combine is the output needs no kernel-level op, whatever its
-            # rank: a LayerNorm split over its contraction, normalised by statistics of its
-            # whole feed, is a deep (costly) block value and ranked 23rd of 36 partials
-            direct = next(
-                (
-                    i
-                    for i in ranked[self.max_partials :]
-                    if fp.combined_output(bs.combined[i].print) == 0
-                ),
-                None,
-            )
-            if direct is not None:
-                v = bs.values[direct]
-                yield self._recipe(b.input_(_PLACEHOLDER + direct, v.node.shape, v.node.dtype))
         pool: list[tuple[Node, Expr]] = []
         seen: set[Hashable] = set()
         for i in parts:
@@ -946,9 +931,18 @@ class KernelCompletion:
                     return False
             return used < self.allowance
 
-        for node, e in new:
-            if len(bs.target.outputs) == 1 and fp.combined_output(e.print) == 0:
-                yield self._recipe(node)
+        # a partial whose combine is the output needs no kernel-level op, whatever its rank: a
+        # LayerNorm split over its contraction, normalised by statistics of its whole feed, is
+        # a deep (costly) block value and ranked 23rd of 36 partials. Among the pool's, it is
+        # the cheapest completion there is.
+        single = len(bs.target.outputs) == 1
+        direct = next(
+            (i for i in ranked if single and fp.combined_output(bs.combined[i].print) == 0), None
+        )
+        if direct is not None:
+            v = bs.values[direct]
+            yield self._recipe(b.input_(_PLACEHOLDER + direct, v.node.shape, v.node.dtype))
+            if direct in parts:
                 return
         for _ in range(self.depth):
             if not bs.tick():
