@@ -61,6 +61,16 @@ struct alignas(sizeof(T) * W) vec {
   T v[W];
 };
 
+// A read-only tile whose element e a functor computes (a PRE tile read in place through a view
+// that is not a plain pointer: generated code indexes it like a buffer).
+template <typename F>
+struct Indexed {
+  F f;
+  __device__ __forceinline__ float operator[](int e) const { return f(e); }
+};
+template <typename F>
+__device__ __forceinline__ Indexed<F> indexed(F f) { return Indexed<F>{f}; }
+
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 

@@ -114,6 +114,8 @@ class BlockKernel(BlockLayout):
         self.uses = lw.uses()
         self.hoisted: dict[int, tuple[int, int]] = {}
         """Loop tile -> (chunks per thread, elements per step) where its offsets are hoisted."""
+        self.direct_aligned: dict[str, str] = {}
+        """In-place PRE tiles (`_point`) whose every block starts 16-byte aligned: C types."""
 
     def _flash_args(self, plan: MatmulPlan, op: Operand, contiguous_last: bool) -> str:
         off = f"({self._batch_offset(op, plan.c.shape[:-2])})(0)"
@@ -325,7 +327,7 @@ class BlockKernel(BlockLayout):
     def _aligned_buffers(self) -> dict[str, str]:
         """Shared-memory buffers by name -> C element type, each 128-byte aligned: the allocated
         ones, and the loop tiles' per-step aliases (every stage of which is allocated)."""
-        out = {name: ctype for ctype, name, _ in self.ptrs}
+        out = {name: ctype for ctype, name, _ in self.ptrs} | self.direct_aligned
         for it in self.loop_iters:
             stages = [f"s{it.arg}_{k}" for k in range(self.nstage)]
             if all(st in out for st in stages):
@@ -962,6 +964,31 @@ class BlockKernel(BlockLayout):
             f"{dst}[{offset(t, st.strides)}] = mlso::from_f32<{ctype}>({val}); }});"
         )
 
+    def _point(self, code: Code, it: Node) -> None:
+        """`g<arg>`: a PRE tile read in place (blockanalysis `direct`). A strided view of a stored
+        tensor of the tile's type is a pointer to the block's first element, with the global
+        strides (16-byte loads where the chunked copy could use them); anything else (a cast, a
+        computed view) an indexed accessor that computes element e as `_load` would store it."""
+        i, name, ctype = it.arg, f"g{it.arg}", CTYPE[it.dtype]
+        gcoords = self._tile_coords(it, None)
+        view = strided(self.gd.src[i], self.lw.storage)
+        gst = None if view is None else self.lw.storage[view.leaf]
+        if gst is not None and gst.dtype == it.dtype and gst.scale is None:
+            self.uses.read(view.leaf)
+            origin = offset(gcoords(tuple("0" for _ in it.shape)), view.strides, view.base)
+            code(f"const {ctype}* const {name} = {gst.ptr} + {origin};")
+            self.storage[it] = Storage(name, it.dtype, it.shape, view.strides)
+            if self._chunked_view(it) is not None:
+                self.direct_aligned[name] = ctype
+            return
+        em = self.kernel_emitter()
+        t = decompose("e", it.shape)
+        val = em.plain(self.gd.src[i], gcoords(t))
+        code(
+            f"const auto {name} = mlso::indexed([&](int e) -> float {{ {' '.join(em.lines)} "
+            f"return mlso::to_f32(mlso::from_f32<{ctype}>({val})); }});"
+        )
+
     # ---- the kernel --------------------------------------------------------------------------
     def build(self) -> Kernel:
         layout = self.plan()
@@ -1093,7 +1120,9 @@ class BlockKernel(BlockLayout):
         self._reads, self._writes = set(), set()
         loop_iters, ns, loop = self.loop_iters, self.nstage, self.bg.loop
         for it in self.iters:
-            if it.phase is Phase.PRE:
+            if it in self.direct:
+                self._point(code, it)
+            elif it.phase is Phase.PRE:
                 self._load(code, it, None, f"s{it.arg}", True)
         if loop_iters:
             # the PRE tiles are one cp.async group and each prologue stage another: the PRE

@@ -27,6 +27,9 @@ FLASH_COLUMNS = 128
 """Value columns one warp keeps in registers on the register path (16 x 128 fp32: 64 registers)."""
 FLASH_WARPS = 8
 """Most warps in a register-path block: 8 x 32 threads at up to 255 registers fit one SM's file."""
+DIRECT_PRE_BYTES = 32 * 1024
+"""A PRE tile this large or larger that only PRE reductions read is read in place, from global
+memory (`BlockAnalysis.direct`), instead of being copied into shared memory first."""
 
 
 def column_split(cols: int, strips: int) -> int | None:
@@ -98,6 +101,32 @@ class BlockAnalysis:
         self.materialised |= {g.m for g in self.groups.values()}
         self.order = self._schedule()
         self.loop_iters = [n for n in self.iters if n.phase is Phase.LOOP]
+        self.direct: frozenset[Node] = self._direct_iters()
+
+    def _direct_iters(self) -> frozenset[Node]:
+        """PRE tiles read in place from global memory: at least DIRECT_PRE_BYTES, read only by
+        PRE-phase reductions (through any elementwise chain), outside the register path.
+
+        Why: a whole feed (a LayerNorm's rows, every block's statistics before a split-K loop)
+        is read by one or two reductions before the loop and never again, yet a copy in shared
+        memory held 128 of the 227 KB of layernorm_linear's batch-8 block, which left the weight
+        tiles two 64-row stages. Read in place (16-byte loads that hit L2 from the second block
+        on), it costs no shared memory, and the loop's pipeline gets that memory instead."""
+        if self.flash is not None:
+            return frozenset()
+        readers: dict[Node, list[Node]] = {}
+        for n in self.nodes:
+            if (n in self.materialised and n.op is not Op.ITER) or n.op is Op.SAVE:
+                for d in self._deps(n):
+                    readers.setdefault(d, []).append(n)
+        return frozenset(
+            it
+            for it in self.iters
+            if it.phase is Phase.PRE
+            and it.numel * it.dtype.itemsize >= DIRECT_PRE_BYTES
+            and readers.get(it)
+            and all(r.op in REDUCE and (r.phase or Phase.PRE) is Phase.PRE for r in readers[it])
+        )
 
     @property
     def flash_strips(self) -> int:

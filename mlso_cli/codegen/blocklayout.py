@@ -78,6 +78,9 @@ class BlockLayout(MatmulPlanning):
                 for k in range(stages):
                     self._alloc(CTYPE[it.dtype], f"{base}_{k}", nbytes)
                 region_end = self.smem
+            elif it in self.direct:
+                # read in place from global memory (block.py points `g<arg>` at the tile)
+                base, strides = f"g{it.arg}", contiguous(it.shape)
             else:
                 self._alloc(CTYPE[it.dtype], base, nbytes)
             self.storage[it] = Storage(base, it.dtype, it.shape, strides)

@@ -232,6 +232,14 @@ their score tiles are a few hundred elements, so without the weight the enumerat
 against the fixture's 18 µs on the H200, benchmarks/RESULTS.md)."""
 
 
+MMA_ROWS = 16
+"""Rows of one tensor-core tile: codegen's matmul computes whole m16 tiles, so a product of one
+row (beta @ W beside a LayerNorm's rows) costs what 16 rows do (search/cost.py `_mma_chain_s`
+prices it so too). Priced by its own rows, a per-step 1-row matmul looked 16 times cheaper than
+it runs, and layernorm_linear kept `x̂ γ @ W + β @ W` (two matmuls a step) over `(x̂ γ + β) @ W`
+(one): on the H200 the second matmul and its staging cost 1.4 µs of a 20 µs program."""
+
+
 def construction_cost(op: Op, node: Node, loop: int) -> float:
     """The enumeration's price of computing `node` once per block: which of two constructions of
     one value to keep. Elements computed, times loop steps in the loop phase, times the op's
@@ -239,7 +247,11 @@ def construction_cost(op: Op, node: Node, loop: int) -> float:
     weight = _OP_WEIGHT.get(op, 1.0)
     if node.phase is Phase.LOOP:
         weight *= loop * (1.0 if op in _COUNTED else LOOP_PASS_WEIGHT)
-    return node.numel * weight
+    numel = node.numel
+    if op is Op.MATMUL and len(node.shape) >= 2:
+        rows = node.shape[-2]
+        numel = numel // rows * -(-rows // MMA_ROWS) * MMA_ROWS
+    return numel * weight
 
 
 @dataclass(frozen=True)
