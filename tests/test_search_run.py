@@ -400,6 +400,44 @@ def test_a_layernorm_split_over_its_contraction_takes_its_statistics_from_a_whol
     assert stats and all(n.phase is Phase.PRE for n in stats)
 
 
+@pytest.mark.slow
+def test_a_split_layernorm_adds_beta_before_its_one_product():
+    """At 16 x 1024 x 1024, split over the contraction: beta joins the normalised chunk before W,
+    ((x̂ γ + β) @ W, one product), not as a 1-row β @ W of its own, which tensor cores run as 16
+    rows (enumerate.construction_cost; priced by its one row, the two-product spelling was kept)."""
+    from mlso_cli.ir import serialize
+    from mlso_cli.search import run as R
+    from mlso_cli.search.dims import dim_classes
+    from mlso_cli.search.select import choose_dims
+    from mlso_cli.search.space import Axis, Signature
+
+    target = _layernorm_linear_target(rows=16, h=1024, n=1024)
+    dc = dim_classes(target)
+    k, cols = dc.input_class[0][1], dc.input_class[3][1]
+    R._REGIONS.clear()
+    sig = Signature((Axis(cols, False), Axis(k, True)), k, whole=True)
+    ex = R.explore(R.Task(serialize.dumps(target), sig, 6_000, 0, "sm_90", 11, None, True))
+    assert ex.found
+    for f in ex.found:
+        (sized, *_) = choose_dims(target, dc, f.recipe, R.save_slots(f.recipe), keep=1)
+        (gd,) = [nd for nd in check(sized.graph).nodes() if nd.op is Op.GRAPH_DEF]
+        assert [n.op for n in gd.arg.nodes()].count(Op.MATMUL) == 1
+
+
+def test_a_one_row_product_costs_a_whole_tensor_core_tile():
+    from mlso_cli.search.enumerate import MMA_ROWS, construction_cost
+
+    def product(rows: int) -> float:
+        node = b.matmul(b.input_(0, (rows, 64), DType.F16), b.input_(1, (64, 32), DType.F16))
+        return construction_cost(Op.MATMUL, node, 1)
+
+    assert product(1) == product(MMA_ROWS)
+    assert product(MMA_ROWS + 1) == 2 * product(MMA_ROWS)
+    # other ops are priced by their own elements
+    x = b.input_(0, (1, 64), DType.F16)
+    assert construction_cost(Op.ADD, b.add(x, x), 1) == 64
+
+
 def test_a_groupnorm_split_over_its_channels_is_admitted():
     """GroupNorm then a linear layer with a grid dim splitting the channels (whole groups per
     step): the accumulated product holds a mean term whose sums are an alpha-variant of the

@@ -60,12 +60,12 @@ from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.mmawork import strip_width
 from mlso_cli.codegen.program import Kernel
 from mlso_cli.codegen.scale import BufferScale, Storage, structural
-from mlso_cli.codegen.teams import FOLD, LOOP_VAR, Pass, choose_mode, emit_passes
+from mlso_cli.codegen.teams import FOLD, LOOP_VAR, choose_mode
 from mlso_cli.codegen.vectorize import READ, plan_lane, wide_store
 from mlso_cli.codegen.views import Strided, strided
 from mlso_cli.ir.graph import PARTIAL, BlockGraph
 from mlso_cli.ir.node import Node
-from mlso_cli.ir.ops import ACCUMULATORS, SMEM_BUDGET, Op, Phase
+from mlso_cli.ir.ops import ACCUMULATORS, SMEM_BUDGET, DType, Op, Phase
 
 if TYPE_CHECKING:
     from mlso_cli.codegen.lower import Lowering
@@ -97,6 +97,25 @@ class Store:
             return self.value
         assert self.wrap == "{}", self
         return f"{self.dest} {self.op[0]} ({self.value})"
+
+
+@dataclass(frozen=True)
+class Walk:
+    """What a team reduction folds per output o (block.py `_team_walk`)."""
+
+    accs: tuple[tuple[str, str], ...]
+    """(accumulator, teams.FOLD op) pairs, all folded in the same walk."""
+    setup: list[str]
+    """Statements per output before the walk, in every thread of its team."""
+    lines: list[str]
+    """Statements per value (in rr, the axis variable): the emitter's loads and arithmetic."""
+    steps: list[str]
+    """Statements per value that fold it into the accumulators."""
+    tail: list[str]
+    """Statements per output after the team's all-reduce, in one lane (accumulators whole)."""
+    settle: Callable[[int], list[str]] = lambda width: []
+    """Statements in every thread of a team of `width` once all accumulators but the last are
+    whole, before the last is all-reduced (each thread still holds its share of it)."""
 
 
 def _bool(b: bool) -> str:
@@ -358,47 +377,90 @@ class BlockKernel(BlockLayout):
         finish: Callable[[Emitter, Coords, str], list[str]],
     ) -> None:
         """Reduce `length` values per element of out_shape; tokens are over `o`, the axis is rr."""
-        count = numel(out_shape)
-        mode = choose_mode(length, count, True, self.nw)
         tokens = decompose("o", out_shape)
         em = self.emitter()
         expr = body(em, tokens)
         fin = self.emitter()
         tail = finish(fin, tokens, "acc")
+        fold = FOLD[op][1].format(a="acc", b=expr)
+        walk = Walk((("acc", op),), [], em.lines, [f"acc = {fold};"], fin.lines + tail)
+        self._team_walk(code, numel(out_shape), length, walk)
+
+    def _team_walk(self, code: Code, count: int, length: int, walk: Walk) -> None:
+        """One walk per output o (of `count`) over its `length` values, by a team whose size
+        teams.choose_mode picks: a thread, lanes of a warp, or the whole block."""
+        mode = choose_mode(length, count, True, self.nw)
         if mode == "thread":
             with code.block(f"for (int o = threadIdx.x; o < {count}; o += {self.nt})"):
-                emit_passes(code, [Pass("acc", op, em.lines, expr)], length, mode, self.nt)
-                code.extend(fin.lines + tail)
+                code.extend(walk.setup)
+                self._fold_loop(code, walk, length, mode)
+                self._all_reduce(code, walk, 1, None)
+                code.extend(walk.tail)
         elif mode == "warp":
             team = self._team_width(length, count)
             per = 32 // team
-            init, fold, red = FOLD[op]
             with code.block(f"for (int ob = warp * {per}; ob < {count}; ob += {self.nw * per})"):
                 code(f"const int o = ob + (lane / {team}), tl = lane % {team};")
-                code(f"float acc = {init};")
-                if not self._vector_team(code, em.lines, expr, count, length, team, fold):
+                code.extend(walk.setup)
+                code(*(f"float {acc} = {FOLD[op][0]};" for acc, op in walk.accs))
+                if not self._vector_team(code, walk.lines, walk.steps, count, length, team):
                     head, first = self._team_loop(code, team, length)
                     with code.block(head):
-                        code.extend(first + em.lines)
-                        code(f"acc = {fold.format(a='acc', b=expr)};")
-                code(f"acc = mlso::warp_allreduce<{red}, {team}>(acc);")
+                        code.extend(first + walk.lines + walk.steps)
+                self._all_reduce(
+                    code,
+                    walk,
+                    team,
+                    lambda acc, op: f"{acc} = mlso::warp_allreduce<{FOLD[op][2]}, {team}>({acc});",
+                )
                 with code.block("if (tl == 0)"):
-                    code.extend(fin.lines + tail)
+                    code.extend(walk.tail)
         else:
             with code.block(f"for (int o = 0; o < {count}; ++o)"):
-                emit_passes(code, [Pass("acc", op, em.lines, expr)], length, mode, self.nt)
+                code.extend(walk.setup)
+                self._fold_loop(code, walk, length, mode)
+                self._all_reduce(
+                    code,
+                    walk,
+                    self.nt,
+                    lambda acc, op: (
+                        f"{acc} = mlso::block_allreduce<{FOLD[op][2]}, {self.nt}>({acc}, red);"
+                    ),
+                )
                 with code.block("if (threadIdx.x == 0)"):
-                    code.extend(fin.lines + tail)
+                    code.extend(walk.tail)
+
+    @staticmethod
+    def _all_reduce(
+        code: Code, walk: Walk, width: int, reduce: Callable[[str, str], str] | None
+    ) -> None:
+        """The team's all-reduce of each accumulator in turn (reduce(acc, op): the statement;
+        None for a team of one thread), with walk.settle before the last one."""
+        *rest, (last, op) = walk.accs
+        if reduce is not None:
+            code(*(reduce(acc, o) for acc, o in rest))
+        code.extend(walk.settle(width))
+        if reduce is not None:
+            code(reduce(last, op))
+
+    def _fold_loop(self, code: Code, walk: Walk, length: int, mode: str) -> None:
+        """The walk of a thread (mode "thread") or of each thread of the block ("block") over
+        one output's values, all accumulators at once."""
+        start, step = ("0", "1") if mode == "thread" else ("threadIdx.x", str(self.nt))
+        code(*(f"float {acc} = {FOLD[op][0]};" for acc, op in walk.accs))
+        with code.block(
+            f"for (int {LOOP_VAR} = {start}; {LOOP_VAR} < {length}; {LOOP_VAR} += {step})"
+        ):
+            code.extend(walk.lines + walk.steps)
 
     def _vector_team(
         self,
         code: Code,
         lines: list[str],
-        expr: str,
+        steps: list[str],
         count: int,
         length: int,
         team: int,
-        fold: str,
     ) -> bool:
         """A team's walk over its row `width` neighbours at a time, where that makes a wide
         load: lane tl of the team takes vectors rv = tl, tl + team, ... of the row, each read
@@ -407,7 +469,7 @@ class BlockKernel(BlockLayout):
         elements one at a time issues a load and waits out its latency per element; rmsnorm +
         linear's in-loop sum of squares (16 rows of 512 halves a step) cost 4 of its 27 µs
         that way on the H200. Returns False (nothing emitted) where no read gets wider."""
-        if READ.search(expr):
+        if any(READ.search(st) for st in steps):
             return False
         ctypes = self._aligned_buffers()
         for width in (8, 4, 2):
@@ -415,7 +477,7 @@ class BlockKernel(BlockLayout):
                 continue
             walk = f"(rv * {width} + vj)"
             vlines = [re.sub(rf"\b{LOOP_VAR}\b", walk, t) for t in lines]
-            vexpr = re.sub(rf"\b{LOOP_VAR}\b", walk, expr)
+            vsteps = [re.sub(rf"\b{LOOP_VAR}\b", walk, t) for t in steps]
             lane = plan_lane(vlines, {"o": count, "rv": length // width}, width, ctypes)
             if not lane.wide_loads:
                 continue
@@ -427,7 +489,7 @@ class BlockKernel(BlockLayout):
                 code("#pragma unroll")
                 with code.block(f"for (int vj = 0; vj < {width}; ++vj)"):
                     code.extend(lane.lane)
-                    code(f"acc = {fold.format(a='acc', b=vexpr)};")
+                    code.extend(vsteps)
             return True
         return False
 
@@ -571,6 +633,74 @@ class BlockKernel(BlockLayout):
             + (" (softmax stabiliser)" if weighted or isinstance(n.arg, synthetic.RowMax) else "")
         )
         self._team(code, n.shape, length, op, body, finish)
+
+    def _pass_moments(self, code: Code, r2: Node) -> None:
+        """r1 = sum(u) and r2 = sum((u - a)^2), a = a(r1), in one walk over u (blockanalysis
+        `moments` says why). Per output row the team folds r1 = sum(u) as r1's own pass would
+        (the same order: the same bits) and, with the shift K = the row's first value,
+        S1 = sum(u - K) and S2 = sum((u - K)^2). Once r1 and S1 are whole, every thread
+        evaluates a from r1 (its own copy: no store, no barrier) and takes its share of
+        2 (a - K) S1 - N (a - K)^2 off its part of S2; the all-reduce of S2 then gives
+        r2 = S2 - 2 (a - K) S1 + N (a - K)^2, exact for any a and any K.
+
+        Why so: the shift keeps S2's terms near the spread (with K = 0, a row of mean 1000
+        and spread 1 loses six of fp32's seven digits), and the correction is taken off before
+        the all-reduce so that its last sums are of r2's size, not S2's. A LayerNorm stages
+        (x - mean) * rstd in 16 bits, so the last bits of mean and variance show in its
+        output; test_codegen_direct compares two walk orders of the same rows bit for bit.
+        r1 = S1 + N K (whose rounding grows with N (mean - K)), or the correction taken off
+        the whole S2, each made those two differ."""
+        m = self.moments[r2]
+        first, second = self.storage[m.first], self.storage[r2]
+        assert first.scale is None and second.scale is None, "moments of scaled values"
+        self._w(first.ptr, second.ptr)
+        u, axis = m.u, r2.arg
+        length = u.shape[axis]
+        tokens = decompose("o", r2.shape)
+
+        def at(rr: str) -> Coords:
+            c = list(tokens)
+            c[axis] = rr
+            return canon(u.shape, c)
+
+        # local names (no buffer is named so): the shift, the three sums, u - K, a - K
+        k, total, s1, s2, du, ak = "mom_k", "mom_u", "mom_sum", "mom_sq", "mom_d", "mom_c"
+        em = self.emitter()
+        v = em.plain(u, at(LOOP_VAR))
+        steps = [
+            f"{total} += {v};",
+            f"const float {du} = {v} - {k};",
+            f"{s1} += {du};",
+            f"{s2} = fmaf({du}, {du}, {s2});",
+        ]
+        n = c_float(length)
+
+        def settle(width: int) -> list[str]:
+            # a from r1 as this thread holds it (the whole sum, as stored below)
+            local = {
+                **self.storage,
+                m.first: Storage(f"(&{total})", DType.F32, r2.shape, (0,) * len(r2.shape)),
+            }
+            fin = Emitter(local, self.stab, self.names)
+            centre = fin.plain(m.centre, tokens)
+            share = c_float(1 / width)
+            return [
+                *fin.lines,
+                f"const float {ak} = {centre} - {k};",
+                f"{s2} -= (2.0f * {ak} * {s1} - {n} * {ak} * {ak}) * {share};",
+            ]
+
+        code(
+            f"// moments: reduce_sum axis {axis} of {list(u.shape)} and of its squares about a "
+            "centre derived from it, in one walk (shifted by each row's first value)"
+        )
+        tail = [f"{first.ptr}[o] = {total};", f"{second.ptr}[o] = {s2};"]
+        accs = ((total, "sum"), (s1, "sum"), (s2, "sum"))
+        head = self.emitter()
+        shift = head.plain(u, at("0"))  # the row's first value
+        setup = [*head.lines, f"const float {k} = {shift};"]
+        walk = Walk(accs, setup, em.lines, steps, tail, settle)
+        self._team_walk(code, r2.numel, length, walk)
 
     def _pass_acc_sum(self, code: Code, n: Node) -> None:
         if n.src[0] in self.fused:
@@ -1092,7 +1222,9 @@ class BlockKernel(BlockLayout):
                     stage([self.plans[n.src[0]]])
                 passes[Phase.LOOP].append(lambda c, n=n: self._pass_acc_sum(c, n))
                 continue
-            rule = PASSES.get(n.op)
+            if n in self.moment_firsts:
+                continue  # computed by the moments pass of its second reduction
+            rule = MOMENTS if n in self.moments else PASSES.get(n.op)
             if rule is None:
                 raise CodegenError(f"block op {n.op.value} has no pass")
             phase = n.phase or Phase.PRE
@@ -1195,6 +1327,8 @@ PASSES: dict[Op, Callable[[BlockKernel, Code, Node], None]] = {
     Op.REDUCE_MAX: BlockKernel._pass_reduce,
 }
 """Block op -> pass emitter (accumulators and SAVE have their own places in the schedule)."""
+MOMENTS = BlockKernel._pass_moments
+"""Pass emitter of a reduction blockanalysis pairs with its first (`moments`)."""
 
 
 def emit_graph_def(lw: Lowering, gd: Node) -> Kernel:

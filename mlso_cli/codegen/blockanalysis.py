@@ -30,6 +30,11 @@ FLASH_WARPS = 8
 DIRECT_PRE_BYTES = 32 * 1024
 """A PRE tile this large or larger that only PRE reductions read is read in place, from global
 memory (`BlockAnalysis.direct`), instead of being copied into shared memory first."""
+MOMENT_PHASES = frozenset({Phase.PRE})
+"""Phases whose sum / centred-square-sum pairs are folded in one walk (`BlockAnalysis.moments`).
+PRE only for now: that is where the second walk was measured to cost (rows read from global
+memory / L2); a LOOP pair (groupnorm_linear's group statistics) re-reads a shared-memory tile,
+and test_codegen_vectorize still pins its two vectorised passes."""
 
 
 def column_split(cols: int, strips: int) -> int | None:
@@ -39,6 +44,17 @@ def column_split(cols: int, strips: int) -> int | None:
         if cols % split == 0 and (cols // split) % 8 == 0 and cols // split <= FLASH_COLUMNS:
             return split
     return None
+
+
+@dataclass(frozen=True)
+class Moments:
+    """A sum and the sum of squares about a centre derived from it, over the same values u:
+    `first` = sum(u, axis); the second = sum((u - centre)^2, axis), centre an elementwise
+    function of `first` alone, constant along the axis (e.g. the mean, first * 1/N)."""
+
+    first: Node
+    u: Node
+    centre: Node
 
 
 @dataclass
@@ -102,6 +118,9 @@ class BlockAnalysis:
         self.order = self._schedule()
         self.loop_iters = [n for n in self.iters if n.phase is Phase.LOOP]
         self.direct: frozenset[Node] = self._direct_iters()
+        self.moments: dict[Node, Moments] = self._moments()
+        """Second reductions computed with their first in one walk (block.py `_pass_moments`)."""
+        self.moment_firsts: frozenset[Node] = frozenset(m.first for m in self.moments.values())
 
     def _direct_iters(self) -> frozenset[Node]:
         """PRE tiles read in place from global memory: at least DIRECT_PRE_BYTES, read only by
@@ -127,6 +146,80 @@ class BlockAnalysis:
             and readers.get(it)
             and all(r.op in REDUCE and (r.phase or Phase.PRE) is Phase.PRE for r in readers[it])
         )
+
+    def _moments(self) -> dict[Node, Moments]:
+        """Pairs r1 = sum(u), r2 = sum((u - a)^2) over the same axis and phase, a a function of
+        r1 alone (keepdims shape, so constant along the axis), computed in one walk over u:
+        with a shift K (the row's first element) it folds r1, S1 = sum(u - K) and
+        S2 = sum((u - K)^2), then r2 = S2 - 2 (a - K) S1 + N (a - K)^2, which is exact for any
+        a (block.py `_pass_moments`).
+
+        Why: a LayerNorm's mean and variance read the rows twice, the second walk only after
+        the first one's result. In layernorm_linear's batch-8 kernel every one of 128 blocks
+        read its 16 x 4096 rows (128 KB, from L2) twice; the two passes cost 4.2 of the
+        kernel's 20 µs on the H200. One walk reads them once.
+
+        Only where both are stored, unfused, unscaled sums of a phase in MOMENT_PHASES (u reads
+        ITER tiles only, through elementwise ops and views), and no node scheduled between them
+        reads r1: r1 is then written where r2 is."""
+        pos = {n: i for i, n in enumerate(self.order)}
+        firsts = {
+            (n.src[0], n.arg): n
+            for n in reversed(self.order)
+            if self._plain_sum(n)
+            and (n.phase or Phase.PRE) in MOMENT_PHASES
+            and all(d.op is Op.ITER for d in self._leaves(n.src[0]))
+        }
+        out: dict[Node, Moments] = {}
+        for r2 in self.order:
+            if not self._plain_sum(r2):
+                continue
+            centred = self._centred(r2.src[0])
+            if centred is None or (centred[0], r2.arg) not in firsts:
+                continue
+            u, a = centred
+            r1 = firsts[u, r2.arg]
+            if (
+                r1 in out
+                or r1 in (m.first for m in out.values())
+                or r1.shape != r2.shape
+                or (r1.phase or Phase.PRE) is not (r2.phase or Phase.PRE)
+                or a.shape != r1.shape
+                or self._leaves(a) != [r1]
+                or not pos[r1] < pos[r2]
+                or any(r1 in self._deps(n) for n in self.order[pos[r1] + 1 : pos[r2]])
+            ):
+                continue
+            out[r2] = Moments(r1, u, a)
+        return out
+
+    def _plain_sum(self, n: Node) -> bool:
+        """A stored REDUCE_SUM over one axis, computed by its own pass (not fused into an
+        accumulator, not a stabiliser)."""
+        return (
+            n.op is Op.REDUCE_SUM
+            and isinstance(n.arg, int)
+            and n in self.materialised
+            and n not in self.fused_reduce
+        )
+
+    def _centred(self, x: Node) -> tuple[Node, Node] | None:
+        """(u, a) when x = square(u - a) or (u - a) * (u - a), computed inline, u of x's shape."""
+        if x in self.materialised or x in self.stab:
+            return None
+        squares = x.op is Op.SQUARE or (x.op is Op.MUL and x.src[0] == x.src[1])
+        d = x.src[0]
+        if not squares or d.op is not Op.SUB or d in self.materialised or d in self.stab:
+            return None
+        u, a = d.src
+        return (u, a) if u.shape == d.shape else None
+
+    def _leaves(self, x: Node) -> list[Node]:
+        """The materialised values (and stabiliser maxima) x's inline evaluation reads (x itself
+        when it is materialised)."""
+        if x in self.materialised:
+            return [x]
+        return self._deps(x) + ([self.stab[x]] if x in self.stab else [])
 
     @property
     def flash_strips(self) -> int:
