@@ -102,8 +102,16 @@ def test_layernorm_rows_are_walked_once(emu_cache):
 @pytest.mark.parametrize(
     "rows, h, variant, mode",
     [
-        (2, 4096, "square", "block_allreduce<mlso::SumOp, 256>(mom_sq, red)"),  # 2 rows: the block
-        (8, 256, "product", "warp_allreduce<mlso::SumOp, 32>(mom_sq)"),  # (x - a) * (x - a)
+        pytest.param(  # 2 rows: the block
+            2,
+            4096,
+            "square",
+            "block_allreduce<mlso::SumOp, 256>(mom_sq, red)",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(  # (x - a) * (x - a)
+            8, 256, "product", "warp_allreduce<mlso::SumOp, 32>(mom_sq)", marks=pytest.mark.slow
+        ),
         (256, 16, "square", "for (int o = threadIdx.x; o < 256; o += 256)"),  # a thread per row
     ],
 )
@@ -117,7 +125,9 @@ def test_every_team_mode_walks_once(emu_cache, rows, h, variant, mode):
         _check_values(kg, prog, seed, offset)
 
 
-@pytest.mark.parametrize("variant", ["other_tile", "other_centre"])
+@pytest.mark.parametrize(
+    "variant", ["other_tile", pytest.param("other_centre", marks=pytest.mark.slow)]
+)
 def test_pairs_that_do_not_qualify_keep_two_walks(emu_cache, variant):
     """The squares of another tile, or about a centre that reads a second reduction: two
     passes, as before, and the right values. The same graph with the plain form fuses (the
