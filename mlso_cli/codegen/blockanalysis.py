@@ -32,9 +32,9 @@ DIRECT_PRE_BYTES = 32 * 1024
 memory (`BlockAnalysis.direct`), instead of being copied into shared memory first."""
 MOMENT_PHASES = frozenset({Phase.PRE})
 """Phases whose sum / centred-square-sum pairs are folded in one walk (`BlockAnalysis.moments`).
-PRE only for now: that is where the second walk was measured to cost (rows read from global
-memory / L2); a LOOP pair (groupnorm_linear's group statistics) re-reads a shared-memory tile,
-and test_codegen_vectorize still pins its two vectorised passes."""
+PRE only: that is where the second walk was measured to cost (rows read from L2 by every
+block). A LOOP pair (groupnorm_linear's group statistics) re-reads a shared-memory tile each
+step; whether one walk pays there is not measured."""
 
 
 def column_split(cols: int, strips: int) -> int | None:
