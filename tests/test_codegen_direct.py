@@ -66,7 +66,8 @@ def _graph_def(kg):
     return next(n for n in kg.nodes() if n.op is Op.GRAPH_DEF)
 
 
-@pytest.mark.parametrize("cast", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("cast", [False, True])
 def test_whole_rows_read_only_by_reductions_are_read_in_place(emu_cache, monkeypatch, cast):
     kg = layernorm_whole(cast=cast)
     direct = generate(kg)

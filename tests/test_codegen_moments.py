@@ -80,6 +80,7 @@ def _check_values(kg, prog, seed: int, offset: float = 0.0) -> None:
     assert why is None, why
 
 
+@pytest.mark.slow
 def test_layernorm_rows_are_walked_once(emu_cache):
     """layernorm_whole's rows (read in place from global memory, a warp per row): one walk
     folds the sums, with 16-byte loads, and writes both statistics in the same pass; right for
