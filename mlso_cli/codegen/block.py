@@ -60,7 +60,7 @@ from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.mmawork import strip_width
 from mlso_cli.codegen.program import Kernel
 from mlso_cli.codegen.scale import BufferScale, Storage, structural
-from mlso_cli.codegen.teams import FOLD, LOOP_VAR, choose_mode
+from mlso_cli.codegen.teams import FOLD, LOOP_VAR, choose_mode, loop_header
 from mlso_cli.codegen.vectorize import READ, plan_lane, wide_store
 from mlso_cli.codegen.views import Strided, strided
 from mlso_cli.ir.graph import PARTIAL, BlockGraph
@@ -446,11 +446,8 @@ class BlockKernel(BlockLayout):
     def _fold_loop(self, code: Code, walk: Walk, length: int, mode: str) -> None:
         """The walk of a thread (mode "thread") or of each thread of the block ("block") over
         one output's values, all accumulators at once."""
-        start, step = ("0", "1") if mode == "thread" else ("threadIdx.x", str(self.nt))
         code(*(f"float {acc} = {FOLD[op][0]};" for acc, op in walk.accs))
-        with code.block(
-            f"for (int {LOOP_VAR} = {start}; {LOOP_VAR} < {length}; {LOOP_VAR} += {step})"
-        ):
+        with code.block(loop_header(mode, length, self.nt)):
             code.extend(walk.lines + walk.steps)
 
     def _vector_team(
@@ -647,9 +644,8 @@ class BlockKernel(BlockLayout):
         and spread 1 loses six of fp32's seven digits), and the correction is taken off before
         the all-reduce so that its last sums are of r2's size, not S2's. A LayerNorm stages
         (x - mean) * rstd in 16 bits, so the last bits of mean and variance show in its
-        output; test_codegen_direct compares two walk orders of the same rows bit for bit.
-        r1 = S1 + N K (whose rounding grows with N (mean - K)), or the correction taken off
-        the whole S2, each made those two differ."""
+        output: r1 is summed directly rather than as S1 + N K, whose rounding grows with
+        N (mean - K)."""
         m = self.moments[r2]
         first, second = self.storage[m.first], self.storage[r2]
         assert first.scale is None and second.scale is None, "moments of scaled values"

@@ -40,18 +40,21 @@ def choose_mode(length: int, outputs: int, innermost: bool, warps: int | None) -
     return "warp"
 
 
-def emit_passes(code: Code, passes: list[Pass], length: int, mode: str, threads: int) -> None:
+def loop_header(mode: str, length: int, threads: int) -> str:
+    """The `for` over the axis that one thread of a team of `mode` walks (its share, strided)."""
     start, step = {
         "thread": ("0", "1"),
         "warp": ("lane", "32"),
         "block": ("threadIdx.x", str(threads)),
     }[mode]
+    return f"for (int {LOOP_VAR} = {start}; {LOOP_VAR} < {length}; {LOOP_VAR} += {step})"
+
+
+def emit_passes(code: Code, passes: list[Pass], length: int, mode: str, threads: int) -> None:
     for p in passes:
         init, fold, op = FOLD[p.op]
         code(f"float {p.acc} = {init};")
-        with code.block(
-            f"for (int {LOOP_VAR} = {start}; {LOOP_VAR} < {length}; {LOOP_VAR} += {step})"
-        ):
+        with code.block(loop_header(mode, length, threads)):
             code.extend(p.lines)
             code(f"{p.acc} = {fold.format(a=p.acc, b=p.expr)};")
         if mode == "warp":
