@@ -269,6 +269,7 @@ def test_matmul_scale_rule():
     assert matmul_scale(row, None, 3, 2, 3)[0] == row
 
 
+@pytest.mark.slow
 def test_repro_programs_compile_with_nvcc(graphs, emulator):
     """nvcc (not only the host emulator) accepts every repro program, FlashRows' two-term and
     scaled-score forms included, for sm_80 and sm_90a (the emulator fixture sets the cache)."""

@@ -323,6 +323,7 @@ def test_nothing_in_the_package_imports_tests():
     assert not (root / "verify" / "examples.py").exists()
 
 
+@pytest.mark.slow
 def test_cli_outputs_are_byte_identical_across_processes(tmp_path):
     """Two processes with different hash seeds (Python salts hash() per process), each searching
     afresh (own cache) with the same --seed and --max-states, write the same bytes, and the search

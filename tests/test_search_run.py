@@ -41,6 +41,7 @@ def _agrees(target, cand, seed: int = 0) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_scaled_rows_times_a_transposed_weight_fuse_into_one_kernel():
     """(x * s + t) @ W^T: the transposed weight tile is a view made in the first round; the
     normalised rows are made rounds later and must still meet it as a matmul operand."""
@@ -70,6 +71,7 @@ def test_search_is_deterministic_for_a_seed_and_budget():
     assert runs[0].states == runs[1].states and _fused(runs[0])
 
 
+@pytest.mark.slow
 def test_a_signature_explores_the_same_whatever_ran_before_in_the_process(tmp_path):
     """Pattern keys break ties by term intern order, so exploring a signature after others must
     start from the same term tables as exploring it first (search/state.py): otherwise state
@@ -146,6 +148,7 @@ def test_gqa_at_batch_one_finds_a_register_path_split_kv_program(tmp_path):
     assert any(n.op is Op.SAVE and n.shape[-1] == 1 for n in body)
 
 
+@pytest.mark.slow
 def test_a_deep_chain_of_row_statistics_fuses_into_one_kernel():
     """Two row normalisations with a gated residual between them: 18 elementwise and reduction
     ops deep, twice the enumeration's rounds. The target's tile-local values seed round 0, so
@@ -286,6 +289,7 @@ def _layernorm_linear_target(rows: int = 4, h: int = 64, n: int = 32):
     return check(b.kernel_graph([x, g, be, w], [out]))
 
 
+@pytest.mark.slow
 def test_a_statistic_over_the_loop_index_is_taken_once_from_a_whole_feed():
     """LayerNorm(x) @ W with the loop walking the normalised index: the mean and variance need the
     whole row before the first step, so the row is fed a second time, whole, and the statistics
@@ -467,6 +471,7 @@ def test_a_groupnorm_split_over_its_channels_is_admitted():
     assert any(nd.op is Op.REDUCE_SUM for nd in kg.nodes())
 
 
+@pytest.mark.slow
 def test_groups_regroup_on_a_tile_that_holds_whole_groups():
     """GroupNorm then a linear layer: the loop walks the channels in steps of whole groups, so
     each step's tile is regrouped (rows, groups per step, group size) and normalised on its own;

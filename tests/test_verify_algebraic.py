@@ -271,6 +271,7 @@ def _eps_softmax(path) -> str:
     return _save(m, path)
 
 
+@pytest.mark.slow
 def test_a_softmax_with_eps_in_its_denominator_fails(tmp_path):
     """The eps is a constant A does not have, so the lifting check refuses this B already
     (default flags); with --no-lift the algebraic check alone still names the output."""

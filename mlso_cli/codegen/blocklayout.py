@@ -15,14 +15,18 @@ from functools import lru_cache
 from mlso_cli.codegen import blockanalysis
 from mlso_cli.codegen.blockmatmul import MatmulPlan, MatmulPlanning, Operand, Stage
 from mlso_cli.codegen.blockstorage import _ceil_to
-from mlso_cli.codegen.cfmt import CTYPE, contiguous, numel
+from mlso_cli.codegen.cfmt import CTYPE, contiguous
 from mlso_cli.codegen.scale import Storage
 from mlso_cli.ir.graph import BlockGraph
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import REDUCE, SMEM_BUDGET, DType, Op, Phase
 
-DEEP_PIPELINE_LIMIT = SMEM_BUDGET["sm_80"] - 4096
-"""A 3-stage pipeline is used only when the kernel then still fits an sm_80 block."""
+PIPELINE_STAGES = 2
+"""cp.async pipeline depth of the loop tiles. Why two, always: every searched program was
+compiled and timed at 2 to 5 stages on the H200 (benchmarks/RESULTS.md, twelfth session), and two
+were fastest or within noise everywhere; the four programs an earlier rule gave three stages
+(a deeper pipeline wherever it still fit an sm_80 block) ran 0.4-3% faster at two. The
+memory a third stage took is better left to larger tiles or a second resident block."""
 SM_COUNT_HINT = 132
 """SMs of the target GPU (H100/H200), for choices that depend on blocks per SM."""
 CODEGEN_ARCH = "sm_90"
@@ -149,26 +153,17 @@ class BlockLayout(MatmulPlanning):
             self.flash = None
 
     def plan(self, arch: str = CODEGEN_ARCH) -> SmemLayout:
-        """Deeper cp.async pipelines only where the loop is long enough and the kernel still fits
-        an sm_80 block; padding rows against bank conflicts only where it fits at all. The
-        register pass wants small blocks (a warp per 16 rows) with a small footprint, so that
-        several blocks share an SM: double buffering is enough there; with at most one block per
-        SM, shared memory buys nothing else, so it prefetches deeper."""
+        """Padding rows against bank conflicts only where it fits at all; the pipeline is
+        PIPELINE_STAGES deep. The register pass wants small blocks (a warp per 16 rows); if it
+        does not fit, the usual block size is laid out instead."""
         budget = SMEM_BUDGET[arch]
-        options = [
-            (True, 3, min(DEEP_PIPELINE_LIMIT, budget)),
-            (True, 2, budget),
-            (False, 2, budget),
-        ]
+        options = [(True, PIPELINE_STAGES), (False, PIPELINE_STAGES)]
         while True:
             flash = self.flash
-            shallow = flash is not None and numel(self.bg.grid) > SM_COUNT_HINT
             fits = False
-            for pad, stages, limit in options[1:] if shallow else options:
-                if stages > 2 and (self.bg.loop < 3 or not self.loop_iters):
-                    continue
+            for pad, stages in options:
                 self._layout(pad, stages)
-                if self.smem <= limit:
+                if self.smem <= budget:
                     fits = True
                     break
             if not fits or self.flash is flash:
