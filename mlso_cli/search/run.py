@@ -26,6 +26,8 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
+from threadpoolctl import threadpool_limits
+
 from mlso_cli.ir import serialize
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.spec import problems
@@ -325,6 +327,14 @@ def _passes(
     return done
 
 
+def _one_blas_thread() -> None:
+    """Hold each worker process's BLAS to one thread. Why: the workers already fill the cores, and
+    OpenBLAS's own threads on top of them oversubscribe: two full-shape checks side by side took
+    70-84 s each on 2 cores with BLAS threads and 42-46 s with one thread each (qknorm_real at
+    batch 16, whose verification took 237 of its 503 s)."""
+    threadpool_limits(limits=1, user_api="blas")
+
+
 class _Guarded:
     """explore() that turns an internal error into an empty result with a note: a bug in one
     signature's exploration must cost that signature, not the user's whole run."""
@@ -462,7 +472,7 @@ def search(
 
     jobs = max(1, min(options.jobs, len(tasks), os.cpu_count() or 1))
     explore_safely = _Guarded()
-    pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
+    pool = ProcessPoolExecutor(jobs, initializer=_one_blas_thread) if jobs > 1 else None
     lifted = program_cost(target)
     candidates: list[Candidate] = [Candidate(target, lifted.us, lifted.launches, 0.0)]
     bound, verified = 0.0, 0
