@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (after the staging of ../shared/device/README.md): the GPU test
+# One call on the GPU machine (after staging onnxruntime-gpu and PyCUDA there: docs/benchmarks.md, GPU machine): the GPU test
 # suite, the fixture kernel timings, the searched programs' timings and the model-level benchmark,
 # with logs under $OUT.
 #   carry: .device-stage/gpu.sh .device-stage/onnxruntime .mlso-cache (.mlso-cache-gpu for searched_models)

@@ -1,6 +1,6 @@
 """Model-level benchmark on the GPU machine: each benchmark model rewritten with its fixture.
 
-For every row of ../shared/BENCHMARKS.md: package models/bench/<name>_bs<bs>.onnx with the
+For every row of docs/benchmarks.md: package models/bench/<name>_bs<bs>.onnx with the
 hand-written fixture program (compiled by codegen; a test helper, not `optimize`), then run
 `mlso verify --gpu 0` (float checks on the CUDA EP; the finite-field check of the same programs
 runs in the CPU test suite) and `mlso bench --gpu 0 --json`. Also feeds a wrong shape to the op

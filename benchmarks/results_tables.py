@@ -2,7 +2,7 @@
 
     python benchmarks/results_tables.py FIXTURE_KERNELS.json MODEL_BENCH.json
 
-Peers and targets are those of ../shared/BENCHMARKS.md (measured on the same kind of H200).
+Peers and targets are those of docs/benchmarks.md (measured on the same kind of H200).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-# best peer (µs) and target (µs) per row, from ../shared/BENCHMARKS.md
+# best peer (µs) and target (µs) per row, from docs/benchmarks.md
 PEERS = {
     "gqa_bs1": (18.3, "compile", 12.2),
     "gqa_bs8": (39.2, "SDPA", 26.1),

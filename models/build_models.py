@@ -1,7 +1,7 @@
 """Build mlso's benchmark and test models as plain ONNX graphs (no torch needed).
 
 Why this exists: mlso must find its fusions in the *unfused ONNX graphs* a user hands it, so
-the benchmark set has to be ONNX files at Mirage's shapes (see /work/shared/BENCHMARKS.md),
+the benchmark set has to be ONNX files at Mirage's shapes (docs/benchmarks.md lists them),
 and the CPU test-suite needs tiny fp32 twins of the same graphs.
 
 Conventions, and why:

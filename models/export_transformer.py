@@ -17,8 +17,8 @@ drawn from ``torch.manual_seed(0)``.
 
 torch is a dev-only tool here. The exact commands used to produce the committed file::
 
-    /work/main/.venv/bin/pip install torch==2.13.0 onnxscript   # onnxscript 0.7.2
-    cd /work/main && .venv/bin/python -m models.export_transformer
+    .venv/bin/pip install torch==2.13.0 onnxscript   # onnxscript 0.7.2
+    .venv/bin/python -m models.export_transformer   # from the repository root
 
 (options: ``--out PATH``). The script lowers the IR version to <= 11 if the exporter wrote a
 higher one, checks the model with onnx.checker (full_check), runs it in ONNX Runtime on the

@@ -193,7 +193,7 @@ def test_external_data_model(tmp_path):
 
 
 def test_full_size_fp16_benchmark_models_are_one_region_each(tmp_path):
-    """The models of ../shared/BENCHMARKS.md at their real shapes (built in memory, not committed)."""
+    """The benchmark models of docs/benchmarks.md at their real shapes (built in memory, not committed)."""
     import onnx
 
     from models.build_models import SPECS

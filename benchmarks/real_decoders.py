@@ -1,0 +1,386 @@
+"""Real exported decoders on the GPU machine: mlso against ONNX Runtime's own fusions and torch.
+
+Why: the benchmark subgraphs say little about what a user gets from an exported transformer.
+This harness takes ``transformers`` decoders of several families at a real checkpoint's layer
+width (models/zoo.py's ``real`` configs, here with 2 layers so that one layer's residual
+stream feeds the next), fp16, batch 1, sequence 128, and compares:
+
+* the original model under ONNX Runtime (CUDA EP), plain and under its CUDA graph;
+* ORT after its own fusions: onnxscript's ``ort_fusions.optimize_for_ort`` (RMSNorm,
+  skip-RMSNorm, RotaryEmbedding, SDPA as contrib ops);
+* ``mlso optimize --gpu 0`` (timed, with its per-region report);
+* torch eager and ``torch.compile(mode="reduce-overhead")`` on the same module, in the same
+  process as the export, timed by CUDA events around CUDA-graph replays.
+
+The ORT models are timed by ``mlso bench --gpu 0 --mode both`` (interleaved rounds, one
+process, a self-vs-self row so the noise floor is visible). Two phases, because torch lives
+in the GPU machine's system Python and onnxruntime-gpu in the staged site:
+
+    PYTHONPATH=$PWD python3 benchmarks/real_decoders.py export --out DIR [--families llama,qwen2]
+    source .device-stage/gpu.sh env; PYTHONPATH=$PWD:$PYTHONPATH \\
+        python3 benchmarks/real_decoders.py bench --out DIR
+
+``bench`` writes DIR/real_decoders.json and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+LAYERS = 2
+BATCH, SEQ = 1, 128
+DEFAULT_FAMILIES = ("qwen2", "llama", "mistral")
+
+
+def _cuda_graph_time(torch, fn, iters: int = 50, repeats: int = 7) -> float:
+    """Median µs per call of fn replayed from one CUDA graph (what reduce-overhead serves)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(iters):
+            fn()
+    samples = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b) * 1e3 / iters)
+    return statistics.median(samples)
+
+
+def _events_time(torch, fn, iters: int = 50, repeats: int = 7) -> float:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(iters):
+            fn()
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b) * 1e3 / iters)
+    return statistics.median(samples)
+
+
+def _torch_peers(torch, module, ids) -> dict[str, float]:
+    """torch eager (plain and graph-replayed) and torch.compile(reduce-overhead), µs per call."""
+    dev, x = module.cuda(), ids.cuda()
+    out = {}
+    with torch.no_grad():
+        out["torch_eager_us"] = round(_events_time(torch, lambda: dev(x)), 1)
+        out["torch_eager_graph_us"] = round(_cuda_graph_time(torch, lambda: dev(x)), 1)
+        compiled = torch.compile(dev, mode="reduce-overhead", fullgraph=False)
+        for _ in range(4):
+            compiled(x)
+        out["torch_compile_us"] = round(_events_time(torch, lambda: compiled(x)), 1)
+    module.cpu()
+    torch.cuda.empty_cache()
+    return out
+
+
+def export(args: argparse.Namespace) -> int:
+    """Export each family (2 layers, fp16), write ORT-fused twins, time torch peers."""
+    import dataclasses
+
+    import onnx
+    import torch
+
+    from models import zoo
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    peers: dict[str, dict] = {}
+    for name in args.families:
+        fam = zoo.FAMILY_BY_NAME[name]
+        real = dict(fam.real)
+        layer_key = "n_layer" if "n_layer" in real else "num_hidden_layers"
+        real[layer_key] = LAYERS
+        fam2 = dataclasses.replace(fam, real=real)
+        rec: dict = {"family": name, "sized_after": fam.sized_after, "layers": LAYERS}
+        path = out / f"{name}_real{LAYERS}l_fp16.onnx"
+        t0 = time.time()
+        try:
+            module, _config = zoo._build_module(fam2, "real")
+            module = module.to(torch.float16)
+            ids = torch.randint(0, 2048, (BATCH, SEQ), generator=torch.Generator().manual_seed(3))
+            with torch.no_grad():
+                program = torch.onnx.export(
+                    module,
+                    (ids,),
+                    dynamo=True,
+                    input_names=["input_ids"],
+                    output_names=["logits"],
+                    external_data=False,
+                    verbose=False,
+                )
+            proto = program.model_proto
+            proto.ir_version = min(proto.ir_version, zoo.MAX_IR)
+            zoo._strip_metadata(proto)
+            onnx.save_model(proto, str(path))
+            rec["export_s"] = round(time.time() - t0, 1)
+            rec["file"] = path.name
+            rec["nodes"] = len(proto.graph.node)
+        except Exception as exc:  # noqa: BLE001 - a family that fails is a row that says so
+            rec["error"] = f"export: {type(exc).__name__}: {exc}"[:400]
+            peers[name] = rec
+            continue
+        try:
+            import onnx_ir as ir
+            from onnxscript.rewriter import ort_fusions
+
+            model = ir.load(str(path))
+            ort_fusions.optimize_for_ort(model)
+            ir.save(model, str(out / f"{name}_real{LAYERS}l_fp16.ortfused.onnx"))
+            rec["ortfused"] = f"{name}_real{LAYERS}l_fp16.ortfused.onnx"
+        except Exception as exc:  # noqa: BLE001
+            rec["ortfused_error"] = f"{type(exc).__name__}: {exc}"[:400]
+        try:
+            rec.update(_torch_peers(torch, module, ids))
+        except Exception as exc:  # noqa: BLE001
+            rec["torch_error"] = f"{type(exc).__name__}: {exc}"[:400]
+        peers[name] = rec
+        print(json.dumps(rec), flush=True)
+    (out / "peers.json").write_text(json.dumps(peers, indent=1))
+    return 0
+
+
+def _cli(args: list[str], timeout: int) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "mlso_cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+    )
+
+
+def _json_lines(text: str) -> list[dict]:
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError):
+                rows.append(json.loads(line))
+    return rows
+
+
+def bench(args: argparse.Namespace) -> int:
+    """mlso optimize --gpu 0, verify, then mlso bench of original / mlso / ORT-fused."""
+    out = Path(args.out)
+    peers = json.loads((out / "peers.json").read_text())
+    shape = f"input_ids={BATCH},{SEQ}"
+    results = {}
+    for name, rec in peers.items():
+        if "file" not in rec:
+            results[name] = rec
+            continue
+        orig = out / rec["file"]
+        fast = out / rec["file"].replace(".onnx", ".mlso.onnx")
+        t0 = time.time()
+        opt = _cli(
+            [
+                "optimize",
+                str(orig),
+                "-o",
+                str(fast),
+                "--input-shape",
+                shape,
+                "--gpu",
+                "0",
+                "--force",
+                "--json",
+                *args.optimize_args,
+            ],
+            timeout=args.optimize_timeout,
+        )
+        rec["optimize_s"] = round(time.time() - t0, 1)
+        rec["optimize_rc"] = opt.returncode
+        rows = _json_lines(opt.stdout)
+        rec["regions"] = [
+            {
+                k: r.get(k)
+                for k in (
+                    "region",
+                    "label",
+                    "packaged",
+                    "kernels",
+                    "us_before",
+                    "us_after",
+                    "speedup",
+                    "why",
+                )
+            }
+            for r in rows
+            if "summary" not in r and r.get("type") != "summary"
+        ]
+        rec["optimize_tail"] = opt.stderr[-1500:]
+        if opt.returncode == 0 and fast.exists():
+            ver = _cli(
+                ["verify", str(orig), str(fast), "--input-shape", shape, "--json"],
+                timeout=args.verify_timeout,
+            )
+            rec["verify_rc"] = ver.returncode
+            rec["verify_tail"] = ver.stderr[-600:]
+        models = [str(orig), str(orig)]
+        labels = ["original", "original (self)"]
+        if fast.exists():
+            models.append(str(fast))
+            labels.append("mlso")
+        if rec.get("ortfused"):
+            models.append(str(out / rec["ortfused"]))
+            labels.append("ort_fusions")
+        b = _cli(
+            [
+                "bench",
+                *models,
+                "--gpu",
+                "0",
+                "--mode",
+                "both",
+                "--input-shape",
+                shape,
+                "--no-regions",
+                "--json",
+            ],
+            timeout=args.bench_timeout,
+        )
+        rec["bench_rc"] = b.returncode
+        rec["bench"] = _json_lines(b.stdout)
+        rec["bench_labels"] = labels
+        if b.returncode != 0:
+            rec["bench_tail"] = b.stderr[-1500:]
+        results[name] = rec
+        print(json.dumps({k: v for k, v in rec.items() if k != "bench"}), flush=True)
+    (out / "real_decoders.json").write_text(json.dumps(results, indent=1))
+    _table(results)
+    if args.record:
+        from benchmarks.results_table import append
+
+        append("real_decoders", [(n, _figures(r)) for n, r in results.items()], _machine())
+    return 0
+
+
+def _machine() -> str:
+    try:
+        import onnxruntime as ort
+
+        gpu = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+            )
+            .stdout.strip()
+            .splitlines()[0]
+        )
+        return f"{gpu}, ONNX Runtime {ort.__version__} CUDA EP"
+    except Exception:  # noqa: BLE001
+        return "unknown GPU"
+
+
+def _by_label(rec: dict) -> dict[tuple[str, str], dict]:
+    labels = rec.get("bench_labels", [])
+    out = {}
+    for r in rec.get("bench", []):
+        i = r.get("index")
+        if r.get("type") == "model" and i is not None and i < len(labels) and "median_us" in r:
+            out[(labels[i], r["mode"])] = r
+    return out
+
+
+def _figures(rec: dict) -> dict:
+    """One results record per family: µs and speedups per mode, peers, optimize's cost."""
+    if "error" in rec:
+        return {"error": rec["error"]}
+    by = _by_label(rec)
+    figs: dict = {}
+    for mode, tag in (("cuda-graph", "graph"), ("plain", "plain")):
+        orig = by.get(("original", mode))
+        if orig:
+            figs[f"original {tag} µs"] = round(orig["median_us"], 1)
+        for label in ("original (self)", "mlso", "ort_fusions"):
+            r = by.get((label, mode))
+            if r:
+                short = {"original (self)": "self", "mlso": "mlso", "ort_fusions": "ORT fusions"}
+                figs[f"{short[label]} {tag}"] = (
+                    f"{r['median_us']:.1f} µs ({r['speedup']:.2f}x, IQR "
+                    f"{r['speedup_iqr'][0]:.2f}-{r['speedup_iqr'][1]:.2f})"
+                )
+    figs["torch eager µs"] = rec.get("torch_eager_us", "-")
+    figs["torch.compile µs"] = rec.get("torch_compile_us", "-")
+    regions = rec.get("regions", [])
+    figs["regions packaged"] = f"{sum(bool(r.get('packaged')) for r in regions)} of {len(regions)}"
+    figs["optimize s"] = rec.get("optimize_s", "-")
+    figs["verify rc"] = rec.get("verify_rc", "-")
+    return figs
+
+
+def _table(results: dict) -> None:
+    print(
+        "| family | mode | original µs | self | mlso | ORT fusions | torch eager | torch.compile |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name, rec in results.items():
+        rows = rec.get("bench", [])
+        labels = rec.get("bench_labels", [])
+        for mode in ("plain", "cuda-graph"):
+            cells = {}
+            for r in rows:
+                if r.get("mode") != mode:
+                    continue
+                idx = r.get("index", r.get("model_index"))
+                if idx is None or idx >= len(labels):
+                    continue
+                us = r.get("median_us", r.get("us"))
+                sp = r.get("speedup")
+                cells[labels[idx]] = f"{us:.1f}" + (f" ({sp:.2f}x)" if sp else "") if us else "-"
+            print(
+                f"| {name} | {mode} | {cells.get('original', '-')} | "
+                f"{cells.get('original (self)', '-')} | {cells.get('mlso', '-')} | "
+                f"{cells.get('ort_fusions', '-')} | {rec.get('torch_eager_us', '-')} | "
+                f"{rec.get('torch_compile_us', '-')} |"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="phase", required=True)
+    e = sub.add_parser("export")
+    e.add_argument("--out", required=True)
+    e.add_argument("--families", type=lambda s: s.split(","), default=list(DEFAULT_FAMILIES))
+    b = sub.add_parser("bench")
+    b.add_argument("--out", required=True)
+    b.add_argument("--optimize-timeout", type=int, default=300)
+    b.add_argument("--verify-timeout", type=int, default=240)
+    b.add_argument("--bench-timeout", type=int, default=240)
+    b.add_argument("--optimize-args", type=lambda s: s.split(), default=[])
+    b.add_argument("--record", action="store_true", help="append to benchmarks/results/")
+    args = p.parse_args(argv)
+    if args.phase == "export":
+        return export(args)
+    shutil.which("nvidia-smi")
+    return bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""benchmarks/RESULTS.md is rendered from benchmarks/results/, never edited by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location(
+        "results_table", ROOT / "benchmarks" / "results_table.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_committed_results_page_is_what_the_records_render() -> None:
+    rt = _module()
+    assert rt.main(["--check"]) == 0
+
+
+def test_the_newest_record_of_a_row_wins_and_each_keeps_its_provenance() -> None:
+    rt = _module()
+    recs = [
+        {
+            "table": "model_level",
+            "row": "a",
+            "commit": "1111111",
+            "date": "2026-12-01",
+            "machine": "H200",
+            "figures": {"speedup": "1.10"},
+        },
+        {
+            "table": "model_level",
+            "row": "a",
+            "commit": "2222222",
+            "date": "2026-12-05",
+            "machine": "H200",
+            "figures": {"speedup": "1.50"},
+        },
+        {
+            "table": "model_level",
+            "row": "b",
+            "commit": "1111111",
+            "date": "2026-12-01",
+            "machine": "H200",
+            "figures": {"speedup": "0.90"},
+        },
+    ]
+    text = rt.render(recs)
+    assert "| a | 2222222 | 2026-12-05 | 1.50 |" in text
+    assert "1.10" not in text
+    assert "| b | 1111111 | 2026-12-01 | 0.90 |" in text
+
+
+def test_append_writes_records_atomically_with_commit_and_date(tmp_path, monkeypatch) -> None:
+    rt = _module()
+    monkeypatch.setattr(rt, "RECORDS", tmp_path)
+    path = rt.append("real_decoders", [("qwen2", {"speedup": 1.2})], "test machine")
+    (rec,) = json.loads(path.read_text())
+    assert rec["row"] == "qwen2" and rec["machine"] == "test machine"
+    assert len(rec["commit"]) >= 7 and rec["date"].startswith("20")
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_no_tracked_text_file_names_a_machine_path_or_the_steering_folder() -> None:
+    bad = []
+    for path in ROOT.rglob("*"):
+        if any(p in path.parts for p in (".git", ".venv", ".venv-zoo", "build", "__pycache__")):
+            continue
+        if path.suffix not in {".md", ".py", ".sh", ".toml", ".txt"} or not path.is_file():
+            continue
+        text = path.read_text(errors="ignore")
+        if path.name == Path(__file__).name:
+            continue
+        for needle in ("../shared", "/work/main", "/work/shared"):
+            if needle in text:
+                bad.append(f"{path.relative_to(ROOT)}: {needle}")
+    assert not bad, bad
