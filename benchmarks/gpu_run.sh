@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (after staging onnxruntime-gpu and PyCUDA there: docs/benchmarks.md, GPU machine): the GPU test
+# One call on the GPU machine (after onnxruntime-gpu and PyCUDA were staged there into .device-stage/, see docs/benchmarks.md): the GPU test
 # suite, the fixture kernel timings, the searched programs' timings and the model-level benchmark,
 # with logs under $OUT.
 #   carry: .device-stage/gpu.sh .device-stage/onnxruntime .mlso-cache (.mlso-cache-gpu for searched_models)
@@ -35,4 +35,18 @@ fi
 if [ "$what" = all ] || [ "$what" = models ]; then
   timeout ${MODEL_TIMEOUT:-200} python3 benchmarks/model_bench.py --out "$OUT/model_bench.json" ${ROWS:+--rows $ROWS} > "$OUT/model_bench.md" 2>&1
   tail -40 "$OUT/model_bench.md"
+fi
+if [ "$what" = real ]; then
+  # Real exported decoders (benchmarks/real_decoders.py): export and torch peers in the system
+  # Python (torch, transformers, onnxscript; the staged onnxruntime-gpu kept off its path), then
+  # optimize/verify/bench with the staged onnxruntime-gpu. REAL_FAMILIES, REAL_OPT_ARGS optional.
+  mkdir -p "$OUT/real"
+  PYTHONPATH="$PWD" timeout ${EXPORT_TIMEOUT:-240} python3 benchmarks/real_decoders.py export \
+    --out /tmp/real ${REAL_FAMILIES:+--families $REAL_FAMILIES} > "$OUT/real/export.log" 2>&1
+  tail -5 "$OUT/real/export.log"
+  timeout ${REAL_TIMEOUT:-420} python3 benchmarks/real_decoders.py bench --out /tmp/real --record \
+    ${REAL_OPT_ARGS:+--optimize-args "$REAL_OPT_ARGS"} > "$OUT/real/bench.md" 2>&1
+  tail -30 "$OUT/real/bench.md"
+  cp /tmp/real/*.json "$OUT/real/" 2>/dev/null
+  cp benchmarks/results/real_decoders.json "$OUT/real/records.json" 2>/dev/null
 fi
