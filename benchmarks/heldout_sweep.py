@@ -39,7 +39,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -223,6 +225,28 @@ def norm3d_linear(g: _Graph) -> str:
     return "RMSNorm(Mul/Reciprocal) over last dim of 3-D X(b,t,h) + MatMul"
 
 
+def causal_gqa_prefill(g: _Graph) -> str:
+    """11. Prefill attention as a decoder export writes it once its mask is folded: Q(1,14,128,64),
+    K,V(1,2,128,64) repeated to 14 heads (Unsqueeze/Expand/Reshape), scale Mul, an additive
+    causal mask constant (1,1,128,128) of 0/-inf, Softmax, MatMul (Qwen2.5-0.5B's heads)."""
+    h, kvh, s, d = 14, 2, 128, 64
+    q = g.input("Q", (1, h, s, d))
+    kv = [g.input(n, (1, kvh, s, d)) for n in ("K", "V")]
+    rep = []
+    for name, x in zip("kv", kv, strict=True):
+        u = g.op("Unsqueeze", x, g.ints(f"{name}_axis", [2]))
+        e = g.op("Expand", u, g.ints(f"{name}_expand", [1, kvh, h // kvh, s, d]))
+        rep.append(g.op("Reshape", e, g.ints(f"{name}_heads", [1, h, s, d])))
+    kt = g.op("Transpose", rep[0], perm=[0, 1, 3, 2])
+    sc = g.op("Mul", g.op("MatMul", q, kt), g.scalar_init("scale", 1.0 / math.sqrt(d)))
+    mask = np.triu(np.full((s, s), -np.inf, dtype=np.float32), 1).reshape(1, 1, s, s)
+    g.inits.append(numpy_helper.from_array(mask.astype(g.np_dtype), "causal_mask"))
+    p = g.op("Softmax", g.op("Add", sc, "causal_mask"), axis=-1)
+    g.op("MatMul", p, rep[1], out="O")
+    g.output("O", (1, h, s, d))
+    return "causal GQA prefill, 14 heads on 2 KV heads, seq 128, additive constant causal mask"
+
+
 MODELS: dict[str, Callable[[_Graph], str]] = {
     f.__name__: f
     for f in (
@@ -236,6 +260,7 @@ MODELS: dict[str, Callable[[_Graph], str]] = {
         mqa,
         lora_scaled,
         norm3d_linear,
+        causal_gqa_prefill,
     )
 }
 
