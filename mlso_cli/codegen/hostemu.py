@@ -77,7 +77,11 @@ def _runner(gp: GeneratedProgram, fn: str) -> str:
     ctypes = {("input", i): CTYPE[DType(t["dtype"])] for i, t in enumerate(plan["inputs"])}
     ctypes.update({("output", i): CTYPE[DType(t["dtype"])] for i, t in enumerate(plan["outputs"])})
     ctypes.update(
-        {("scratch", i): CTYPE[DType(s["dtype"])] for i, s in enumerate(plan["scratch"]) if "dtype" in s}
+        {
+            ("scratch", i): CTYPE[DType(s["dtype"])]
+            for i, s in enumerate(plan["scratch"])
+            if "dtype" in s
+        }
     )
     prefix = {"input": "in", "output": "out", "scratch": "sc"}
 

@@ -43,8 +43,6 @@ LIBRARY_TYPES = frozenset({DType.F16, DType.BF16, DType.F32})
 """Operand dtypes cuBLASLt multiplies for us (with fp32 accumulation)."""
 
 
-
-
 def eligible(root: Node) -> bool:
     """The dtype rules alone: what codegen/plan.py and the cost model can decide without storage."""
     a, b = root.src
@@ -84,7 +82,9 @@ def library_matmul(lw: Lowering, root: Node) -> list[Launch] | None:
         f" ({a.dtype.value}, cuBLASLt)"
     )
     launches.append(
-        GemmLaunch(lw.kernel_name(), m, n, k, batch, operands[0], operands[1], c, a.dtype, out.dtype, what)
+        GemmLaunch(
+            lw.kernel_name(), m, n, k, batch, operands[0], operands[1], c, a.dtype, out.dtype, what
+        )
     )
     return launches
 
@@ -133,9 +133,7 @@ def _batch_stride(
     """One stride for the flattened batch index of `bshape` over an operand with batch dims `xb`
     (right-aligned, broadcast where 1 or missing), or None when no single stride fits."""
     lead = len(bshape) - len(xb)
-    per = [
-        0 if i < lead or xb[i - lead] == 1 else strides[i - lead] for i in range(len(bshape))
-    ]
+    per = [0 if i < lead or xb[i - lead] == 1 else strides[i - lead] for i in range(len(bshape))]
     weights = [numel(bshape[i + 1 :]) for i in range(len(bshape))]
     live = [i for i, d in enumerate(bshape) if d > 1]
     if not live:

@@ -25,7 +25,14 @@ from mlso_cli.codegen.emitter import Emitter
 from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.kernels import emit_elementwise, emit_matmul, emit_reduce
 from mlso_cli.codegen.libgemm import library_matmul
-from mlso_cli.codegen.program import Buffer, GeneratedProgram, GemmLaunch, Kernel, Launch, build_plan
+from mlso_cli.codegen.program import (
+    Buffer,
+    GemmLaunch,
+    GeneratedProgram,
+    Kernel,
+    Launch,
+    build_plan,
+)
 from mlso_cli.codegen.scale import Storage, Val, structural
 from mlso_cli.codegen.schedule import schedule
 from mlso_cli.codegen.stabilise import consumers_of, stabilisers
