@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mlso_cli.codegen.cfmt import Names, decompose, numel
+from mlso_cli.codegen.cfmt import Names, contiguous, decompose, numel
 from mlso_cli.codegen.kernels import emit_elementwise
-from mlso_cli.codegen.program import Buffer, GemmLaunch, GemmOperand, Launch
+from mlso_cli.codegen.program import Buffer, GemmLaunch, GemmOperand
 from mlso_cli.codegen.synthetic import stage
 from mlso_cli.codegen.views import strided
 from mlso_cli.ir.node import Node
@@ -49,30 +49,35 @@ def eligible(root: Node) -> bool:
     return root.op is Op.MATMUL and a.dtype == b.dtype and a.dtype in LIBRARY_TYPES
 
 
-def library_matmul(lw: Lowering, root: Node) -> list[Launch] | None:
-    """The launches computing matmul `root` with the library (operand stagings, then the GEMM),
-    or None when it must stay a generated kernel. root's storage is already assigned."""
+def library_matmul(lw: Lowering, root: Node) -> bool:
+    """Append the launches computing matmul `root` with the library (operand stagings, then the
+    GEMM) to lw.kernels and return True, or return False (nothing appended) when it must stay a
+    generated kernel. root's storage is already assigned."""
     if not eligible(root):
-        return None
+        return False
     a, b = root.src
     out = lw.storage[root]
     if out.dtype not in (a.dtype, DType.F32) or out.scale is not None:
-        return None
+        return False
     for x in (a, b):
         tokens = decompose("e", x.shape)
         if lw.emitter(lw.uses(), Names()).value(x, tokens).scale is not None:
-            return None
+            return False
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     bshape = root.shape[:-2]
     batch = numel(bshape)
-    launches: list[Launch] = []
     operands = []
     for x in (a, b):
         op = _in_place(lw, x, bshape)
         if op is None:
-            node = stage(x, len(lw.scratch))  # a serial number unique in this lowering
+            src = x
+            if _batch_stride(x.shape[:-2], contiguous(x.shape)[:-2], bshape) is None:
+                # batch broadcast over some dims only (2, 1) x (3,): stage the whole batch
+                full = bshape + x.shape[-2:]
+                src = Node(Op.BROADCAST, (x,), full, full, x.dtype)
+            node = stage(src, len(lw.scratch))  # a serial number unique in this lowering
             lw.scratch_storage(node, x.dtype)
-            launches.append(emit_elementwise(lw, node))
+            lw.kernels.append(emit_elementwise(lw, node))
             op = _in_place(lw, node, bshape)
             assert op is not None, "a staged operand is contiguous"
         operands.append(op)
@@ -81,12 +86,12 @@ def library_matmul(lw: Lowering, root: Node) -> list[Launch] | None:
         f"library GEMM {list(a.shape)} x {list(b.shape)} -> {out.dtype.value}"
         f" ({a.dtype.value}, cuBLASLt)"
     )
-    launches.append(
+    lw.kernels.append(
         GemmLaunch(
             lw.kernel_name(), m, n, k, batch, operands[0], operands[1], c, a.dtype, out.dtype, what
         )
     )
-    return launches
+    return True
 
 
 def _leaf_plain(x: Node, leaf: Node) -> bool:

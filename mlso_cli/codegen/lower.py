@@ -237,11 +237,8 @@ class Lowering:
         for root in schedule:
             if root.op is not Op.GRAPH_DEF:
                 self.scratch_storage(root)
-            if root.op is Op.MATMUL and self.library:
-                launches = library_matmul(self, root)
-                if launches is not None:
-                    self.kernels.extend(launches)
-                    continue
+            if root.op is Op.MATMUL and self.library and library_matmul(self, root):
+                continue
             emit = KERNEL_EMITTERS.get(root.op, emit_elementwise)
             self.kernels.append(emit(self, root))
         source = self._source()
