@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlso_cli.codegen.blocklayout import CODEGEN_ARCH, SmemLayout, smem_layout
+from mlso_cli.codegen.libgemm import eligible
 from mlso_cli.codegen.lower import KERNEL_EMITTERS, Lowering
 from mlso_cli.codegen.normalise import normalise
 from mlso_cli.codegen.stabilise import consumers_of, stabilised
@@ -81,9 +82,13 @@ class LoweringPlan:
         }
 
 
-def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH) -> LoweringPlan:
-    """The lowering plan of kg (which must pass mlso_cli.ir.spec.check) for `arch`."""
-    lw = Lowering(kg, ())
+def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH, library: bool | None = None) -> LoweringPlan:
+    """The lowering plan of kg (which must pass mlso_cli.ir.spec.check) for `arch`.
+
+    A kernel-level matmul whose dtypes a library GEMM takes (libgemm.eligible) is kind "gemm":
+    generate lowers it to cuBLASLt unless an operand turns out to be a scaled value, which only
+    emission knows (then it stays a generated "matmul" kernel)."""
+    lw = Lowering(kg, (), library)
     roots, targets = lw._roots()
     kernels = []
     for root in lw._schedule(roots, targets):
@@ -99,6 +104,8 @@ def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH) -> LoweringPlan:
                     root,
                 )
             )
+        elif root.op is Op.MATMUL and lw.library and eligible(root):
+            kernels.append(KernelPlan("gemm", root.shape, root=root))
         else:
             kernels.append(KernelPlan(KIND.get(root.op, "elementwise"), root.shape, root=root))
     return LoweringPlan(arch, tuple(kernels), len(lw.stab))

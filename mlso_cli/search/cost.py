@@ -36,6 +36,10 @@ Calibration (measured, or fitted to measurements) (benchmarks/RESULTS.md, "optim
   about 5% of DRAM bandwidth and 3.2 TFLOP/s on the benchmark shapes (rmsnorm_linear's lifted
   program: 246 / 349 / 499 µs at bs 1 / 8 / 16). Without these the model called those programs
   1.8x faster than ONNX Runtime where they are 4-7x slower, and the never-slower rule broke.
+- Since library GEMMs (codegen/libgemm.py), a kernel-level matmul whose dtypes cuBLASLt takes
+  is a library call, priced by `library_gemm_s` (the `library_*` constants below: estimates
+  until calibrated on the H200), plus one elementwise kernel per operand codegen must stage.
+  The codegen matmul rates above still price the matmuls that stay generated.
 """
 
 from __future__ import annotations
@@ -66,6 +70,15 @@ class Hardware:
     codegen_matmul_bw_fraction: float = 0.05
     codegen_matmul_flops: float = 3.2e12
     """Measured rates of codegen's kernel-level matmul (graph-defined kernels are not affected)."""
+    library_tensor_flops: float = 650e12
+    """cuBLASLt fp16/bf16 GEMM throughput (estimate, about 80% of the H200's dense peak)."""
+    library_fp32_flops: float = 50e12
+    """cuBLASLt fp32 GEMM throughput without TF32 (estimate)."""
+    library_bytes_per_s: float = 4.0e12
+    """DRAM bandwidth a library GEMM reaches (estimate)."""
+    library_call_s: float = 4.0e-6
+    """Fixed cost of one library GEMM call: launch, tail, and the small-tile inefficiency of a
+    skinny GEMM (estimate; calibrate on the H200)."""
     smem_per_sm: int = 228 * 1024
     threads_per_sm: int = 2048
     step_latency_s: float = 0.6e-6
@@ -223,6 +236,11 @@ def program_cost(kg: KernelGraph, hw: Hardware = H200) -> Cost:
             b = sum(_bytes(s) for s in _kernel_reads(n, materialised)) + _bytes(n)
             f = _matmul_flops(n) if n.op is Op.MATMUL else n.numel
             tensor = n.op is Op.MATMUL and n.src[0].dtype is not DType.F32
+            if k.kind == "gemm":
+                t, extra_b, extra_k = _library_matmul(n, materialised, hw)
+                total += t
+                nbytes, flops, launches = nbytes + b + extra_b, flops + f, launches + 1 + extra_k
+                continue
             if n.op is Op.MATMUL:
                 t = (
                     max(
@@ -237,6 +255,37 @@ def program_cost(kg: KernelGraph, hw: Hardware = H200) -> Cost:
         total += t
         nbytes, flops, launches = nbytes + b, flops + f, launches + 1
     return Cost(total, nbytes, flops, launches)
+
+
+def library_gemm_s(n: Node, hw: Hardware = H200) -> float:
+    """One cuBLASLt call computing matmul n from operands in memory: the larger of its FLOPs and
+    its bytes (A, B read once, C written once) at the library's rates, plus the fixed call cost."""
+    a, b = n.src
+    rate = hw.library_fp32_flops if a.dtype is DType.F32 else hw.library_tensor_flops
+    moved = _bytes(a) + _bytes(b) + n.numel * 4
+    return max(_matmul_flops(n) / rate, moved / hw.library_bytes_per_s) + hw.library_call_s
+
+
+def _staged(x: Node, materialised: set) -> bool:
+    """Whether codegen stages operand x before the library reads it (libgemm._in_place): unless
+    it is a chain of views over an input, or over a materialised fp32 tensor of an fp32 GEMM."""
+    while x.op in (Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST):
+        x = x.src[0]
+    if x.op is Op.INPUT:
+        return False
+    return not (x in materialised and x.dtype is DType.F32)
+
+
+def _library_matmul(n: Node, materialised: set, hw: Hardware) -> tuple[float, int, int]:
+    """(seconds, extra bytes, extra kernels) of a library GEMM and the stagings it needs."""
+    t, extra_b, extra_k = library_gemm_s(n, hw), 0, 0
+    for x in n.src:
+        if _staged(x, materialised):
+            reads = [x] if x in materialised else _kernel_reads(x, materialised)
+            b = sum(_bytes(s) for s in reads) + _bytes(x)
+            t += _kernel_time(hw, b, x.numel, False) + hw.pre_latency_s
+            extra_b, extra_k = extra_b + b, extra_k + 1
+    return t, extra_b, extra_k
 
 
 def _kernel_reads(root: Node, materialised: set) -> list[Node]:
