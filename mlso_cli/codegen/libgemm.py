@@ -26,11 +26,14 @@ The rules (a table of conditions, checked in `library_matmul`):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from mlso_cli.codegen.cfmt import Names, contiguous, decompose, numel
 from mlso_cli.codegen.kernels import emit_elementwise
 from mlso_cli.codegen.program import Buffer, GemmLaunch, GemmOperand
+from mlso_cli.codegen.scale import Storage
 from mlso_cli.codegen.synthetic import stage
 from mlso_cli.codegen.views import strided
 from mlso_cli.ir.node import Node
@@ -67,15 +70,12 @@ def library_matmul(lw: Lowering, root: Node) -> bool:
     bshape = root.shape[:-2]
     batch = numel(bshape)
     operands = []
+    staged: list[Node] = []
     for x in (a, b):
         op = _in_place(lw, x, bshape)
         if op is None:
-            src = x
-            if _batch_stride(x.shape[:-2], contiguous(x.shape)[:-2], bshape) is None:
-                # batch broadcast over some dims only (2, 1) x (3,): stage the whole batch
-                full = bshape + x.shape[-2:]
-                src = Node(Op.BROADCAST, (x,), full, full, x.dtype)
-            node = stage(src, len(lw.scratch))  # a serial number unique in this lowering
+            staged.append(staged_value(x, bshape))
+            node = stage(staged[-1], len(lw.scratch))  # serial: unique here
             lw.scratch_storage(node, x.dtype)
             lw.kernels.append(emit_elementwise(lw, node))
             op = _in_place(lw, node, bshape)
@@ -86,12 +86,30 @@ def library_matmul(lw: Lowering, root: Node) -> bool:
         f"library GEMM {list(a.shape)} x {list(b.shape)} -> {out.dtype.value}"
         f" ({a.dtype.value}, cuBLASLt)"
     )
+    lw.library_roots[root] = staged
     lw.kernels.append(
         GemmLaunch(
             lw.kernel_name(), m, n, k, batch, operands[0], operands[1], c, a.dtype, out.dtype, what
         )
     )
     return True
+
+
+def staged_value(x: Node, bshape: tuple[int, ...]) -> Node:
+    """What a staging kernel writes for operand x: x itself, or, when x's batch broadcast is not
+    one stride even stored contiguously ((2, 1) against (3,)), x broadcast to the whole batch."""
+    if _batch_stride(x.shape[:-2], contiguous(x.shape)[:-2], bshape) is not None:
+        return x
+    full = bshape + x.shape[-2:]
+    return Node(Op.BROADCAST, (x,), full, full, x.dtype)
+
+
+def stagings(storage: Mapping[Node, Storage], root: Node) -> list[Node]:
+    """The values codegen stages before library GEMM `root`, given where tensors are stored
+    (codegen/plan.py passes a sketch of generate's storage; scaled operands are not seen)."""
+    view = SimpleNamespace(storage=storage)
+    bshape = root.shape[:-2]
+    return [staged_value(x, bshape) for x in root.src if _in_place(view, x, bshape) is None]
 
 
 def _leaf_plain(x: Node, leaf: Node) -> bool:
@@ -104,7 +122,9 @@ def _leaf_plain(x: Node, leaf: Node) -> bool:
     return True
 
 
-def _in_place(lw: Lowering, x: Node, bshape: tuple[int, ...]) -> GemmOperand | None:
+def _in_place(
+    lw: Lowering | SimpleNamespace, x: Node, bshape: tuple[int, ...]
+) -> GemmOperand | None:
     """x read in place by the library, or None when it must be staged first."""
     view = strided(x, lw.storage)
     if view is None or not _leaf_plain(x, view.leaf):

@@ -88,6 +88,8 @@ class Lowering:
         self.targets = targets
         self.library = knobs().library_gemm if library is None else library
         """Lower matmuls to library GEMMs where libgemm allows (MLSO_LIBRARY_GEMM=0: never)."""
+        self.library_roots: dict[Node, list[Node]] = {}
+        """Matmuls lowered to library GEMMs -> the values staged for them (codegen/plan.py)."""
         self.storage: dict[Node, Storage] = {}
         self.inputs: list[Buffer] = []
         self.outputs: list[Buffer] = []

@@ -225,6 +225,8 @@ def program_cost(kg: KernelGraph, hw: Hardware = H200) -> Cost:
     nbytes = flops = launches = 0
     kernels = plan(kg, "sm_90").kernels
     materialised = {k.root for k in kernels}
+    computed = {k.root for k in kernels if k.kind != "stage"}
+    """What the other kernels wrote: a staging kernel reads it, or the producers it fuses."""
     for k in kernels:
         n = k.root
         assert n is not None
@@ -237,11 +239,14 @@ def program_cost(kg: KernelGraph, hw: Hardware = H200) -> Cost:
             f = _matmul_flops(n) if n.op is Op.MATMUL else n.numel
             tensor = n.op is Op.MATMUL and n.src[0].dtype is not DType.F32
             if k.kind == "gemm":
-                t, extra_b, extra_k = _library_matmul(n, materialised, hw)
-                total += t
-                nbytes, flops, launches = nbytes + b + extra_b, flops + f, launches + 1 + extra_k
+                total += library_gemm_s(n, hw)
+                nbytes, flops, launches = nbytes + b, flops + f, launches + 1
                 continue
-            if n.op is Op.MATMUL:
+            if k.kind == "stage":  # a library GEMM's operand written in its own dtype
+                reads = [n] if n in computed else _kernel_reads(n, computed)
+                b = sum(_bytes(s) for s in reads) + _bytes(n)
+                t = _kernel_time(hw, b, n.numel, False) + hw.pre_latency_s
+            elif n.op is Op.MATMUL:
                 t = (
                     max(
                         b / (hw.dram_bytes_per_s * hw.codegen_matmul_bw_fraction),
@@ -264,28 +269,6 @@ def library_gemm_s(n: Node, hw: Hardware = H200) -> float:
     rate = hw.library_fp32_flops if a.dtype is DType.F32 else hw.library_tensor_flops
     moved = _bytes(a) + _bytes(b) + n.numel * 4
     return max(_matmul_flops(n) / rate, moved / hw.library_bytes_per_s) + hw.library_call_s
-
-
-def _staged(x: Node, materialised: set) -> bool:
-    """Whether codegen stages operand x before the library reads it (libgemm._in_place): unless
-    it is a chain of views over an input, or over a materialised fp32 tensor of an fp32 GEMM."""
-    while x.op in (Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST):
-        x = x.src[0]
-    if x.op is Op.INPUT:
-        return False
-    return not (x in materialised and x.dtype is DType.F32)
-
-
-def _library_matmul(n: Node, materialised: set, hw: Hardware) -> tuple[float, int, int]:
-    """(seconds, extra bytes, extra kernels) of a library GEMM and the stagings it needs."""
-    t, extra_b, extra_k = library_gemm_s(n, hw), 0, 0
-    for x in n.src:
-        if _staged(x, materialised):
-            reads = [x] if x in materialised else _kernel_reads(x, materialised)
-            b = sum(_bytes(s) for s in reads) + _bytes(x)
-            t += _kernel_time(hw, b, x.numel, False) + hw.pre_latency_s
-            extra_b, extra_k = extra_b + b, extra_k + 1
-    return t, extra_b, extra_k
 
 
 def _kernel_reads(root: Node, materialised: set) -> list[Node]:
