@@ -277,3 +277,13 @@ def test_gemm_create_without_a_gpu_fails_with_one_line(monkeypatch, lib):
     err = ctypes.create_string_buffer(512)
     assert lib.mlso_gemm_create(b'{"version": 3}', err, 512) is None
     assert err.value.decode().startswith("the plan 'version' must be 1 or 2")
+    from mlso_cli.codegen import generate
+    from mlso_cli.runtime.gpu import gpu_info
+    from tests.test_libgemm import plain
+
+    if gpu_info() is not None:
+        return
+    good = plan_json(generate(plain()).plan).encode()
+    assert lib.mlso_gemm_create(good, err, 512) is None
+    why = err.value.decode()
+    assert "libcuda.so.1" in why or "cuInit" in why, why
