@@ -238,6 +238,39 @@ inline std::vector<unsigned char> read_file(const char* path, std::size_t nbytes
 
 inline std::vector<unsigned char> poisoned(std::size_t nbytes) { return std::vector<unsigned char>(nbytes + 16, 0xff); }
 
+// A library GEMM launch of the plan (cuBLASLt on the GPU): C[e] = A[e] @ B[e] for e < batch,
+// row-major, operands addressed as the plan describes them (offset, ld, batch stride, trans),
+// fp32 accumulation in k order, one rounding to C's type. cuBLASLt sums in another order, so
+// tests compare with the tolerance of an fp32-accumulated product, not bit for bit.
+inline float gemm_load(const float* p) { return *p; }
+inline float gemm_load(const __half* p) { return __half2float(*p); }
+inline float gemm_load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+inline void gemm_store(float* p, float v) { *p = v; }
+inline void gemm_store(__half* p, float v) { *p = __float2half_rn(v); }
+inline void gemm_store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+template <class TA, class TC>
+void gemm(long m, long n, long k, long batch, const TA* a, long a_off, long lda, long a_stride,
+          bool a_trans, const TA* b, long b_off, long ldb, long b_stride, bool b_trans, TC* c,
+          long c_off, long ldc, long c_stride, float alpha, float beta) {
+  for (long e = 0; e < batch; ++e) {
+    for (long i = 0; i < m; ++i) {
+      for (long j = 0; j < n; ++j) {
+        float acc = 0.0f;
+        for (long q = 0; q < k; ++q) {
+          long ai = a_off + e * a_stride + (a_trans ? q * lda + i : i * lda + q);
+          long bi = b_off + e * b_stride + (b_trans ? j * ldb + q : q * ldb + j);
+          acc += gemm_load(a + ai) * gemm_load(b + bi);
+        }
+        TC* out = c + c_off + e * c_stride + i * ldc + j;
+        float v = alpha * acc;
+        if (beta != 0.0f) v += beta * gemm_load(out);
+        gemm_store(out, v);
+      }
+    }
+  }
+}
+
 inline void write_file(const char* path, const std::vector<unsigned char>& buf, std::size_t nbytes) {
   FILE* f = std::fopen(path, "wb");
   if (!f || std::fwrite(buf.data(), 1, nbytes, f) != nbytes) {

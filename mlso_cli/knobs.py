@@ -22,6 +22,10 @@ class Knobs:
     """ONNX Runtime C API headers (MLSO_ORT_INCLUDE); found automatically when unset."""
     keep_temps: bool
     """Keep generated .cu files even when nvcc succeeds (MLSO_KEEP_TEMPS=1)."""
+    library_gemm: bool = True
+    """Lower kernel-level matmuls to cuBLASLt calls where possible (MLSO_LIBRARY_GEMM=0: off)."""
+    cublas_include: Path | None = None
+    """cuBLASLt headers (MLSO_CUBLAS_INCLUDE); fetched into the cache when unset."""
 
 
 def _default_cache() -> Path:
@@ -38,6 +42,8 @@ def knobs() -> Knobs:
         nvcc=env.get("MLSO_NVCC") or "nvcc",
         ort_include=Path(include) if include else None,
         keep_temps=env.get("MLSO_KEEP_TEMPS", "") not in ("", "0"),
+        library_gemm=env.get("MLSO_LIBRARY_GEMM", "1") not in ("", "0"),
+        cublas_include=Path(env["MLSO_CUBLAS_INCLUDE"]) if env.get("MLSO_CUBLAS_INCLUDE") else None,
     )
 
 

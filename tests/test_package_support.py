@@ -24,6 +24,7 @@ from mlso_cli.runtime import build
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGED_HEADERS = ROOT / ".device-stage" / "onnxruntime"
+STAGED_CUBLAS = ROOT / ".device-stage" / "cublas_include"
 
 
 @cache
@@ -39,6 +40,8 @@ def use_cache(monkeypatch, path: Path | None = None) -> Path:
     monkeypatch.setenv("MLSO_CACHE_DIR", str(path))
     if STAGED_HEADERS.joinpath("onnxruntime_c_api.h").is_file():  # the GPU machine has no network
         monkeypatch.setenv("MLSO_ORT_INCLUDE", str(STAGED_HEADERS))
+    if STAGED_CUBLAS.joinpath("cublasLt.h").is_file():  # likewise the cuBLASLt headers
+        monkeypatch.setenv("MLSO_CUBLAS_INCLUDE", str(STAGED_CUBLAS))
     knobs_mod.cache_clear()
     build._library_path.cache_clear()
     return path

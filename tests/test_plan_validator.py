@@ -228,3 +228,10 @@ def test_both_sides_name_the_field(cpp_verdicts):
         cc = cpp_verdicts[name][1]
         assert py == cc, (py, cc)
         assert py.startswith("outputs[0] is ") and "but the node declares float32 [2,256,64]" in py
+
+
+def test_both_sides_word_library_gemm_problems_alike(cpp_verdicts):
+    gemm = [n for n, c in CASES.items() if c["reason"] in ("gemm", "gemm_bounds")]
+    assert len(gemm) >= 8
+    for name in gemm:
+        assert python_verdict(CASES[name])[1] == cpp_verdicts[name][1], name

@@ -27,6 +27,10 @@ EXPORTS = {
     "mlso_selftest_sha256",
     "mlso_selftest_plan",
     "mlso_selftest_check_input",
+    "mlso_gemm_create",
+    "mlso_gemm_run",
+    "mlso_gemm_destroy",
+    "mlso_gemm_supported",
 }
 
 
@@ -68,7 +72,7 @@ def test_library_builds_in_the_cache_and_exports_register_custom_ops(monkeypatch
         ["readelf", "-d", str(path)], capture_output=True, text=True, check=True
     ).stdout
     needed = [line for line in readelf.splitlines() if "NEEDED" in line]
-    assert not [n for n in needed if "onnxruntime" in n or "libcuda" in n], needed
+    assert not [n for n in needed if "onnxruntime" in n or "libcuda" in n or "cublas" in n], needed
     if knobs().ort_include is None:  # the headers came from Debian trixie's libonnxruntime-dev
         fetched = shared_cache() / "ort-headers" / "onnxruntime"
         assert (fetched / HEADER).is_file() and api_version(fetched) >= 21
@@ -129,7 +133,11 @@ def test_missing_or_old_headers_and_missing_compiler_are_environment_problems(
 
 
 def test_a_compile_error_is_reported_and_leaves_no_file(monkeypatch, tmp_path):
+    use_cache(monkeypatch)  # the session's cache, whose cuBLAS headers are fetched once
+    gemm = build.gemm_includes()
     use_cache(monkeypatch, tmp_path / "cache")
+    if gemm:
+        monkeypatch.setenv("MLSO_CUBLAS_INCLUDE", str(gemm[0]))
     include = tmp_path / "inc"
     include.mkdir()
     (include / HEADER).write_text("#define ORT_API_VERSION 21\n#error broken header\n")
@@ -174,7 +182,7 @@ BAD_PLANS = {
     "nan": plan_json(GOOD).replace('"smem_max":0', '"smem_max":NaN'),
     "float dim": plan_json(GOOD).replace("[2,256,64]", "[2.0,256,64]", 1),
     "deep": "[" * 200 + "]" * 200,
-    "version": _variant(version=2),
+    "version": _variant(version=3),
     "no targets": _variant(targets=[]),
     "target name": _variant(targets=["volta"]),
     "dtype": _variant(inputs__0__dtype="float8"),
@@ -244,3 +252,38 @@ def test_cpp_input_check_names_expected_and_actual(lib):
 
 def test_gxx_is_available_here():
     assert shutil.which("g++"), "the build tests need g++"
+
+
+def test_library_is_built_with_library_gemms_against_fetched_cublas_headers(monkeypatch, lib):
+    """The cuBLASLt headers are found (MLSO_CUBLAS_INCLUDE, the toolkit, or the pinned wheel's
+    include files fetched into the cache), so the library can run library GEMM launches; it
+    still links no cuBLAS (dlopen at kernel creation)."""
+    from mlso_cli.runtime.cublas_headers import HEADER as CUBLAS
+    from mlso_cli.runtime.cublas_headers import find_cublas_include
+
+    include = find_cublas_include(fetch=False)
+    assert (include / CUBLAS).is_file()
+    assert lib.mlso_gemm_supported() == 1
+    if "cublas-headers" in include.parts:  # fetched (not the toolkit's, not MLSO_CUBLAS_INCLUDE)
+        assert include.is_relative_to(shared_cache() / "cublas-headers")
+        assert not list(include.parent.glob("*.whl")) and not list(include.rglob("*.so*"))
+
+
+def test_gemm_create_without_a_gpu_fails_with_one_line(monkeypatch, lib):
+    """On a machine without a GPU (or without cuBLAS) the launcher's entry point reports why
+    instead of crashing; a bad plan is refused before any CUDA call."""
+    lib.mlso_gemm_create.restype = ctypes.c_void_p
+    lib.mlso_gemm_create.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+    err = ctypes.create_string_buffer(512)
+    assert lib.mlso_gemm_create(b'{"version": 3}', err, 512) is None
+    assert err.value.decode().startswith("the plan 'version' must be 1 or 2")
+    from mlso_cli.codegen import generate
+    from mlso_cli.runtime.gpu import gpu_info
+    from tests.test_libgemm import plain
+
+    if gpu_info() is not None:
+        return
+    good = plan_json(generate(plain()).plan).encode()
+    assert lib.mlso_gemm_create(good, err, 512) is None
+    why = err.value.decode()
+    assert "libcuda.so.1" in why or "cuInit" in why, why

@@ -8,6 +8,7 @@ Strategy per construct (details in each module's docstring):
   lower.py     which kernel-level nodes become kernels, buffers, launch order
   schedule.py  the one dependency-first scheduling loop (kernels, and passes within a block)
   kernels.py   elementwise chains, reductions (incl. the split-KV combine), tiled matmuls
+  libgemm.py   kernel-level matmuls as cuBLASLt calls (library GEMM launches), operand staging
   normalise.py exact block rewrites (ACC_SUM of exp terms -> rescaling accumulators), and the
                graph as codegen computes it, for the interpreter's float32 mode
   blockanalysis.py, blockstorage.py, blockmatmul.py, blocklayout.py, barriers.py

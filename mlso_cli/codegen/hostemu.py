@@ -76,8 +76,35 @@ def _runner(gp: GeneratedProgram, fn: str) -> str:
         lines.append(f"  auto sc{i} = mlso_emu::poisoned({s['bytes']});")
     ctypes = {("input", i): CTYPE[DType(t["dtype"])] for i, t in enumerate(plan["inputs"])}
     ctypes.update({("output", i): CTYPE[DType(t["dtype"])] for i, t in enumerate(plan["outputs"])})
+    ctypes.update(
+        {
+            ("scratch", i): CTYPE[DType(s["dtype"])]
+            for i, s in enumerate(plan["scratch"])
+            if "dtype" in s
+        }
+    )
     prefix = {"input": "in", "output": "out", "scratch": "sc"}
+
+    def ptr(ref: dict) -> str:
+        ctype = ctypes.get((ref["kind"], ref["index"]), "float")
+        return f"reinterpret_cast<{ctype}*>({prefix[ref['kind']]}{ref['index']}.data())"
+
     for launch in plan["launches"]:
+        if launch.get("kind") == "gemm":
+            ta, tc = CTYPE[DType(launch["dtype_ab"])], CTYPE[DType(launch["dtype_c"])]
+            ops = []
+            for role in ("a", "b", "c"):
+                o = launch[role]
+                ops.append(
+                    f"{ptr(o['buf'])}, {o['offset']}, {o['ld']}, {o['stride']}"
+                    + ("" if role == "c" else f", {str(o['trans']).lower()}")
+                )
+            lines.append(
+                f"  mlso_emu::gemm<{ta}, {tc}>({launch['m']}, {launch['n']}, {launch['k']}, "
+                f"{launch['batch']}, {', '.join(ops)}, {float(launch['alpha'])!r}f, "
+                f"{float(launch['beta'])!r}f);"
+            )
+            continue
         args = []
         for a in launch["args"]:
             key = (a["kind"], a["index"])

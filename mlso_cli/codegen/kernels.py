@@ -27,7 +27,7 @@ from mlso_cli.codegen.emitter import TEAM_LANE, Flat
 from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.program import Kernel
 from mlso_cli.codegen.scale import Scale, Val, matmul_scale, structural
-from mlso_cli.codegen.synthetic import Combined, Copy, RowMax
+from mlso_cli.codegen.synthetic import Combined, Copy, RowMax, Staged
 from mlso_cli.codegen.teams import LOOP_VAR, Pass, choose_mode, emit_passes
 from mlso_cli.codegen.views import strided
 from mlso_cli.ir.node import Node
@@ -47,6 +47,8 @@ def _ceil(a: int, b: int) -> int:
 
 
 def _what(n: Node) -> str:
+    if isinstance(n.arg, Staged):
+        return f"stage a library GEMM operand -> {n.dtype.value}{list(n.shape)}"
     if isinstance(n.arg, Copy):
         return f"copy to output {n.arg.slot} {list(n.shape)}"
     if isinstance(n.arg, RowMax):

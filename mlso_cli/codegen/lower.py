@@ -7,7 +7,10 @@ Rules (thread graphs are built by rules, not search):
     a matmul's operand loader, a reduction's loop or a graph-defined kernel's tile loader);
     it becomes a kernel of its own when several kernels need it or when it is a graph output.
   - Graph outputs live in output buffers; everything else a kernel writes is fp32 scratch
-    (fp16 intermediates would round logits of 100 by 0.03, ruining exp).
+    (fp16 intermediates would round logits of 100 by 0.03, ruining exp), except a library
+    GEMM's staged operand, which is scratch of the operand's own 16-bit dtype.
+  - A MATMUL root becomes a library GEMM (cuBLASLt) whenever libgemm.library_matmul allows it,
+    else a generated kernel.
 Kernels are emitted in dependency order by the table KERNEL_EMITTERS (op -> emitter).
 """
 
@@ -21,7 +24,15 @@ from mlso_cli.codegen.cfmt import CTYPE, Coords, contiguous
 from mlso_cli.codegen.emitter import Emitter
 from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.kernels import emit_elementwise, emit_matmul, emit_reduce
-from mlso_cli.codegen.program import Buffer, GeneratedProgram, Kernel, build_plan
+from mlso_cli.codegen.libgemm import library_matmul
+from mlso_cli.codegen.program import (
+    Buffer,
+    GemmLaunch,
+    GeneratedProgram,
+    Kernel,
+    Launch,
+    build_plan,
+)
 from mlso_cli.codegen.scale import Storage, Val, structural
 from mlso_cli.codegen.schedule import schedule
 from mlso_cli.codegen.stabilise import consumers_of, stabilisers
@@ -29,6 +40,7 @@ from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.hashing import graph_hash
 from mlso_cli.ir.node import Node, toposort
 from mlso_cli.ir.ops import REDUCE, VIEW, DType, Op
+from mlso_cli.knobs import knobs
 
 ROOT_OPS = frozenset({Op.MATMUL, Op.GRAPH_DEF}) | REDUCE
 INT_LIMIT = 2**31 - 1
@@ -69,14 +81,20 @@ class Uses:
 
 
 class Lowering:
-    def __init__(self, kg: KernelGraph, targets: tuple[str, ...]) -> None:
+    def __init__(
+        self, kg: KernelGraph, targets: tuple[str, ...], library: bool | None = None
+    ) -> None:
         self.kg = kg
         self.targets = targets
+        self.library = knobs().library_gemm if library is None else library
+        """Lower matmuls to library GEMMs where libgemm allows (MLSO_LIBRARY_GEMM=0: never)."""
+        self.library_roots: dict[Node, list[Node]] = {}
+        """Matmuls lowered to library GEMMs -> the values staged for them (codegen/plan.py)."""
         self.storage: dict[Node, Storage] = {}
         self.inputs: list[Buffer] = []
         self.outputs: list[Buffer] = []
         self.scratch: list[Buffer] = []
-        self.kernels: list[Kernel] = []
+        self.kernels: list[Launch] = []
         nodes = kg.nodes()
         self.stab = stabilisers(nodes, consumers_of(nodes))
         self.order = toposort(list(kg.outputs) + list(self.stab.values()))
@@ -94,9 +112,9 @@ class Lowering:
         self.storage[n] = st
         return st
 
-    def scratch_storage(self, n: Node) -> Storage:
+    def scratch_storage(self, n: Node, dtype: DType = DType.F32) -> Storage:
         if n not in self.storage:
-            buf = Buffer("scratch", len(self.scratch), DType.F32, n.shape)
+            buf = Buffer("scratch", len(self.scratch), dtype, n.shape)
             self.scratch.append(buf)
             self._store(n, buf)
         return self.storage[n]
@@ -111,7 +129,12 @@ class Lowering:
         """What to store for root at `tokens`: the scaled number when root is fp32 scratch and its
         scale has a simple layout (root's storage records the scale), else the exact value."""
         st = self.storage[root]
-        if v.scale is not None and isinstance(st.buffer, Buffer) and st.buffer.kind == "scratch":
+        if (
+            v.scale is not None
+            and isinstance(st.buffer, Buffer)
+            and st.buffer.kind == "scratch"
+            and st.dtype is DType.F32
+        ):
             bs = structural(v.scale, tokens)
             if bs is not None:
                 st.scale = bs
@@ -216,11 +239,14 @@ class Lowering:
         for root in schedule:
             if root.op is not Op.GRAPH_DEF:
                 self.scratch_storage(root)
+            if root.op is Op.MATMUL and self.library and library_matmul(self, root):
+                continue
             emit = KERNEL_EMITTERS.get(root.op, emit_elementwise)
             self.kernels.append(emit(self, root))
         source = self._source()
         plan = build_plan(self.targets, self.inputs, self.outputs, self.scratch, self.kernels)
-        return GeneratedProgram(source, plan, [k.name for k in self.kernels], self.kernels)
+        names = [k.name for k in self.kernels if isinstance(k, Kernel)]
+        return GeneratedProgram(source, plan, names, self.kernels)
 
     def _source(self) -> str:
         head = [
@@ -231,6 +257,9 @@ class Lowering:
         ]
         body = []
         for k in self.kernels:
+            if isinstance(k, GemmLaunch):
+                body.append(f"// {k.name}: {k.what} (no code: a cuBLASLt call in the plan)")
+                continue
             body.append(
                 f"// {k.name}: {k.what}; grid {list(k.grid)}, block {list(k.block)}, smem {k.smem} B"
             )

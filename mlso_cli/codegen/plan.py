@@ -17,12 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlso_cli.codegen.blocklayout import CODEGEN_ARCH, SmemLayout, smem_layout
+from mlso_cli.codegen.cfmt import contiguous
+from mlso_cli.codegen.libgemm import eligible, stagings
 from mlso_cli.codegen.lower import KERNEL_EMITTERS, Lowering
 from mlso_cli.codegen.normalise import normalise
+from mlso_cli.codegen.program import Buffer
+from mlso_cli.codegen.scale import Storage
 from mlso_cli.codegen.stabilise import consumers_of, stabilised
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.node import Node
-from mlso_cli.ir.ops import REDUCE, Op
+from mlso_cli.ir.ops import REDUCE, DType, Op
 
 KIND: dict[Op, str] = {
     Op.MATMUL: "matmul",
@@ -81,12 +85,18 @@ class LoweringPlan:
         }
 
 
-def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH) -> LoweringPlan:
-    """The lowering plan of kg (which must pass mlso_cli.ir.spec.check) for `arch`."""
-    lw = Lowering(kg, ())
+def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH, library: bool | None = None) -> LoweringPlan:
+    """The lowering plan of kg (which must pass mlso_cli.ir.spec.check) for `arch`.
+
+    A kernel-level matmul that generate lowers to a library GEMM is kind "gemm", preceded by a
+    "stage" kernel (root: the value it stores) per operand codegen stages
+    (`_library_decisions`)."""
+    lw = Lowering(kg, (), library)
     roots, targets = lw._roots()
     kernels = []
-    for root in lw._schedule(roots, targets):
+    decided: dict[Node, list[Node]] | None = None
+    schedule = lw._schedule(roots, targets)
+    for root in schedule:
         if root.op is Op.GRAPH_DEF:
             bg = normalise(root.arg)
             nodes = bg.nodes()
@@ -99,6 +109,68 @@ def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH) -> LoweringPlan:
                     root,
                 )
             )
+        elif root.op is Op.MATMUL and lw.library and eligible(root):
+            if decided is None:
+                decided = _library_decisions(kg, lw, roots, targets, schedule)
+            if root not in decided:
+                kernels.append(KernelPlan("matmul", root.shape, root=root))
+                continue
+            for value in decided[root]:
+                kernels.append(KernelPlan("stage", value.shape, root=value))
+            kernels.append(KernelPlan("gemm", root.shape, root=root))
         else:
             kernels.append(KernelPlan(KIND.get(root.op, "elementwise"), root.shape, root=root))
     return LoweringPlan(arch, tuple(kernels), len(lw.stab))
+
+
+def _library_decisions(
+    kg: KernelGraph, lw: Lowering, roots: set[Node], targets: list[Node], schedule: list[Node]
+) -> dict[Node, list[Node]]:
+    """Library GEMM roots -> the values staged for them, as generate decides. Decided from a
+    sketch of generate's storage (dtypes and strides) without emitting anything, except where a
+    matmul's operands derive from a softmax numerator kept relative to its row max: whether the
+    value reaching the matmul is still scaled (then it stays generated) is only known to the
+    emitter, so that rare program is lowered for real and its decisions read back."""
+    matmuls = [r for r in schedule if r.op is Op.MATMUL and eligible(r)]
+    if lw.stab and any(_reaches(r, lw.stab) for r in matmuls):
+        full = Lowering(kg, ("sm_90",), lw.library)
+        full.generate()
+        return full.library_roots
+    storage = _storage_sketch(lw, roots, targets)
+    return {r: stagings(storage, r) for r in matmuls}
+
+
+def _reaches(root: Node, stabilised: dict[Node, Node]) -> bool:
+    """Whether a stabilised EXP is among root's transitive sources."""
+    seen: set[Node] = set()
+    stack = list(root.src)
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in stabilised:
+            return True
+        stack.extend(n.src)
+    return False
+
+
+def _storage_sketch(lw: Lowering, roots: set[Node], targets: list[Node]) -> dict[Node, Storage]:
+    """Where generate stores each tensor, without emitting anything: inputs and outputs in their
+    buffers, every other kernel's result (and a graph-defined kernel's outputs) in fp32 scratch.
+    Enough for libgemm.stagings, which reads dtypes and strides only."""
+    out: dict[Node, Storage] = {}
+
+    def put(n: Node, kind: str, index: int, dtype: DType) -> None:
+        if n not in out:
+            buf = Buffer(kind, index, dtype, n.shape)
+            out[n] = Storage(buf.name, dtype, n.shape, contiguous(n.shape), buffer=buf)
+
+    for i, n in enumerate(lw.kg.inputs):
+        put(n, "input", i, n.dtype)
+    for k, n in enumerate(targets):
+        put(n, "output", k, lw.kg.outputs[k].dtype)
+    for i, n in enumerate(lw.order):
+        if n in roots or n.op is Op.PROJ:
+            put(n, "scratch", i, DType.F32)
+    return out

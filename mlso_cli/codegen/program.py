@@ -2,14 +2,25 @@
 
 The plan is the contract with the ONNX Runtime op (runtime/csrc) and the PyCUDA launcher:
 
-    {"version": 1, "targets": [...], "smem_max": int,
-     "inputs": [{"dtype", "shape"}], "outputs": [{"dtype", "shape"}], "scratch": [{"bytes"}],
-     "zero": [{"kind", "index"}], "launches": [{"kernel", "grid", "block", "smem", "args"}]}
+    {"version": 1 | 2, "targets": [...], "smem_max": int,
+     "inputs": [{"dtype", "shape"}], "outputs": [{"dtype", "shape"}],
+     "scratch": [{"bytes"} | {"bytes", "dtype", "shape"}],
+     "zero": [{"kind", "index"}],
+     "launches": [{"kernel", "grid", "block", "smem", "args"}                 # a generated kernel
+                  | {"kind": "gemm", "m", "n", "k", "batch", "a", "b", "c",   # a library GEMM
+                     "dtype_ab", "dtype_c", "alpha", "beta"}]}
 
 Kernels take only pointers, in `args` order; every shape is a constant in the source. Scratch
-buffers are fp32. A launch whose `smem` exceeds 48 KB (49152 bytes) needs its function's
-MAX_DYNAMIC_SHARED_SIZE_BYTES raised to `smem` before launching; both runtimes do that for
-exactly those launches.
+buffers are fp32 unless the entry names a dtype (a library GEMM's 16-bit operand). A launch
+whose `smem` exceeds 48 KB (49152 bytes) needs its function's MAX_DYNAMIC_SHARED_SIZE_BYTES
+raised to `smem` before launching; both runtimes do that for exactly those launches.
+
+A library GEMM (version 2; a plan without one stays version 1, byte for byte as before) computes,
+for every batch entry `e`, row-major C[e] = alpha * A[e] @ B[e] + beta * C[e] with fp32
+accumulation. Each operand is {"buf": ref, "offset", "ld", "stride", "trans"} in elements of its
+dtype: element (e, r, c) of the logical (rows x cols) matrix is at
+offset + e * stride + (trans ? c * ld + r : r * ld + c); C is never transposed. runtime/plan.py
+validates it (bounds included) and both runtimes run it with cuBLASLt (docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -61,12 +72,80 @@ class Kernel:
     """One line for logs: which μGraph node(s) this kernel computes."""
 
 
+@dataclass(frozen=True)
+class GemmOperand:
+    """One matrix of a library GEMM: a buffer and its row-major strides, in elements."""
+
+    buf: Buffer
+    offset: int
+    ld: int
+    stride: int
+    """Between batch entries (0: every entry reads the same matrix, a broadcast operand)."""
+    trans: bool = False
+    """The logical (rows x cols) matrix is stored transposed: element (r, c) at c * ld + r."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "buf": self.buf.ref(),
+            "offset": self.offset,
+            "ld": self.ld,
+            "stride": self.stride,
+            "trans": self.trans,
+        }
+
+
+@dataclass
+class GemmLaunch:
+    """A kernel-level matmul run by the GPU's BLAS library (cuBLASLt) instead of generated code:
+    C[e] = A[e] @ B[e] for e < batch, A (m x k), B (k x n), C (m x n), fp32 accumulation."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    batch: int
+    a: GemmOperand
+    b: GemmOperand
+    c: GemmOperand
+    dtype_ab: DType
+    dtype_c: DType
+    what: str = ""
+
+    @property
+    def smem(self) -> int:
+        return 0
+
+    @property
+    def params(self) -> list[Buffer]:
+        return [self.a.buf, self.b.buf, self.c.buf]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "gemm",
+            "m": self.m,
+            "n": self.n,
+            "k": self.k,
+            "batch": self.batch,
+            "a": self.a.to_json(),
+            "b": self.b.to_json(),
+            "c": self.c.to_json(),
+            "dtype_ab": self.dtype_ab.value,
+            "dtype_c": self.dtype_c.value,
+            "alpha": 1.0,
+            "beta": 0.0,
+        }
+
+
+Launch = Kernel | GemmLaunch
+
+
 @dataclass
 class GeneratedProgram:
     source: str
     plan: dict[str, Any]
     kernel_names: list[str]
-    kernels: list[Kernel] = field(default_factory=list, repr=False)
+    kernels: list[Launch] = field(default_factory=list, repr=False)
+    """Every launch in plan order: generated kernels and library GEMMs."""
 
 
 def build_plan(
@@ -74,25 +153,40 @@ def build_plan(
     inputs: list[Buffer],
     outputs: list[Buffer],
     scratch: list[Buffer],
-    kernels: list[Kernel],
+    kernels: list[Launch],
     zero: list[Buffer] | None = None,
 ) -> dict[str, Any]:
+    """The launch plan. Version 2 only when a library GEMM is in it, so every plan that could be
+    written before library launches existed is still written identically (same hash, same cache
+    keys), and older runtimes refuse a plan they cannot run with a clear "version" error."""
+    library = any(isinstance(k, GemmLaunch) for k in kernels)
     return {
-        "version": 1,
+        "version": 2 if library else 1,
         "targets": list(targets),
         "smem_max": max([k.smem for k in kernels] + [0]),
         "inputs": [{"dtype": b.dtype.value, "shape": list(b.shape)} for b in inputs],
         "outputs": [{"dtype": b.dtype.value, "shape": list(b.shape)} for b in outputs],
-        "scratch": [{"bytes": max(b.nbytes, 4)} for b in scratch],
+        "scratch": [_scratch_entry(b) for b in scratch],
         "zero": [b.ref() for b in zero or []],
-        "launches": [
-            {
-                "kernel": k.name,
-                "grid": list(k.grid),
-                "block": list(k.block),
-                "smem": k.smem,
-                "args": [b.ref() for b in k.params],
-            }
-            for k in kernels
-        ],
+        "launches": [_launch_entry(k) for k in kernels],
+    }
+
+
+def _scratch_entry(b: Buffer) -> dict[str, Any]:
+    """fp32 scratch is bytes only, as before; a 16-bit scratch (a library GEMM's materialised
+    operand) names its dtype and shape, so the emulator and the validators know its type."""
+    if b.dtype is DType.F32:
+        return {"bytes": max(b.nbytes, 4)}
+    return {"bytes": max(b.nbytes, 4), "dtype": b.dtype.value, "shape": list(b.shape)}
+
+
+def _launch_entry(k: Launch) -> dict[str, Any]:
+    if isinstance(k, GemmLaunch):
+        return k.to_json()
+    return {
+        "kernel": k.name,
+        "grid": list(k.grid),
+        "block": list(k.block),
+        "smem": k.smem,
+        "args": [b.ref() for b in k.params],
     }

@@ -50,6 +50,12 @@ class Copy:
     slot: int
 
 
+@dataclass(frozen=True)
+class Staged(Copy):
+    """A library GEMM's operand materialised into scratch of its own dtype (codegen/libgemm.py);
+    slot is a serial number, so two stagings of one tensor stay distinct nodes."""
+
+
 def row_max(s: Node, axis: int, weight: Node | None) -> Node:
     shape = s.shape[:axis] + (1,) + s.shape[axis + 1 :]
     srcs = (s,) if weight is None else (s, weight)
@@ -71,6 +77,10 @@ def partial_max(gd: Node, group: Node, omap: OutputMap, shape: tuple[int, ...]) 
 
 def copy(x: Node, slot: int) -> Node:
     return Node(Op.RESHAPE, (x,), Copy(slot), x.shape, x.dtype)
+
+
+def stage(x: Node, serial: int) -> Node:
+    return Node(Op.RESHAPE, (x,), Staged(serial), x.shape, x.dtype)
 
 
 def is_synthetic(n: Node) -> bool:

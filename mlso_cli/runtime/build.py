@@ -1,8 +1,10 @@
 """Build libmlso_ort.so (the MlsoKernel custom-op library) on demand, once per content hash.
 
 Why on demand: the library is a few hundred lines of C++ that compile in seconds with g++, it
-needs only the ONNX Runtime C headers (see ort_headers.py), and building where it runs avoids
-shipping binaries. Like Triton's cache, the key is a hash of everything that affects the output
+needs only the ONNX Runtime C headers (see ort_headers.py) and, for library GEMM launches, the
+cuBLASLt headers (cublas_headers.py; without them the library is built without GEMM support and
+a node with a library GEMM is refused at kernel creation, saying so), and building where it runs
+avoids shipping binaries. Like Triton's cache, the key is a hash of everything that affects the output
 (sources, headers, compiler identity, flags); the .so is compiled to a temporary name in the
 cache and renamed into place, so concurrent builds and interrupted builds are harmless.
 
@@ -22,9 +24,11 @@ from pathlib import Path
 
 import click
 
-from mlso_cli.console import error
+from mlso_cli.console import error, log
 from mlso_cli.errors import EnvironmentProblem, MlsoError
 from mlso_cli.knobs import knobs
+from mlso_cli.runtime.cublas_headers import HEADER as CUBLAS_HEADER
+from mlso_cli.runtime.cublas_headers import cuda_include, find_cublas_include
 from mlso_cli.runtime.ort_headers import HEADER, find_ort_include
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -58,9 +62,22 @@ def _compiler() -> tuple[str, str]:
     return path, proc.stdout.splitlines()[0] if proc.stdout else path
 
 
-def build_key(include_dir: Path, compiler_id: str) -> str:
+def gemm_includes() -> tuple[Path, ...]:
+    """(cuBLASLt include, CUDA runtime include) when both can be had, else () (the library is
+    then built without library GEMMs, and says why on stderr)."""
+    try:
+        return find_cublas_include(), cuda_include()
+    except EnvironmentProblem as e:
+        log(f"mlso: building the runtime library without library GEMMs: {e.one_line()}")
+        return ()
+
+
+def build_key(include_dir: Path, compiler_id: str, gemm: tuple[Path, ...] = ()) -> str:
     """Content hash of everything that determines the built library."""
     h = hashlib.sha256()
+    if gemm:
+        h.update(b"gemm\0")
+        h.update((gemm[0] / CUBLAS_HEADER).read_bytes())
     for item in (compiler_id, " ".join(FLAGS), " ".join(LIBS)):
         h.update(item.encode())
         h.update(b"\0")
@@ -72,7 +89,9 @@ def build_key(include_dir: Path, compiler_id: str) -> str:
     return h.hexdigest()
 
 
-def compile_library(out: Path, include_dir: Path, compiler: str) -> None:
+def compile_library(
+    out: Path, include_dir: Path, compiler: str, gemm: tuple[Path, ...] = ()
+) -> None:
     """Compile to a temporary file next to `out`, then rename it into place."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=".tmp-", suffix=".so", dir=out.parent)
@@ -81,6 +100,7 @@ def compile_library(out: Path, include_dir: Path, compiler: str) -> None:
         compiler,
         *FLAGS,
         f"-I{include_dir}",
+        *(["-DMLSO_HAVE_CUBLASLT", *(f"-I{d}" for d in gemm)] if gemm else []),
         str(CSRC / "mlso_ort.cc"),
         "-o",
         tmp_name,
@@ -110,13 +130,14 @@ def compile_library(out: Path, include_dir: Path, compiler: str) -> None:
 
 
 @lru_cache(maxsize=8)
-def _library_path(cache_dir: Path, include: Path | None) -> Path:
+def _library_path(cache_dir: Path, include: Path | None, cublas: Path | None = None) -> Path:
     compiler, compiler_id = _compiler()
     include_dir = find_ort_include()
-    key = build_key(include_dir, compiler_id)
+    gemm = gemm_includes()
+    key = build_key(include_dir, compiler_id, gemm)
     out = cache_dir / "lib" / key[:24] / LIB_NAME
     if not out.is_file():
-        compile_library(out, include_dir, compiler)
+        compile_library(out, include_dir, compiler, gemm)
     return out
 
 
@@ -124,10 +145,10 @@ def library_path() -> Path:
     """Path of the built library, building it into the cache when missing (EnvironmentProblem
     when g++ or the ONNX Runtime headers cannot be had)."""
     k = knobs()
-    path = _library_path(k.cache_dir, k.ort_include)
+    path = _library_path(k.cache_dir, k.ort_include, k.cublas_include)
     if not path.is_file():  # the cache was cleaned under a running process
         _library_path.cache_clear()
-        path = _library_path(k.cache_dir, k.ort_include)
+        path = _library_path(k.cache_dir, k.ort_include, k.cublas_include)
     return path
 
 

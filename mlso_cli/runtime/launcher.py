@@ -11,8 +11,11 @@ shared with ONNX Runtime or torch then live in one context. Why ctypes for graph
 (2026.1) has no stream-capture API, so capture goes through libcuda on PyCUDA's stream handle;
 when that fails, timing falls back to CUDA events around plain launches, and says so.
 The plan is the one codegen writes (mlso_cli/codegen/program.py); a launch whose smem exceeds
-48 KB gets its function's MAX_DYNAMIC_SHARED_SIZE_BYTES raised first. pycuda is imported
-lazily, so CPU-only machines import this module fine.
+48 KB gets its function's MAX_DYNAMIC_SHARED_SIZE_BYTES raised first. A library GEMM launch
+(plan version 2) runs through the runtime library's own cuBLASLt code (`mlso_gemm_create` /
+`mlso_gemm_run` of libmlso_ort.so, called with ctypes): the very setup the ONNX Runtime op does,
+made once here, so a capture only records cublasLtMatmul. pycuda is imported lazily, so
+CPU-only machines import this module fine.
 """
 
 from __future__ import annotations
@@ -131,6 +134,51 @@ class _DriverGraphs:
         self._fns["cuGraphDestroy"](graph)
 
 
+class _LibraryGemms:
+    """The plan's library GEMMs, set up by the runtime library in the current context."""
+
+    def __init__(self, plan: dict[str, Any]) -> None:
+        from mlso_cli.runtime import library_path
+        from mlso_cli.runtime.plan import plan_json
+
+        lib = ctypes.CDLL(str(library_path()))
+        lib.mlso_gemm_create.restype = ctypes.c_void_p
+        lib.mlso_gemm_create.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+        lib.mlso_gemm_run.restype = ctypes.c_int
+        lib.mlso_gemm_run.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_ulonglong,
+            ctypes.c_ulonglong,
+            ctypes.c_ulonglong,
+            ctypes.c_void_p,
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+        ]
+        lib.mlso_gemm_destroy.argtypes = [ctypes.c_void_p]
+        self._lib = lib
+        self._err = ctypes.create_string_buffer(1024)
+        handle = lib.mlso_gemm_create(plan_json(plan).encode(), self._err, len(self._err))
+        if not handle:
+            raise EnvironmentProblem(
+                f"cannot set up the program's library GEMMs: {self._err.value.decode()}",
+                "Install cuBLAS 13 (libcublasLt.so.13), or regenerate with MLSO_LIBRARY_GEMM=0.",
+            )
+        self._handle = ctypes.c_void_p(handle)
+
+    def run(self, index: int, a: int, b: int, c: int, stream_handle: int) -> None:
+        rc = self._lib.mlso_gemm_run(
+            self._handle, index, a, b, c, ctypes.c_void_p(stream_handle), self._err, len(self._err)
+        )
+        if rc != 0:
+            raise RuntimeError(f"library GEMM launch {index} failed: {self._err.value.decode()}")
+
+    def close(self) -> None:
+        if self._handle:
+            self._lib.mlso_gemm_destroy(self._handle)
+            self._handle = None
+
+
 class Program:
     """A compiled mlso program loaded on one GPU, with its buffers."""
 
@@ -145,11 +193,16 @@ class Program:
         self._ctx = cuda.Device(device).retain_primary_context()
         self._closed = False
         self._allocs: list[Any] = []
+        self._gemms: _LibraryGemms | None = None
         with self._current():
             self._module = cuda.module_from_buffer(fatbin)
             self._funcs: dict[str, Any] = {}
             need: dict[str, int] = {}
+            if any(launch.get("kind") == "gemm" for launch in plan["launches"]):
+                self._gemms = _LibraryGemms(plan)
             for launch in plan["launches"]:
+                if launch.get("kind") == "gemm":
+                    continue
                 name = launch["kernel"]
                 need[name] = max(need.get(name, 0), int(launch["smem"]))
                 if name not in self._funcs:
@@ -199,7 +252,15 @@ class Program:
                 else int(self.plan["scratch"][z["index"]]["bytes"])
             )
             cuda.memset_d8_async(ptr, 0, size, stream)
-        for launch in self.plan["launches"]:
+        for index, launch in enumerate(self.plan["launches"]):
+            if launch.get("kind") == "gemm":
+                a, b, c = (
+                    table[launch[r]["buf"]["kind"]][launch[r]["buf"]["index"]] for r in "abc"
+                )
+                handle = stream.handle if hasattr(stream, "handle") else stream
+                assert self._gemms is not None
+                self._gemms.run(index, a, b, c, int(handle or 0))
+                continue
             args = [table[a["kind"]][a["index"]] for a in launch["args"]]
             fn = self._funcs[launch["kernel"]]
             grid, block, smem = tuple(launch["grid"]), tuple(launch["block"]), int(launch["smem"])
@@ -356,6 +417,9 @@ class Program:
         try:
             self._ctx.push()
             try:
+                if self._gemms is not None:
+                    self._gemms.close()
+                    self._gemms = None
                 for a in self._allocs:
                     a.free()
                 self._allocs.clear()

@@ -8,11 +8,21 @@ field (e.g. "launches[0].args[1].index must be ..."); callers add which node and
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Collection
 from typing import Any
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+"""The newest plan version. Version 1 plans (generated kernels only) stay valid; version 2 adds
+library GEMM launches ({"kind": "gemm", ...}, codegen/program.py), which a version 1 plan may not
+hold, so a runtime that predates them refuses such a plan by its version."""
+VERSIONS = (1, 2)
+GEMM_TYPES = ("float16", "bfloat16", "float32")
+"""Operand dtypes of a library GEMM; C is the operands' dtype or float32."""
+GEMM_DIM_MAX = 2**31 - 1
+"""m, n, k and batch of a library GEMM: cuBLASLt takes them as 32-bit (batch) or 64-bit values;
+one limit for all keeps the C++ bounds arithmetic simple."""
 
 DTYPE_ITEMSIZE: dict[str, int] = {
     "float16": 2,
@@ -62,6 +72,22 @@ _KEY_ORDER = [
     "block",
     "smem",
     "args",
+    "m",
+    "n",
+    "k",
+    "batch",
+    "a",
+    "b",
+    "c",
+    "buf",
+    "offset",
+    "ld",
+    "stride",
+    "trans",
+    "dtype_ab",
+    "dtype_c",
+    "alpha",
+    "beta",
 ]
 _RANK = {k: i for i, k in enumerate(_KEY_ORDER)}
 # \Z, not $: $ also matches before a final newline, so "sm_90a\n" would pass here and fail in C++.
@@ -90,7 +116,11 @@ _TOP_KEYS = frozenset(
 _TENSOR_KEYS = frozenset(("dtype", "shape"))
 _SCRATCH_KEYS = frozenset(("bytes", "dtype", "shape"))
 _REF_KEYS = frozenset(("kind", "index"))
-_LAUNCH_KEYS = frozenset(("kernel", "grid", "block", "smem", "args"))
+_LAUNCH_KEYS = frozenset(("kind", "kernel", "grid", "block", "smem", "args"))
+_GEMM_KEYS = frozenset(
+    ("kind", "m", "n", "k", "batch", "a", "b", "c", "dtype_ab", "dtype_c", "alpha", "beta")
+)
+_OPERAND_KEYS = frozenset(("buf", "offset", "ld", "stride", "trans"))
 
 
 class PlanProblem(ValueError):
@@ -235,8 +265,8 @@ def validate_plan(
     if not isinstance(plan, dict):
         raise PlanProblem("must be a JSON object", "not_object")
     _known_keys(plan, _TOP_KEYS, "the plan")
-    if not _is_int(plan.get("version"), PLAN_VERSION, PLAN_VERSION):
-        raise PlanProblem(f"'version' must be {PLAN_VERSION}", "version")
+    if not _is_int(plan.get("version"), VERSIONS[0], VERSIONS[-1]):
+        raise PlanProblem("'version' must be 1 or 2", "version")
     targets = plan.get("targets")
     if (
         not isinstance(targets, list)
@@ -295,6 +325,12 @@ def validate_plan(
         where = f"launches[{i}]"
         if not isinstance(launch, dict):
             raise PlanProblem(f"{where} must be an object", "launches")
+        kind = launch.get("kind", "kernel")
+        if kind not in ("kernel", "gemm"):
+            raise PlanProblem(f'{where}.kind must be "kernel" or "gemm"', "launch_kind")
+        if kind == "gemm":
+            _gemm(launch, where, plan, inputs, outputs, scratch)
+            continue
         _known_keys(launch, _LAUNCH_KEYS, where)
         kernel = launch.get("kernel")
         if not isinstance(kernel, str) or not _KERNEL.match(kernel):
@@ -320,11 +356,90 @@ def validate_plan(
         _check_declared(outputs, declared_outputs, "outputs")
     if kernels is not None:
         for i, launch in enumerate(launches):
+            if launch.get("kind") == "gemm":
+                continue  # a library call: nothing to find in the binary
             if launch["kernel"] not in kernels:
                 raise PlanProblem(
                     f"launches[{i}].kernel '{launch['kernel']}' is not in the kernel binary",
                     "kernel_missing",
                 )
+
+
+def _gemm(
+    launch: dict[str, Any],
+    where: str,
+    plan: dict[str, Any],
+    inputs: list[dict[str, Any]],
+    outputs: list[dict[str, Any]],
+    scratch: list[dict[str, Any]],
+) -> None:
+    """A library GEMM launch: shapes, dtypes, operand layouts, and that every element the call
+    touches lies inside its buffer (cuBLASLt trusts its arguments; a bad plan would make it read
+    or write out of bounds). Same checks, same order, as csrc/mlso_plan.h's gemm()."""
+    if plan["version"] < 2:
+        raise PlanProblem(f"{where} is a library GEMM, which needs 'version' 2", "version")
+    _known_keys(launch, _GEMM_KEYS, where)
+    dims = {}
+    for key in ("m", "n", "k", "batch"):
+        if not _is_int(launch.get(key), 1, GEMM_DIM_MAX):
+            raise PlanProblem(f"{where}.{key} must be an integer in [1, 2^31-1]", "gemm")
+        dims[key] = launch[key]
+    dab, dc = launch.get("dtype_ab"), launch.get("dtype_c")
+    if not isinstance(dab, str) or dab not in GEMM_TYPES:
+        raise PlanProblem(f"{where}.dtype_ab must be one of {', '.join(GEMM_TYPES)}", "gemm")
+    if not isinstance(dc, str) or dc not in (dab, "float32"):
+        raise PlanProblem(f"{where}.dtype_c must be {dab} or float32", "gemm")
+    for key in ("alpha", "beta"):
+        v = launch.get(key)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            raise PlanProblem(f"{where}.{key} must be a finite number", "gemm")
+    m, n, k, batch = dims["m"], dims["n"], dims["k"], dims["batch"]
+    tensors = {"input": inputs, "output": outputs}
+    refs = {}
+    for role, rows, cols, dtype in (("a", m, k, dab), ("b", k, n, dab), ("c", m, n, dc)):
+        w = f"{where}.{role}"
+        op = launch.get(role)
+        if not isinstance(op, dict):
+            raise PlanProblem(f"{w} must be an object", "gemm")
+        _known_keys(op, _OPERAND_KEYS, w)
+        limits = {"output": len(outputs), "scratch": len(scratch)}
+        if role != "c":
+            limits = {"input": len(inputs), **limits}
+        _buf_ref(op.get("buf"), f"{w}.buf", limits)
+        for key, lo in (("offset", 0), ("ld", 1), ("stride", 0)):
+            if not _is_int(op.get(key), lo, DIM_MAX):
+                raise PlanProblem(f"{w}.{key} must be an integer in [{lo}, 2^40]", "gemm")
+        if not isinstance(op.get("trans"), bool) or (role == "c" and op["trans"]):
+            raise PlanProblem(
+                f"{w}.trans must be {'false' if role == 'c' else 'true or false'}", "gemm"
+            )
+        ref = op["buf"]
+        if ref["kind"] == "scratch":
+            entry = scratch[ref["index"]]
+            have, nbytes = entry.get("dtype", "float32"), entry["bytes"]
+        else:
+            entry = tensors[ref["kind"]][ref["index"]]
+            have, nbytes = entry["dtype"], _shape_bytes(entry, ref["kind"])
+        if have != dtype:
+            raise PlanProblem(f"{w}.buf is {have}, the GEMM reads it as {dtype}", "gemm")
+        trans, ld, stride = op["trans"], op["ld"], op["stride"]
+        if ld < (rows if trans else cols):
+            raise PlanProblem(
+                f"{w}.ld is {ld}, less than its {'rows' if trans else 'columns'} "
+                f"({rows if trans else cols})",
+                "gemm",
+            )
+        span = (cols - 1) * ld + rows if trans else (rows - 1) * ld + cols
+        if role == "c" and batch > 1 and stride < span:
+            raise PlanProblem(f"{w}.stride is {stride}: batch entries of C overlap", "gemm")
+        last = op["offset"] + (batch - 1) * stride + span
+        if last * DTYPE_ITEMSIZE[dtype] > nbytes:
+            raise PlanProblem(
+                f"{w} reaches element {last - 1} of a buffer of {nbytes} bytes", "gemm_bounds"
+            )
+        refs[role] = (ref["kind"], ref["index"])
+    if refs["c"] in (refs["a"], refs["b"]):
+        raise PlanProblem(f"{where}.c is the buffer of an operand", "gemm")
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -36,6 +36,10 @@ Calibration (measured, or fitted to measurements) (benchmarks/RESULTS.md, "optim
   about 5% of DRAM bandwidth and 3.2 TFLOP/s on the benchmark shapes (rmsnorm_linear's lifted
   program: 246 / 349 / 499 µs at bs 1 / 8 / 16). Without these the model called those programs
   1.8x faster than ONNX Runtime where they are 4-7x slower, and the never-slower rule broke.
+- Since library GEMMs (codegen/libgemm.py), a kernel-level matmul whose dtypes cuBLASLt takes
+  is a library call, priced by `library_gemm_s` (the `library_*` constants below: estimates
+  until calibrated on the H200), plus one elementwise kernel per operand codegen must stage.
+  The codegen matmul rates above still price the matmuls that stay generated.
 """
 
 from __future__ import annotations
@@ -66,6 +70,15 @@ class Hardware:
     codegen_matmul_bw_fraction: float = 0.05
     codegen_matmul_flops: float = 3.2e12
     """Measured rates of codegen's kernel-level matmul (graph-defined kernels are not affected)."""
+    library_tensor_flops: float = 650e12
+    """cuBLASLt fp16/bf16 GEMM throughput (estimate, about 80% of the H200's dense peak)."""
+    library_fp32_flops: float = 50e12
+    """cuBLASLt fp32 GEMM throughput without TF32 (estimate)."""
+    library_bytes_per_s: float = 4.0e12
+    """DRAM bandwidth a library GEMM reaches (estimate)."""
+    library_call_s: float = 4.0e-6
+    """Fixed cost of one library GEMM call: launch, tail, and the small-tile inefficiency of a
+    skinny GEMM (estimate; calibrate on the H200)."""
     smem_per_sm: int = 228 * 1024
     threads_per_sm: int = 2048
     step_latency_s: float = 0.6e-6
@@ -212,6 +225,8 @@ def program_cost(kg: KernelGraph, hw: Hardware = H200) -> Cost:
     nbytes = flops = launches = 0
     kernels = plan(kg, "sm_90").kernels
     materialised = {k.root for k in kernels}
+    computed = {k.root for k in kernels if k.kind != "stage"}
+    """What the other kernels wrote: a staging kernel reads it, or the producers it fuses."""
     for k in kernels:
         n = k.root
         assert n is not None
@@ -223,7 +238,15 @@ def program_cost(kg: KernelGraph, hw: Hardware = H200) -> Cost:
             b = sum(_bytes(s) for s in _kernel_reads(n, materialised)) + _bytes(n)
             f = _matmul_flops(n) if n.op is Op.MATMUL else n.numel
             tensor = n.op is Op.MATMUL and n.src[0].dtype is not DType.F32
-            if n.op is Op.MATMUL:
+            if k.kind == "gemm":
+                total += library_gemm_s(n, hw)
+                nbytes, flops, launches = nbytes + b, flops + f, launches + 1
+                continue
+            if k.kind == "stage":  # a library GEMM's operand written in its own dtype
+                reads = [n] if n in computed else _kernel_reads(n, computed)
+                b = sum(_bytes(s) for s in reads) + _bytes(n)
+                t = _kernel_time(hw, b, n.numel, False) + hw.pre_latency_s
+            elif n.op is Op.MATMUL:
                 t = (
                     max(
                         b / (hw.dram_bytes_per_s * hw.codegen_matmul_bw_fraction),
@@ -237,6 +260,15 @@ def program_cost(kg: KernelGraph, hw: Hardware = H200) -> Cost:
         total += t
         nbytes, flops, launches = nbytes + b, flops + f, launches + 1
     return Cost(total, nbytes, flops, launches)
+
+
+def library_gemm_s(n: Node, hw: Hardware = H200) -> float:
+    """One cuBLASLt call computing matmul n from operands in memory: the larger of its FLOPs and
+    its bytes (A, B read once, C written once) at the library's rates, plus the fixed call cost."""
+    a, b = n.src
+    rate = hw.library_fp32_flops if a.dtype is DType.F32 else hw.library_tensor_flops
+    moved = _bytes(a) + _bytes(b) + n.numel * 4
+    return max(_matmul_flops(n) / rate, moved / hw.library_bytes_per_s) + hw.library_call_s
 
 
 def _kernel_reads(root: Node, materialised: set) -> list[Node]:

@@ -594,10 +594,12 @@ def check_kernel(
 
 
 def emulated_threads(plan: dict[str, Any]) -> int:
-    """CUDA threads summed over the plan's launches (grid times block)."""
+    """CUDA threads summed over the plan's launches (grid times block; a library GEMM, run on
+    the emulator's host thread, counts none)."""
     return sum(
         math.prod(int(v) for v in launch["grid"]) * math.prod(int(v) for v in launch["block"])
         for launch in plan.get("launches", [])
+        if launch.get("kind") != "gemm"
     )
 
 

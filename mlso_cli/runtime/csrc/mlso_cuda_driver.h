@@ -49,6 +49,9 @@ struct Driver {
                              unsigned, unsigned, CUstream, void**, void**) = nullptr;
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
   CUresult (*cuGetErrorName)(CUresult, const char**) = nullptr;
+  // Optional (only library GEMMs need them, for their workspace; mlso_gemm.h checks).
+  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t) = nullptr;
+  CUresult (*cuMemFree)(CUdeviceptr) = nullptr;
   CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
 
   std::string describe(CUresult r) const {
@@ -101,6 +104,8 @@ inline const Driver* driver(std::string* error) {
     bind(drv.cuMemsetD8Async, "cuMemsetD8Async");
     bind(drv.cuGetErrorName, "cuGetErrorName");
     bind(drv.cuGetErrorString, "cuGetErrorString");
+    drv.cuMemAlloc = reinterpret_cast<decltype(drv.cuMemAlloc)>(dlsym(lib, "cuMemAlloc_v2"));
+    drv.cuMemFree = reinterpret_cast<decltype(drv.cuMemFree)>(dlsym(lib, "cuMemFree_v2"));
     if (!all) {
       load_error = "libcuda.so.1 lacks " + missing + "; the NVIDIA driver is too old";
       return;

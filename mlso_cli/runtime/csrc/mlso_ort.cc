@@ -31,6 +31,7 @@
 #include "onnxruntime_c_api.h"
 
 #include "mlso_cuda_driver.h"
+#include "mlso_gemm.h"
 #include "mlso_plan.h"
 #include "mlso_sha256.h"
 
@@ -125,12 +126,17 @@ struct Kernel {
   bool device_retained = false;
   cu::CUcontext ctx = nullptr;
   cu::CUmodule module = nullptr;
-  std::vector<cu::CUfunction> functions;  // one per launch, in plan order
+  std::vector<cu::CUfunction> functions;  // one per launch, in plan order (null: a GEMM)
   OrtAllocator* allocator = nullptr;      // the EP's device allocator, for scratch
+  std::unique_ptr<mlso::blas::Runner> gemms;  // the plan's library GEMMs, made at creation
 
   std::string where() const { return std::string(kOpName) + " node '" + node + "': "; }
 
   ~Kernel() {
+    if (gemms && drv) {
+      ContextScope scope(drv, ctx);
+      gemms.reset();
+    }
     if (module && drv) {
       ContextScope scope(drv, ctx);
       drv->cuModuleUnload(module);
@@ -391,6 +397,10 @@ OrtStatus* create_kernel(const OrtKernelInfo* info, Kernel* k) {
   }
   std::map<std::string, std::pair<cu::CUfunction, unsigned>> by_name;  // function, max smem
   for (const auto& launch : k->plan.launches) {
+    if (launch.is_gemm) {
+      k->functions.push_back(nullptr);
+      continue;
+    }
     auto it = by_name.find(launch.kernel);
     if (it == by_name.end()) {
       cu::CUfunction fn = nullptr;
@@ -417,6 +427,15 @@ OrtStatus* create_kernel(const OrtKernelInfo* info, Kernel* k) {
                                    entry.first + "' to " + std::to_string(smem) +
                                    " bytes: " + drv->describe(r));
       }
+    }
+  }
+  if (k->plan.has_gemm()) {
+    // Handle, descriptors, algorithms and the workspace now, before ORT captures a CUDA graph.
+    k->gemms.reset(new mlso::blas::Runner());
+    std::string why;
+    if (!k->gemms->init(k->plan, drv, &why)) {
+      k->gemms.reset();
+      return error(ORT_FAIL, k->where() + "cannot set up its library GEMMs: " + why + ".");
     }
   }
   return nullptr;
@@ -569,6 +588,19 @@ OrtStatus* compute(Kernel* k, OrtKernelContext* context) {
   std::vector<void*> params;
   for (size_t l = 0; l < plan.launches.size(); ++l) {
     const auto& launch = plan.launches[l];
+    if (launch.is_gemm) {
+      size_t bytes = 0;
+      const mlso::Gemm& g = launch.gemm;
+      void* a = pointer(g.a.buf, &bytes);
+      void* b = pointer(g.b.buf, &bytes);
+      void* c = pointer(g.c.buf, &bytes);
+      std::string why;
+      if (!k->gemms || !k->gemms->run(l, a, b, c, stream, &why)) {
+        return error(ORT_FAIL, k->where() + "launch " + std::to_string(l) +
+                                   " (a library GEMM) failed: " + why);
+      }
+      continue;
+    }
     values.assign(launch.args.size(), 0);
     params.assign(launch.args.size(), nullptr);
     for (size_t a = 0; a < launch.args.size(); ++a) {
@@ -721,6 +753,61 @@ MLSO_EXPORT int mlso_selftest_plan(const char* plan_json, long n_inputs, long n_
   }
   copy_message("", err, err_len);
   return 0;
+}
+
+// ---- library GEMMs for the PyCUDA launcher (runtime/launcher.py): the very code the op runs ----
+
+namespace {
+struct GemmHandle {
+  mlso::Plan plan;
+  mlso::blas::Runner runner;
+};
+}  // namespace
+
+// Parses the plan and sets up all its library GEMMs in the calling thread's current CUDA context
+// (the launcher pushes the device's primary context). Returns a handle, or null with the reason
+// in err.
+MLSO_EXPORT void* mlso_gemm_create(const char* plan_json, char* err, size_t err_len) {
+  std::unique_ptr<GemmHandle> h(new GemmHandle());
+  std::string problem;
+  if (!mlso::parse_plan(plan_json ? plan_json : "", -1, -1, &h->plan, &problem)) {
+    copy_message("the plan " + problem, err, err_len);
+    return nullptr;
+  }
+  const cu::Driver* drv = cu::driver(&problem);
+  if (!drv || !h->runner.init(h->plan, drv, &problem)) {
+    copy_message(problem, err, err_len);
+    return nullptr;
+  }
+  copy_message("", err, err_len);
+  return h.release();
+}
+
+// Enqueues launch `index` (a library GEMM) on `stream` (a CUstream; 0 is the legacy default
+// stream); a, b, c are the base device pointers of the buffers its operands name. 0 on success.
+MLSO_EXPORT int mlso_gemm_run(void* handle, size_t index, unsigned long long a,
+                              unsigned long long b, unsigned long long c, void* stream, char* err,
+                              size_t err_len) {
+  auto* h = static_cast<GemmHandle*>(handle);
+  std::string problem;
+  auto ptr = [](unsigned long long p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); };
+  if (!h || !h->runner.run(index, ptr(a), ptr(b), ptr(c), static_cast<cu::CUstream>(stream),
+                           &problem)) {
+    copy_message(h ? problem : std::string("null handle"), err, err_len);
+    return 1;
+  }
+  return 0;
+}
+
+MLSO_EXPORT void mlso_gemm_destroy(void* handle) { delete static_cast<GemmHandle*>(handle); }
+
+// 1 when this build can run library GEMMs (it was compiled against the cuBLASLt headers).
+MLSO_EXPORT int mlso_gemm_supported(void) {
+#ifdef MLSO_HAVE_CUBLASLT
+  return 1;
+#else
+  return 0;
+#endif
 }
 
 // 0: tensor input `index` with this dtype/shape matches the plan; 1: it does not (reason in err);

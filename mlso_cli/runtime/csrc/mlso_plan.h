@@ -1,4 +1,5 @@
-// The launch plan (version 1): what the op checks, allocates, zeroes and launches.
+// The launch plan (versions 1 and 2): what the op checks, allocates, zeroes and launches.
+// Version 2 adds library GEMM launches ({"kind": "gemm", ...}), run with cuBLASLt (mlso_gemm.h).
 //
 // Why a separate header: the rules must be identical at kernel creation and in the self-test
 // entry points that CPU tests call through ctypes, and they mirror mlso_cli/runtime/plan.py.
@@ -86,7 +87,28 @@ struct BufRef {
   size_t index = 0;
 };
 
+// One matrix of a library GEMM, in elements of its dtype: element (e, r, c) of the logical
+// matrix is at offset + e * stride + (trans ? c * ld + r : r * ld + c).
+struct GemmOperand {
+  BufRef buf;
+  int64_t offset = 0;
+  int64_t ld = 1;
+  int64_t stride = 0;
+  bool trans = false;
+};
+
+// C[e] = alpha * A[e] @ B[e] + beta * C[e], row-major, for e < batch; fp32 accumulation.
+struct Gemm {
+  int64_t m = 1, n = 1, k = 1, batch = 1;
+  GemmOperand a, b, c;
+  int dtype_ab = 0;
+  int dtype_c = 0;
+  double alpha = 1.0, beta = 0.0;
+};
+
 struct Launch {
+  bool is_gemm = false;  // a library GEMM (`gemm` holds it) rather than a kernel
+  Gemm gemm;
   std::string kernel;
   unsigned grid[3] = {1, 1, 1};
   unsigned block[3] = {1, 1, 1};
@@ -109,6 +131,13 @@ struct Plan {
     int64_t m = smem_max;
     for (const auto& l : launches) m = l.smem > m ? static_cast<int64_t>(l.smem) : m;
     return m;
+  }
+
+  bool has_gemm() const {
+    for (const auto& l : launches) {
+      if (l.is_gemm) return true;
+    }
+    return false;
   }
 };
 
@@ -289,6 +318,140 @@ inline bool dim3(const json::Value* v, const std::string& where, const int64_t* 
   return true;
 }
 
+inline bool get_number(const json::Value* v, double* out) {
+  if (!v || v->kind != json::Value::Number) return false;
+  double x = v->is_int ? static_cast<double>(v->i) : v->d;
+  if (!(x == x) || x > 1.7976931348623157e308 || x < -1.7976931348623157e308) return false;
+  *out = x;
+  return true;
+}
+
+// A library GEMM launch; the checks and their order are runtime/plan.py's _gemm().
+inline bool gemm(const json::Value& l, const std::string& where, const Plan& plan,
+                 const std::vector<size_t>& scratch_dtype, Gemm* g, const Problem& p) {
+  if (plan.version < 2) {
+    return p.fail("version", where + " is a library GEMM, which needs 'version' 2");
+  }
+  if (!known_keys(l, {"kind", "m", "n", "k", "batch", "a", "b", "c", "dtype_ab", "dtype_c",
+                      "alpha", "beta"},
+                  where, p)) {
+    return false;
+  }
+  const char* names[4] = {"m", "n", "k", "batch"};
+  int64_t* dims[4] = {&g->m, &g->n, &g->k, &g->batch};
+  for (int i = 0; i < 4; ++i) {
+    if (!get_int(l.get(names[i]), 1, INT32_MAX, dims[i])) {
+      return p.fail("gemm", where + "." + names[i] + " must be an integer in [1, 2^31-1]");
+    }
+  }
+  const json::Value* dab = l.get("dtype_ab");
+  size_t size_ab = 0, size_c = 0;
+  bool ab_ok = dab && dab->kind == json::Value::String &&
+               (dab->s == "float16" || dab->s == "bfloat16" || dab->s == "float32");
+  if (!ab_ok || !dtype_from_name(dab->s, &g->dtype_ab, &size_ab)) {
+    return p.fail("gemm", where + ".dtype_ab must be one of float16, bfloat16, float32");
+  }
+  const json::Value* dc = l.get("dtype_c");
+  bool c_ok = dc && dc->kind == json::Value::String && (dc->s == dab->s || dc->s == "float32");
+  if (!c_ok || !dtype_from_name(dc->s, &g->dtype_c, &size_c)) {
+    return p.fail("gemm", where + ".dtype_c must be " + dab->s + " or float32");
+  }
+  if (!get_number(l.get("alpha"), &g->alpha)) {
+    return p.fail("gemm", where + ".alpha must be a finite number");
+  }
+  if (!get_number(l.get("beta"), &g->beta)) {
+    return p.fail("gemm", where + ".beta must be a finite number");
+  }
+  struct Role {
+    const char* name;
+    int64_t rows, cols;
+    int dtype;
+    size_t itemsize;
+    GemmOperand* op;
+  };
+  Role roles[3] = {{"a", g->m, g->k, g->dtype_ab, size_ab, &g->a},
+                   {"b", g->k, g->n, g->dtype_ab, size_ab, &g->b},
+                   {"c", g->m, g->n, g->dtype_c, size_c, &g->c}};
+  for (const Role& r : roles) {
+    std::string w = where + "." + r.name;
+    const json::Value* op = l.get(r.name);
+    if (!op || op->kind != json::Value::Object) return p.fail("gemm", w + " must be an object");
+    if (!known_keys(*op, {"buf", "offset", "ld", "stride", "trans"}, w, p)) return false;
+    const json::Value* buf = op->get("buf");
+    bool is_c = std::string(r.name) == "c";
+    if (!buf) return p.fail("ref", w + ".buf must be an object");
+    if (!buf_ref(*buf, w + ".buf", !is_c, plan, &r.op->buf, p)) return false;
+    const char* keys[3] = {"offset", "ld", "stride"};
+    int64_t* vals[3] = {&r.op->offset, &r.op->ld, &r.op->stride};
+    for (int i = 0; i < 3; ++i) {
+      int64_t lo = i == 1 ? 1 : 0;
+      if (!get_int(op->get(keys[i]), lo, kDimMax, vals[i])) {
+        return p.fail("gemm", w + "." + keys[i] + " must be an integer in [" +
+                                  std::to_string(lo) + ", 2^40]");
+      }
+    }
+    const json::Value* trans = op->get("trans");
+    if (!trans || trans->kind != json::Value::Bool || (is_c && trans->b)) {
+      return p.fail("gemm", w + ".trans must be " + (is_c ? "false" : "true or false"));
+    }
+    r.op->trans = trans->b;
+    int have = 0;
+    uint64_t nbytes = 0;
+    std::string have_name;
+    switch (r.op->buf.kind) {
+      case BufKind::Input:
+        have = plan.inputs[r.op->buf.index].dtype;
+        nbytes = plan.inputs[r.op->buf.index].bytes;
+        break;
+      case BufKind::Output:
+        have = plan.outputs[r.op->buf.index].dtype;
+        nbytes = plan.outputs[r.op->buf.index].bytes;
+        break;
+      case BufKind::Scratch:
+      default:
+        have = static_cast<int>(scratch_dtype[r.op->buf.index]);
+        nbytes = plan.scratch[r.op->buf.index];
+        break;
+    }
+    if (have != r.dtype) {
+      return p.fail("gemm", w + ".buf is " + dtype_name(have) + ", the GEMM reads it as " +
+                                dtype_name(r.dtype));
+    }
+    int64_t need = r.op->trans ? r.rows : r.cols;
+    if (r.op->ld < need) {
+      return p.fail("gemm", w + ".ld is " + std::to_string(r.op->ld) + ", less than its " +
+                                (r.op->trans ? "rows" : "columns") + " (" +
+                                std::to_string(need) + ")");
+    }
+    // Every factor is below 2^41, so the products fit in 128 bits.
+    using u128 = unsigned __int128;
+    u128 span = r.op->trans ? u128(r.cols - 1) * u128(r.op->ld) + u128(r.rows)
+                            : u128(r.rows - 1) * u128(r.op->ld) + u128(r.cols);
+    if (is_c && g->batch > 1 && u128(r.op->stride) < span) {
+      return p.fail("gemm", w + ".stride is " + std::to_string(r.op->stride) +
+                                ": batch entries of C overlap");
+    }
+    u128 last = u128(r.op->offset) + u128(g->batch - 1) * u128(r.op->stride) + span;
+    if (last * u128(r.itemsize) > u128(nbytes)) {
+      u128 idx = last - 1;
+      std::string digits;
+      do {
+        digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(idx % 10)));
+        idx /= 10;
+      } while (idx);
+      return p.fail("gemm_bounds", w + " reaches element " + digits + " of a buffer of " +
+                                       std::to_string(nbytes) + " bytes");
+    }
+  }
+  auto same = [](const BufRef& x, const BufRef& y) {
+    return x.kind == y.kind && x.index == y.index;
+  };
+  if (same(g->c.buf, g->a.buf) || same(g->c.buf, g->b.buf)) {
+    return p.fail("gemm", where + ".c is the buffer of an operand");
+  }
+  return true;
+}
+
 inline std::string declared_str(const Declared& d) {
   std::string s = d.dtype ? dtype_name(d.dtype) : std::string("?");
   if (!d.has_shape) return s + " [?]";
@@ -345,7 +508,9 @@ inline bool parse_plan(const std::string& text, long n_inputs, long n_outputs, P
     return false;
   }
   int64_t version = 0;
-  if (!get_int(root.get("version"), 1, 1, &version)) return p.fail("version", "'version' must be 1");
+  if (!get_int(root.get("version"), 1, 2, &version)) {
+    return p.fail("version", "'version' must be 1 or 2");
+  }
   plan->version = static_cast<int>(version);
   const json::Value* targets = root.get("targets");
   const char* targets_msg = "'targets' must be a non-empty list of strings such as \"sm_90a\"";
@@ -381,6 +546,7 @@ inline bool parse_plan(const std::string& text, long n_inputs, long n_outputs, P
     return p.fail("scratch", "'scratch' must be a list");
   }
   uint64_t total = 0;
+  std::vector<size_t> scratch_dtype;  // kFloat32 unless the entry names its dtype
   for (size_t i = 0; i < scratch->items.size(); ++i) {
     const json::Value& s = scratch->items[i];
     std::string where = "scratch[" + std::to_string(i) + "]";
@@ -390,9 +556,11 @@ inline bool parse_plan(const std::string& text, long n_inputs, long n_outputs, P
     if (!get_int(s.get("bytes"), 0, static_cast<int64_t>(kTensorBytesMax), &bytes)) {
       return p.fail("scratch", where + ".bytes must be an integer in [0, 2^40]");
     }
+    scratch_dtype.push_back(kFloat32);
     if (s.get("dtype") || s.get("shape")) {
       TensorSpec spec;
       if (!plan_detail::shape_bytes(s, where, &spec, p)) return false;
+      scratch_dtype.back() = static_cast<size_t>(spec.dtype);
       uint64_t need = spec.bytes < 4 ? 4 : spec.bytes;
       if (static_cast<uint64_t>(bytes) != need) {
         return p.fail("scratch", where + ".bytes is " + std::to_string(bytes) +
@@ -423,10 +591,22 @@ inline bool parse_plan(const std::string& text, long n_inputs, long n_outputs, P
     const json::Value& l = launches->items[i];
     std::string where = "launches[" + std::to_string(i) + "]";
     if (l.kind != json::Value::Object) return p.fail("launches", where + " must be an object");
-    if (!plan_detail::known_keys(l, {"kernel", "grid", "block", "smem", "args"}, where, p)) {
-      return false;
+    const json::Value* kind = l.get("kind");
+    bool is_gemm = kind && kind->kind == json::Value::String && kind->s == "gemm";
+    if (kind && !is_gemm && !(kind->kind == json::Value::String && kind->s == "kernel")) {
+      return p.fail("launch_kind", where + ".kind must be \"kernel\" or \"gemm\"");
     }
     Launch launch;
+    if (is_gemm) {
+      launch.is_gemm = true;
+      if (!plan_detail::gemm(l, where, *plan, scratch_dtype, &launch.gemm, p)) return false;
+      plan->launches.push_back(std::move(launch));
+      continue;
+    }
+    if (!plan_detail::known_keys(l, {"kind", "kernel", "grid", "block", "smem", "args"}, where,
+                                 p)) {
+      return false;
+    }
     const json::Value* kernel = l.get("kernel");
     if (!kernel || kernel->kind != json::Value::String ||
         !plan_detail::valid_kernel_name(kernel->s)) {
@@ -483,6 +663,7 @@ inline bool check_kernels(const Plan& plan, HasKernel has_kernel, std::string* e
                           std::string* code = nullptr) {
   const plan_detail::Problem p{err, code};
   for (size_t i = 0; i < plan.launches.size(); ++i) {
+    if (plan.launches[i].is_gemm) continue;  // a library call: nothing to find in the binary
     if (!has_kernel(plan.launches[i].kernel)) {
       return p.fail("kernel_missing", "launches[" + std::to_string(i) + "].kernel '" +
                                           plan.launches[i].kernel +

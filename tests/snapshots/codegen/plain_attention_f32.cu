@@ -2,17 +2,7 @@
 // uGraph sha256 57d06fa067ee989c7cea38eda98587128440823021a95a3c1be654caae73cd5c; targets sm_80, sm_90a
 #include "mlso.cuh"
 
-// mlso_k0: matmul [2, 24, 12] x [2, 12, 40] (fp32 SIMT); grid [1, 1, 2], block [256, 1, 1], smem 8192 B
-extern "C" __global__ void __launch_bounds__(256) mlso_k0(const float* __restrict__ in0, const float* __restrict__ in1, float* __restrict__ sc0) {
-  MLSO_DYNAMIC_SMEM(smem);
-  auto a_at = [&](int b, int m, int k) -> float { const float t0 = mlso::to_f32(in0[b * 288 + m * 12 + k]); return t0; };
-  auto a_ptr = [&](int, int, int) -> const float* { return nullptr; };
-  auto b_at = [&](int b, int k, int n) -> float { const float t1 = mlso::to_f32(in1[b * 480 + k * 40 + n]); return t1; };
-  auto b_ptr = [&](int, int, int) -> const float* { return nullptr; };
-  auto c_st = [&](int b, int m, int n, float v) { sc0[(b * 24 + m) * 40 + n] = mlso::from_f32<float>(v); };
-  mlso::gemm_simt_64x64<24, 40, 12, true, false>(smem, a_at, b_at, c_st);
-}
-
+// mlso_k0: library GEMM [2, 24, 12] x [2, 12, 40] -> float32 (float32, cuBLASLt) (no code: a cuBLASLt call in the plan)
 // mlso_k1: softmax stabiliser: row max over axis 2 -> [2, 24, 1]; grid [6, 1, 1], block [256, 1, 1], smem 0 B
 extern "C" __global__ void __launch_bounds__(256) mlso_k1(const float* __restrict__ sc0, float* __restrict__ sc1) {
   const int lane = threadIdx.x & 31;
@@ -55,13 +45,14 @@ extern "C" __global__ void __launch_bounds__(256) mlso_k3(const float* __restric
   }
 }
 
-// mlso_k4: matmul [2, 24, 40] x [2, 40, 12] (fp32 SIMT); grid [1, 1, 2], block [256, 1, 1], smem 8192 B
-extern "C" __global__ void __launch_bounds__(256) mlso_k4(const float* __restrict__ in2, float* __restrict__ out0, const float* __restrict__ sc2, const float* __restrict__ sc3) {
-  MLSO_DYNAMIC_SMEM(smem);
-  auto a_at = [&](int b, int m, int k) -> float { const float t0 = mlso::to_f32(sc2[b * 960 + m * 40 + k]); const float t1 = mlso::to_f32(sc3[b * 24 + m]); const float t2 = mlso::ew::div(t0, t1); return t2; };
-  auto a_ptr = [&](int, int, int) -> const float* { return nullptr; };
-  auto b_at = [&](int b, int k, int n) -> float { const float t3 = mlso::to_f32(in2[b * 480 + k * 12 + n]); return t3; };
-  auto b_ptr = [&](int, int, int) -> const float* { return nullptr; };
-  auto c_st = [&](int b, int m, int n, float v) { out0[(b * 24 + m) * 12 + n] = mlso::from_f32<float>(v); };
-  mlso::gemm_simt_64x64<24, 12, 40, true, false>(smem, a_at, b_at, c_st);
+// mlso_k4: stage a library GEMM operand -> float32[2, 24, 40]; grid [8, 1, 1], block [256, 1, 1], smem 0 B
+extern "C" __global__ void __launch_bounds__(256) mlso_k4(const float* __restrict__ sc2, const float* __restrict__ sc3, float* __restrict__ sc4) {
+  for (int i = blockIdx.x * 256 + threadIdx.x; i < 1920; i += gridDim.x * 256) {
+    const float t0 = mlso::to_f32(sc2[i]);
+    const float t1 = mlso::to_f32(sc3[((i / 960)) * 24 + (((i / 40)) % 24)]);
+    const float t2 = mlso::ew::div(t0, t1);
+    sc4[i] = mlso::from_f32<float>(t2);
+  }
 }
+
+// mlso_k5: library GEMM [2, 24, 40] x [2, 40, 12] -> float32 (float32, cuBLASLt) (no code: a cuBLASLt call in the plan)

@@ -1,0 +1,172 @@
+"""Library GEMMs: which kernel-level matmuls run as a cuBLASLt call instead of generated code.
+
+Why: codegen's stand-alone matmul (kernels.py::emit_matmul, `mlso::gemm_mma_64x64`) is several
+times slower than cuBLAS at real model widths, so any unfused program with a matmul lost to ONNX
+Runtime, whose MatMul nodes are cuBLAS calls. As in Mirage, a kernel-graph matmul is a library
+call: a region's baseline program is library GEMMs plus generated kernels for everything else,
+and generated fused kernels (graph-defined kernels) compete with it. The IR op is unchanged;
+only its lowering differs, so the verifier and the search treat it as the matmul it is.
+
+The rules (a table of conditions, checked in `library_matmul`):
+  - A and B have one dtype, fp16, bf16 or fp32 (`LIBRARY_TYPES`); fp32 runs in plain fp32 (no
+    TF32), as ONNX Runtime's fp32 MatMul does. C is fp32 scratch, or the output buffer in the
+    operands' dtype or fp32.
+  - No operand is a scaled value (kept relative to a running max, scale.py): the library reads
+    plain numbers, and materialising a scaled softmax numerator could overflow where the
+    generated kernel, which carries the scale into C, does not. Such matmuls stay generated.
+  - An operand that is a plain strided view (views.py) of a stored tensor of its own dtype, with
+    one unit-stride axis among its last two and a batch expressible as one count and one stride
+    (0 for a broadcast operand), is read in place. Anything else (an elementwise chain such as
+    RMSNorm then Cast, a dtype change, a view that is not one stride per batch) is first
+    materialised by a generated elementwise kernel into scratch of the operand's own dtype, which
+    rounds exactly where ONNX Runtime's node boundary rounds (and where the interpreter's
+    "as codegen computes" mode rounds a kernel-level matmul operand).
+`MLSO_LIBRARY_GEMM=0` turns the library off (every matmul generated, as before).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+from mlso_cli.codegen.cfmt import Names, contiguous, decompose, numel
+from mlso_cli.codegen.kernels import emit_elementwise
+from mlso_cli.codegen.program import Buffer, GemmLaunch, GemmOperand
+from mlso_cli.codegen.scale import Storage
+from mlso_cli.codegen.synthetic import stage
+from mlso_cli.codegen.views import strided
+from mlso_cli.ir.node import Node
+from mlso_cli.ir.ops import DType, Op
+
+if TYPE_CHECKING:
+    from mlso_cli.codegen.lower import Lowering
+
+LIBRARY_TYPES = frozenset({DType.F16, DType.BF16, DType.F32})
+"""Operand dtypes cuBLASLt multiplies for us (with fp32 accumulation)."""
+
+
+def eligible(root: Node) -> bool:
+    """The dtype rules alone: what codegen/plan.py and the cost model can decide without storage."""
+    a, b = root.src
+    return root.op is Op.MATMUL and a.dtype == b.dtype and a.dtype in LIBRARY_TYPES
+
+
+def library_matmul(lw: Lowering, root: Node) -> bool:
+    """Append the launches computing matmul `root` with the library (operand stagings, then the
+    GEMM) to lw.kernels and return True, or return False (nothing appended) when it must stay a
+    generated kernel. root's storage is already assigned."""
+    if not eligible(root):
+        return False
+    a, b = root.src
+    out = lw.storage[root]
+    if out.dtype not in (a.dtype, DType.F32) or out.scale is not None:
+        return False
+    for x in (a, b):
+        tokens = decompose("e", x.shape)
+        if lw.emitter(lw.uses(), Names()).value(x, tokens).scale is not None:
+            return False
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    bshape = root.shape[:-2]
+    batch = numel(bshape)
+    operands = []
+    staged: list[Node] = []
+    for x in (a, b):
+        op = _in_place(lw, x, bshape)
+        if op is None:
+            staged.append(staged_value(x, bshape))
+            node = stage(staged[-1], len(lw.scratch))  # serial: unique here
+            lw.scratch_storage(node, x.dtype)
+            lw.kernels.append(emit_elementwise(lw, node))
+            op = _in_place(lw, node, bshape)
+            assert op is not None, "a staged operand is contiguous"
+        operands.append(op)
+    c = GemmOperand(out.buffer, 0, n, m * n if batch > 1 else 0, False)
+    what = (
+        f"library GEMM {list(a.shape)} x {list(b.shape)} -> {out.dtype.value}"
+        f" ({a.dtype.value}, cuBLASLt)"
+    )
+    lw.library_roots[root] = staged
+    lw.kernels.append(
+        GemmLaunch(
+            lw.kernel_name(), m, n, k, batch, operands[0], operands[1], c, a.dtype, out.dtype, what
+        )
+    )
+    return True
+
+
+def staged_value(x: Node, bshape: tuple[int, ...]) -> Node:
+    """What a staging kernel writes for operand x: x itself, or, when x's batch broadcast is not
+    one stride even stored contiguously ((2, 1) against (3,)), x broadcast to the whole batch."""
+    if _batch_stride(x.shape[:-2], contiguous(x.shape)[:-2], bshape) is not None:
+        return x
+    full = bshape + x.shape[-2:]
+    return Node(Op.BROADCAST, (x,), full, full, x.dtype)
+
+
+def stagings(storage: Mapping[Node, Storage], root: Node) -> list[Node]:
+    """The values codegen stages before library GEMM `root`, given where tensors are stored
+    (codegen/plan.py passes a sketch of generate's storage; scaled operands are not seen)."""
+    view = SimpleNamespace(storage=storage)
+    bshape = root.shape[:-2]
+    return [staged_value(x, bshape) for x in root.src if _in_place(view, x, bshape) is None]
+
+
+def _leaf_plain(x: Node, leaf: Node) -> bool:
+    """x reaches leaf through views only (no CAST: the library reads the stored bits as x's)."""
+    n = x
+    while n is not leaf:
+        if n.op not in (Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST):
+            return False
+        n = n.src[0]
+    return True
+
+
+def _in_place(
+    lw: Lowering | SimpleNamespace, x: Node, bshape: tuple[int, ...]
+) -> GemmOperand | None:
+    """x read in place by the library, or None when it must be staged first."""
+    view = strided(x, lw.storage)
+    if view is None or not _leaf_plain(x, view.leaf):
+        return None
+    st = lw.storage[view.leaf]
+    if not isinstance(st.buffer, Buffer) or st.dtype != x.dtype or st.scale is not None:
+        return None
+    if view.leaf.dtype != x.dtype:
+        return None
+    rows, cols = x.shape[-2], x.shape[-1]
+    sr, sc = view.strides[-2], view.strides[-1]
+    if sc == 1 or cols == 1:
+        trans, ld = False, sr if rows > 1 else cols
+        if ld < max(cols, 1):
+            return None
+    elif sr == 1 or rows == 1:
+        trans, ld = True, sc
+        if ld < max(rows, 1):
+            return None
+    else:
+        return None
+    stride = _batch_stride(x.shape[:-2], view.strides[:-2], bshape)
+    if stride is None:
+        return None
+    return GemmOperand(st.buffer, view.base, ld, stride, trans)
+
+
+def _batch_stride(
+    xb: tuple[int, ...], strides: tuple[int, ...], bshape: tuple[int, ...]
+) -> int | None:
+    """One stride for the flattened batch index of `bshape` over an operand with batch dims `xb`
+    (right-aligned, broadcast where 1 or missing), or None when no single stride fits."""
+    lead = len(bshape) - len(xb)
+    per = [0 if i < lead or xb[i - lead] == 1 else strides[i - lead] for i in range(len(bshape))]
+    weights = [numel(bshape[i + 1 :]) for i in range(len(bshape))]
+    live = [i for i, d in enumerate(bshape) if d > 1]
+    if not live:
+        return 0
+    inner = live[-1]
+    if per[inner] % weights[inner]:
+        return None
+    s = per[inner] // weights[inner]
+    if any(per[i] != s * weights[i] for i in live):
+        return None
+    return s

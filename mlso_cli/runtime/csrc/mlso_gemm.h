@@ -1,0 +1,325 @@
+// Library GEMM launches (plan version 2) with cuBLASLt, opened with dlopen like libcuda is.
+//
+// Why dlopen: the op must load where there is no GPU and must not pin a CUDA toolkit version.
+// ONNX Runtime's CUDA EP has already loaded libcublasLt.so.13 into the process, so RTLD_NOLOAD
+// finds that very copy; only when it is absent (the PyCUDA launcher) is it loaded anew.
+//
+// Why everything is made at creation: ORT captures Compute into a CUDA graph, and a capture
+// must not allocate, synchronise or select algorithms. So `Runner::init` (called when ORT
+// creates the kernel, or by mlso_gemm_create) makes the handle, one matmul descriptor and three
+// layouts per GEMM, picks each GEMM's algorithm (cublasLtMatmulAlgoGetHeuristic, the best of the
+// list), and allocates ONE workspace (kWorkspaceBytes) with the driver API. `Runner::run` only
+// calls cublasLtMatmul on the caller's stream. One workspace per node: two concurrent runs of
+// one node on two streams would share it (ORT runs a node's Compute one at a time per session).
+//
+// Row-major to cuBLASLt's column-major: C = A @ B row-major is C^T = B^T @ A^T column-major, so
+// the plan's B is cuBLASLt's A and the plan's A is its B; a plan operand stored transposed is
+// cuBLASLt's OP_T. Compute is CUBLAS_COMPUTE_32F (fp32 accumulation; no TF32 for fp32 GEMMs,
+// as ONNX Runtime's fp32 MatMul).
+//
+// Built without the cuBLASLt headers (MLSO_HAVE_CUBLASLT undefined), init fails with a message
+// saying how to get them; everything else of the library works.
+#pragma once
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "mlso_cuda_driver.h"
+#include "mlso_plan.h"
+
+#ifdef MLSO_HAVE_CUBLASLT
+#include <cublasLt.h>
+#endif
+
+namespace mlso {
+namespace blas {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+constexpr const char* kLibrary = "libcublasLt.so.13";
+constexpr int kHeuristicResults = 8;
+
+#ifdef MLSO_HAVE_CUBLASLT
+
+struct Lt {
+  decltype(&cublasLtCreate) create = nullptr;
+  decltype(&cublasLtDestroy) destroy = nullptr;
+  decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
+  decltype(&cublasLtMatmulDescDestroy) desc_destroy = nullptr;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
+  decltype(&cublasLtMatrixLayoutSetAttribute) layout_set = nullptr;
+  decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
+  decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
+  decltype(&cublasLtMatmul) matmul = nullptr;
+};
+
+// Resolves cuBLASLt once per process. nullptr and *error when it cannot.
+inline const Lt* lt(std::string* error) {
+  static std::once_flag once;
+  static Lt fns;
+  static std::string load_error;
+  static bool ok = false;
+  std::call_once(once, [] {
+    void* lib = dlopen(kLibrary, RTLD_NOW | RTLD_NOLOAD);
+    if (!lib) lib = dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      const char* e = dlerror();
+      load_error = std::string("cannot open ") + kLibrary + " (" + (e ? e : "unknown error") +
+                   "); the library GEMMs of this node need cuBLAS 13. Fix: install it (pip "
+                   "install nvidia-cublas, or the CUDA 13 toolkit) and put it on the loader "
+                   "path, or re-run `mlso optimize` with MLSO_LIBRARY_GEMM=0";
+      return;
+    }
+    std::string missing;
+    auto bind = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      if (!fn) missing += std::string(missing.empty() ? "" : ", ") + name;
+    };
+    bind(fns.create, "cublasLtCreate");
+    bind(fns.destroy, "cublasLtDestroy");
+    bind(fns.desc_create, "cublasLtMatmulDescCreate");
+    bind(fns.desc_destroy, "cublasLtMatmulDescDestroy");
+    bind(fns.desc_set, "cublasLtMatmulDescSetAttribute");
+    bind(fns.layout_create, "cublasLtMatrixLayoutCreate");
+    bind(fns.layout_destroy, "cublasLtMatrixLayoutDestroy");
+    bind(fns.layout_set, "cublasLtMatrixLayoutSetAttribute");
+    bind(fns.pref_create, "cublasLtMatmulPreferenceCreate");
+    bind(fns.pref_destroy, "cublasLtMatmulPreferenceDestroy");
+    bind(fns.pref_set, "cublasLtMatmulPreferenceSetAttribute");
+    bind(fns.heuristic, "cublasLtMatmulAlgoGetHeuristic");
+    bind(fns.matmul, "cublasLtMatmul");
+    if (!missing.empty()) {
+      load_error = std::string(kLibrary) + " lacks " + missing;
+      return;
+    }
+    ok = true;  // the handle stays open for the life of the process
+  });
+  if (!ok) {
+    if (error) *error = load_error;
+    return nullptr;
+  }
+  return &fns;
+}
+
+inline cudaDataType_t cuda_type(int dtype) {
+  switch (dtype) {
+    case kFloat16: return CUDA_R_16F;
+    case kBfloat16: return CUDA_R_16BF;
+    default: return CUDA_R_32F;
+  }
+}
+
+inline size_t itemsize(int dtype) { return dtype == kFloat32 ? 4 : 2; }
+
+// The largest power of two up to 256 dividing every value: the alignment cuBLASLt may assume
+// for an operand's pointers (buffers themselves are 256-byte aligned by ORT and PyCUDA).
+inline uint32_t alignment(std::initializer_list<uint64_t> bytes) {
+  uint32_t a = 256;
+  for (uint64_t b : bytes) {
+    while (a > 1 && b % a != 0) a /= 2;
+  }
+  return a;
+}
+
+struct Op {
+  const Gemm* g = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;  // cuBLASLt's A, B, C=D
+  cublasLtMatmulAlgo_t algo{};
+  float alpha = 1.0f, beta = 0.0f;
+};
+
+class Runner {
+ public:
+  Runner() = default;
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+
+  // Everything for the plan's GEMM launches, in the current CUDA context. On failure returns
+  // false with one sentence in *err (what failed and why; the caller adds the fix).
+  bool init(const Plan& plan, const cu::Driver* drv, std::string* err) {
+    drv_ = drv;
+    fns_ = lt(err);
+    if (!fns_) return false;
+    if (!drv->cuMemAlloc || !drv->cuMemFree) {
+      *err = "libcuda.so.1 lacks cuMemAlloc_v2 / cuMemFree_v2";
+      return false;
+    }
+    if (!check(fns_->create(&handle_), "cublasLtCreate", err)) return false;
+    cu::CUresult r = drv->cuMemAlloc(&workspace_, kWorkspaceBytes);
+    if (r != cu::CUDA_SUCCESS) {
+      workspace_ = 0;
+      *err = "cannot allocate the " + std::to_string(kWorkspaceBytes >> 20) +
+             " MiB cuBLASLt workspace: " + drv->describe(r);
+      return false;
+    }
+    ops_.resize(plan.launches.size());
+    for (size_t i = 0; i < plan.launches.size(); ++i) {
+      if (!plan.launches[i].is_gemm) continue;
+      if (!make(plan.launches[i].gemm, &ops_[i], "launches[" + std::to_string(i) + "]", err)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Enqueues launch `index` on `stream`; a, b, c are the base pointers of the plan buffers its
+  // operands name (offsets are applied here). Nothing is allocated or synchronised.
+  bool run(size_t index, void* a, void* b, void* c, cu::CUstream stream, std::string* err) const {
+    if (index >= ops_.size() || !ops_[index].g) {
+      *err = "launch " + std::to_string(index) + " is not a library GEMM";
+      return false;
+    }
+    const Op& op = ops_[index];
+    const Gemm& g = *op.g;
+    size_t sab = itemsize(g.dtype_ab), sc = itemsize(g.dtype_c);
+    const char* pa = static_cast<const char*>(a) + g.a.offset * sab;
+    const char* pb = static_cast<const char*>(b) + g.b.offset * sab;
+    char* pc = static_cast<char*>(c) + g.c.offset * sc;
+    // cuBLASLt's A is the plan's B, its B the plan's A (see the top of this file).
+    cublasStatus_t s = fns_->matmul(
+        handle_, op.desc, &op.alpha, pb, op.la, pa, op.lb, &op.beta, pc, op.lc, pc, op.lc,
+        &op.algo, reinterpret_cast<void*>(static_cast<uintptr_t>(workspace_)), kWorkspaceBytes,
+        reinterpret_cast<cudaStream_t>(stream));
+    return check(s, "cublasLtMatmul", err);
+  }
+
+  ~Runner() {
+    if (fns_) {
+      for (Op& op : ops_) {
+        if (op.la) fns_->layout_destroy(op.la);
+        if (op.lb) fns_->layout_destroy(op.lb);
+        if (op.lc) fns_->layout_destroy(op.lc);
+        if (op.desc) fns_->desc_destroy(op.desc);
+      }
+      if (handle_) fns_->destroy(handle_);
+    }
+    if (workspace_ && drv_) drv_->cuMemFree(workspace_);
+  }
+
+ private:
+  static bool check(cublasStatus_t s, const char* what, std::string* err) {
+    if (s == CUBLAS_STATUS_SUCCESS) return true;
+    *err = std::string(what) + " failed (cublasStatus_t " + std::to_string(static_cast<int>(s)) +
+           ")";
+    return false;
+  }
+
+  bool layout(cublasLtMatrixLayout_t* out, int dtype, int64_t rows, int64_t cols, int64_t ld,
+              int64_t batch, int64_t stride, std::string* err) {
+    if (!check(fns_->layout_create(out, cuda_type(dtype), static_cast<uint64_t>(rows),
+                                   static_cast<uint64_t>(cols), ld),
+               "cublasLtMatrixLayoutCreate", err)) {
+      return false;
+    }
+    int32_t count = static_cast<int32_t>(batch);
+    return check(fns_->layout_set(*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+                 "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)", err) &&
+           check(fns_->layout_set(*out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                  sizeof(stride)),
+                 "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)", err);
+  }
+
+  bool make(const Gemm& g, Op* op, const std::string& where, std::string* err) {
+    op->g = &g;
+    op->alpha = static_cast<float>(g.alpha);
+    op->beta = static_cast<float>(g.beta);
+    if (!check(fns_->desc_create(&op->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+               "cublasLtMatmulDescCreate", err)) {
+      return false;
+    }
+    // cuBLASLt's A (n x k) is the plan's B: stored as k x n row-major = n x k column-major (N),
+    // or transposed = k x n column-major (T).
+    cublasOperation_t ta = g.b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t tb = g.a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (!check(fns_->desc_set(op->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+               "cublasLtMatmulDescSetAttribute(TRANSA)", err) ||
+        !check(fns_->desc_set(op->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+               "cublasLtMatmulDescSetAttribute(TRANSB)", err)) {
+      return false;
+    }
+    if (!layout(&op->la, g.dtype_ab, g.b.trans ? g.k : g.n, g.b.trans ? g.n : g.k, g.b.ld,
+                g.batch, g.b.stride, err) ||
+        !layout(&op->lb, g.dtype_ab, g.a.trans ? g.m : g.k, g.a.trans ? g.k : g.m, g.a.ld,
+                g.batch, g.a.stride, err) ||
+        !layout(&op->lc, g.dtype_c, g.n, g.m, g.c.ld, g.batch, g.c.stride, err)) {
+      return false;
+    }
+    cublasLtMatmulPreference_t pref = nullptr;
+    if (!check(fns_->pref_create(&pref), "cublasLtMatmulPreferenceCreate", err)) return false;
+    uint64_t ws = kWorkspaceBytes;
+    size_t sab = itemsize(g.dtype_ab), sc = itemsize(g.dtype_c);
+    auto span = [&](const GemmOperand& o, size_t size) {
+      return alignment({uint64_t(o.offset) * size, g.batch > 1 ? uint64_t(o.stride) * size : 0});
+    };
+    uint32_t align_a = span(g.b, sab), align_b = span(g.a, sab), align_c = span(g.c, sc);
+    bool ok =
+        check(fns_->pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+              "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", err) &&
+        check(fns_->pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                             sizeof(align_a)),
+              "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_A_BYTES)", err) &&
+        check(fns_->pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                             sizeof(align_b)),
+              "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_B_BYTES)", err) &&
+        check(fns_->pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                             sizeof(align_c)),
+              "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_C_BYTES)", err) &&
+        check(fns_->pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                             sizeof(align_c)),
+              "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_D_BYTES)", err);
+    cublasLtMatmulHeuristicResult_t results[kHeuristicResults] = {};
+    int found = 0;
+    if (ok) {
+      ok = check(fns_->heuristic(handle_, op->desc, op->la, op->lb, op->lc, op->lc, pref,
+                                 kHeuristicResults, results, &found),
+                 "cublasLtMatmulAlgoGetHeuristic", err);
+    }
+    fns_->pref_destroy(pref);
+    if (!ok) return false;
+    for (int i = 0; i < found; ++i) {  // best first
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) {
+        op->algo = results[i].algo;
+        return true;
+      }
+    }
+    *err = where + ": cuBLASLt has no algorithm for this GEMM (m " + std::to_string(g.m) +
+           ", n " + std::to_string(g.n) + ", k " + std::to_string(g.k) + ", batch " +
+           std::to_string(g.batch) + ")";
+    return false;
+  }
+
+  const cu::Driver* drv_ = nullptr;
+  const Lt* fns_ = nullptr;
+  cublasLtHandle_t handle_ = nullptr;
+  cu::CUdeviceptr workspace_ = 0;
+  std::vector<Op> ops_;
+};
+
+#else  // built without the cuBLASLt headers
+
+class Runner {
+ public:
+  bool init(const Plan&, const cu::Driver*, std::string* err) {
+    *err = "this build of the mlso runtime library has no cuBLASLt support (the cuBLAS headers "
+           "were not found when it was built; set MLSO_CUBLAS_INCLUDE to a folder holding "
+           "cublasLt.h and rebuild it, or re-run `mlso optimize` with MLSO_LIBRARY_GEMM=0)";
+    return false;
+  }
+  bool run(size_t, void*, void*, void*, cu::CUstream, std::string* err) const {
+    *err = "no cuBLASLt support in this build";
+    return false;
+  }
+};
+
+#endif
+
+}  // namespace blas
+}  // namespace mlso

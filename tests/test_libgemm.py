@@ -1,0 +1,281 @@
+"""Library GEMMs (codegen/libgemm.py) on the CPU: which kernel-level matmuls become cuBLASLt
+launches and which stay generated, how operands are read (in place, transposed, batch-broadcast,
+or staged in their own dtype), that the plans validate in Python and C++, that the host emulator
+runs them as the interpreter's "as codegen computes" mode says, and how the cost model prices
+them. GPU runs are in test_libgemm_gpu.py."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from mlso_cli import knobs as knobs_mod
+from mlso_cli.codegen import generate, hostemu
+from mlso_cli.codegen.plan import plan as lowering_plan
+from mlso_cli.ir import DType, Op
+from mlso_cli.ir import build as b
+from mlso_cli.runtime.plan import parse_plan, plan_json
+from mlso_cli.search.cost import H200, library_gemm_s, program_cost
+from mlso_cli.verify import interpreter
+
+F16, BF16, F32 = DType.F16, DType.BF16, DType.F32
+
+
+@pytest.fixture(autouse=True)
+def _cache(monkeypatch, tmp_path_factory):
+    if not knobs_mod.knobs().cache_dir.name.startswith("mlso-test"):
+        monkeypatch.setenv("MLSO_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "mlso-test"))
+    monkeypatch.delenv("MLSO_LIBRARY_GEMM", raising=False)
+    knobs_mod.cache_clear()
+    yield
+    knobs_mod.cache_clear()
+
+
+# ---- graphs -------------------------------------------------------------------------------------
+
+
+def plain(dt=F16, batch=2, m=8, k=32, n=24):
+    """x[batch, m, k] @ W[k, n] broadcast over the batch: both read in place, W with stride 0."""
+    x = b.input_(0, (batch, m, k), dt)
+    w = b.input_(1, (k, n), dt)
+    return b.kernel_graph([x, w], [b.matmul(x, b.broadcast_to(w, (batch, k, n)))])
+
+
+def transposed(dt=F16, batch=2, m=8, k=32, n=24):
+    """A stored [batch, k, m] and W stored [n, k] (a Linear's weight): both read transposed."""
+    xt = b.input_(0, (batch, k, m), dt)
+    w = b.input_(1, (n, k), dt)
+    a = b.transpose(xt, (0, 2, 1))
+    wt = b.broadcast_to(b.transpose(w, (1, 0)), (batch, k, n))
+    return b.kernel_graph([xt, w], [b.matmul(a, wt)])
+
+
+def norm_linear(dt=F16, m=4, k=32, n=16):
+    """RMSNorm in fp32, Cast to the matmul's dtype, then @ W: the operand is staged in dt."""
+    x = b.input_(0, (m, k), dt)
+    w = b.input_(1, (k, n), dt)
+    xf = b.cast(x, F32)
+    ms = b.reduce(Op.REDUCE_MEAN, b.mul(xf, xf), 1)
+    y = b.mul(xf, b.unary(Op.RSQRT, b.add(ms, b.const(1e-6))))
+    return b.kernel_graph([x, w], [b.matmul(b.cast(y, dt), w)])
+
+
+def linear_then_gelu_like(dt=F16, m=4, k=32, n=16):
+    """An output computed from the matmul: C goes to fp32 scratch that the next kernel reads."""
+    x = b.input_(0, (m, k), dt)
+    w = b.input_(1, (k, n), dt)
+    h = b.cast(b.matmul(x, w), F32)
+    return b.kernel_graph([x, w], [b.cast(b.mul(h, b.unary(Op.SIGMOID, h)), dt)])
+
+
+def broadcast_batch(dt=F32):
+    """Batch (2, 1) x (3,): neither operand's batch is one stride (A varies along the first dim
+    only, W along the second only), so both are staged whole (6 entries each)."""
+    a = b.input_(0, (2, 1, 5, 7), dt)
+    w = b.input_(1, (3, 7, 4), dt)
+    a6 = b.broadcast_to(a, (2, 3, 5, 7))
+    w6 = b.broadcast_to(w, (2, 3, 7, 4))
+    return b.kernel_graph([a, w], [b.matmul(a6, w6)])
+
+
+GRAPHS = {
+    "plain_f16": plain,
+    "plain_bf16": lambda: plain(BF16),
+    "plain_f32": lambda: plain(F32),
+    "transposed_f16": transposed,
+    "norm_linear_f16": norm_linear,
+    "norm_linear_bf16": lambda: norm_linear(BF16),
+    "linear_sigmoid_f16": linear_then_gelu_like,
+    "broadcast_batch_f32": broadcast_batch,
+}
+
+
+def gemms(gp):
+    return [launch for launch in gp.plan["launches"] if launch.get("kind") == "gemm"]
+
+
+# ---- the lowering choice ------------------------------------------------------------------------
+
+
+def test_plain_operands_are_read_in_place_with_a_broadcast_stride():
+    gp = generate(plain())
+    (g,) = gemms(gp)
+    assert gp.plan["version"] == 2 and len(gp.plan["launches"]) == 1 and gp.plan["scratch"] == []
+    assert (g["m"], g["n"], g["k"], g["batch"]) == (8, 24, 32, 2)
+    assert g["a"] == {
+        "buf": {"kind": "input", "index": 0},
+        "offset": 0,
+        "ld": 32,
+        "stride": 256,
+        "trans": False,
+    }
+    assert g["b"]["buf"] == {"kind": "input", "index": 1} and g["b"]["stride"] == 0
+    assert g["c"]["buf"] == {"kind": "output", "index": 0} and g["c"]["stride"] == 8 * 24
+    assert g["dtype_ab"] == g["dtype_c"] == "float16"
+    assert gp.kernel_names == [] and "gemm_mma" not in gp.source
+
+
+def test_transposed_operands_become_cublas_transposes_not_copies():
+    gp = generate(transposed())
+    (g,) = gemms(gp)
+    assert len(gp.plan["launches"]) == 1
+    assert g["a"]["trans"] and g["a"]["ld"] == 8 and g["a"]["stride"] == 32 * 8
+    assert g["b"]["trans"] and g["b"]["ld"] == 32 and g["b"]["stride"] == 0
+
+
+@pytest.mark.parametrize("dt", [F16, BF16])
+def test_an_elementwise_chain_is_staged_in_the_operands_own_dtype(dt):
+    gp = generate(norm_linear(dt))
+    (g,) = gemms(gp)
+    assert gp.plan["launches"][-1] is g  # the GEMM runs after its staging kernel
+    ref = g["a"]["buf"]
+    assert ref["kind"] == "scratch"
+    staged = gp.plan["scratch"][ref["index"]]
+    assert staged == {"bytes": 4 * 32 * 2, "dtype": dt.value, "shape": [4, 32]}
+    writer = [
+        launch
+        for launch in gp.plan["launches"]
+        if launch.get("kind") != "gemm" and ref in launch["args"]
+    ]
+    assert len(writer) == 1
+    assert "stage a library GEMM operand" in gp.source
+    assert g["b"]["buf"] == {"kind": "input", "index": 1}
+
+
+def test_a_matmul_read_by_later_kernels_writes_fp32_scratch():
+    gp = generate(linear_then_gelu_like())
+    (g,) = gemms(gp)
+    assert g["dtype_ab"] == "float16" and g["dtype_c"] == "float32"
+    assert g["c"]["buf"]["kind"] == "scratch"
+    assert "dtype" not in gp.plan["scratch"][g["c"]["buf"]["index"]]  # plain fp32 scratch
+
+
+def test_a_batch_broadcast_that_is_not_one_stride_is_staged_whole():
+    gp = generate(broadcast_batch())
+    (g,) = gemms(gp)
+    assert g["batch"] == 6 and g["a"]["buf"]["kind"] == "scratch" and g["a"]["stride"] == 35
+    assert g["b"]["buf"]["kind"] == "scratch" and g["b"]["stride"] == 28
+    assert len(gp.plan["launches"]) == 3
+    assert g["dtype_ab"] == "float32"
+
+
+def test_the_switch_keeps_generated_matmuls(monkeypatch):
+    """MLSO_LIBRARY_GEMM=0: every matmul generated, the plan exactly as before (version 1).
+    (Operands of different dtypes, the other case cuBLASLt could not take, fail the spec.)"""
+    monkeypatch.setenv("MLSO_LIBRARY_GEMM", "0")
+    knobs_mod.cache_clear()
+    off = generate(plain())
+    assert not gemms(off) and off.plan["version"] == 1 and "gemm_mma_64x64" in off.source
+    assert lowering_plan(plain()).kernels[0].kind == "matmul"
+
+
+def test_a_scaled_softmax_numerator_stays_in_the_generated_matmul():
+    """exp(s - max) kept relative to its row max feeds the matmul directly (no division before
+    it): the generated kernel carries the scale into C, the library could not."""
+    s = b.input_(0, (8, 16), F32)
+    v = b.input_(1, (16, 4), F32)
+    e = b.unary(Op.EXP, s)
+    o = b.div(b.matmul(e, v), b.reduce(Op.REDUCE_SUM, e, 1))
+    gp = generate(b.kernel_graph([s, v], [o]))
+    kinds = [launch.get("kind", "kernel") for launch in gp.plan["launches"]]
+    assert "gemm" not in kinds and "gemm_simt_64x64" in gp.source
+
+
+# ---- plans: valid in Python and in C++ -----------------------------------------------------------
+
+
+def test_generated_plans_validate_on_both_sides(monkeypatch):
+    from mlso_cli.runtime import library_path
+    from tests.test_package_support import use_cache
+
+    use_cache(monkeypatch)
+    lib = ctypes.CDLL(str(library_path()))
+    lib.mlso_selftest_plan.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_long,
+        ctypes.c_long,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+    ]
+    for name, make in GRAPHS.items():
+        gp = generate(make())
+        text = plan_json(gp.plan)
+        parse_plan(text, len(gp.plan["inputs"]), len(gp.plan["outputs"]))
+        err = ctypes.create_string_buffer(512)
+        rc = lib.mlso_selftest_plan(text.encode(), len(gp.plan["inputs"]), 1, err, 512)
+        assert rc == 0, f"{name}: {err.value.decode()}"
+
+
+# ---- the host emulator against the interpreter ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    programs = {name: generate(make()) for name, make in GRAPHS.items()}
+    assert all(gemms(gp) for gp in programs.values())
+    return hostemu.Bundle(programs, binaries=2)
+
+
+TOL = {F16: 2e-3, BF16: 1.6e-2, F32: 1e-5}
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_emulated_library_gemm_matches_the_interpreter(name, bundle):
+    kg = GRAPHS[name]()
+    rng = np.random.default_rng(7)
+    ins = [rng.standard_normal(n.shape).astype(np.float32) for n in kg.inputs]
+    got = bundle.run(name, ins)
+    want = interpreter.run(kg, ins, "float32")
+    exact = interpreter.run(kg, ins, "float64")
+    for g, w, e, out in zip(got, want, exact, kg.outputs):
+        g = np.asarray(g, np.float64)
+        assert not np.isnan(g).any(), f"{name}: unwritten elements"
+        scale = np.abs(e).max()
+        assert np.abs(g - w).max() <= TOL[out.dtype] * scale, name
+        assert np.abs(g - e).max() <= 4 * TOL[out.dtype] * scale, name
+
+
+# ---- the cost model ------------------------------------------------------------------------------
+
+
+def test_lifted_linear_is_priced_as_one_library_call():
+    kg = plain(F16, batch=1, m=128, k=896, n=4864)
+    (kp,) = lowering_plan(kg).kernels
+    assert kp.kind == "gemm"
+    cost = program_cost(kg)
+    assert cost.launches == 1
+    n = kg.outputs[0]
+    flops = 2 * 128 * 896 * 4864
+    want = max(flops / H200.library_tensor_flops, 0) + H200.library_call_s
+    moved = (128 * 896 + 896 * 4864) * 2 + 128 * 4864 * 4
+    want = max(flops / H200.library_tensor_flops, moved / H200.library_bytes_per_s)
+    assert library_gemm_s(n) == pytest.approx(want + H200.library_call_s)
+    assert cost.seconds == pytest.approx(library_gemm_s(n))
+
+
+def test_a_staged_operand_costs_one_more_kernel_and_the_library_beats_codegen(monkeypatch):
+    kg = norm_linear(F16, m=128, k=896, n=4864)
+    cost = program_cost(kg)
+    kinds = [k.kind for k in lowering_plan(kg).kernels]
+    assert kinds[-2:] == ["stage", "gemm"] and "reduce" in kinds
+    launches = generate(kg).kernels
+    assert len(launches) == len(kinds) and launches[-2].what.startswith("stage a library GEMM")
+    assert cost.launches == len(kinds)
+    assert cost.seconds > library_gemm_s(kg.outputs[0]) + H200.launch_s
+    monkeypatch.setenv("MLSO_LIBRARY_GEMM", "0")
+    knobs_mod.cache_clear()
+    generated = program_cost(kg)
+    assert generated.launches == len(kinds) - 1 and generated.seconds > 3 * cost.seconds
+
+
+def test_the_lowering_plan_agrees_with_generate_on_a_scaled_operand():
+    """The plan reads generate's own decision where a softmax numerator reaches a matmul."""
+    s = b.input_(0, (8, 16), F32)
+    v = b.input_(1, (16, 4), F32)
+    e = b.unary(Op.EXP, s)
+    kg = b.kernel_graph([s, v], [b.div(b.matmul(e, v), b.reduce(Op.REDUCE_SUM, e, 1))])
+    kinds = [k.kind for k in lowering_plan(kg).kernels]
+    assert "matmul" in kinds and "gemm" not in kinds
+    assert len(kinds) == len(generate(kg).kernels)
