@@ -1,13 +1,18 @@
 """Partition a graph into maximal, convex, bounded regions of fusable ops.
 
 1. Classify every node with the support table; unfusable nodes get a reason.
-2. Join fusable neighbours into connected groups.
-3. Make each group convex: a path that leaves a group and comes back (A -> outside -> B) would
+2. Find the model's structure (`_find_structure`): the residual stream, the branch of each
+   residual add, and the contraction boundaries inside a branch. Each node gets a label; only
+   nodes of equal label may share a region. A model with no residual stream gets no labels and
+   is partitioned by steps 3-5 alone, as before this step existed.
+3. Join fusable neighbours (of equal label) into connected groups.
+4. Make each group convex: a path that leaves a group and comes back (A -> outside -> B) would
    make the fused node depend on itself. Each node gets a "re-entry depth" (how many times a path
    from the group must leave it to reach the node); nodes of equal depth stay together.
-4. Split groups larger than the search bounds at points in topological order, and report where.
+5. Split groups larger than the search bounds at points in topological order, and report where.
+6. Leave out groups of layout ops only, or of one elementwise op with views: nothing to fuse.
 
-Every cut (steps 3 and 4) is recorded as a `Cut` naming the nodes on either side, so `inspect`
+Every cut (steps 2, 4 and 5) is recorded as a `Cut` naming the nodes on either side, so `inspect`
 can say why two neighbouring regions are not one. Recording changes no region.
 
 Pattern labels are computed at the end from op counts, for reports only.
