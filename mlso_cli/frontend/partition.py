@@ -389,6 +389,16 @@ def _reduces_last_axis(
     return bool(axes) and any(a % rank == rank - 1 for a in axes)
 
 
+def _bits(mask: int) -> list[int]:
+    """The indices of the set bits of `mask`, in increasing order."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
 @dataclass(frozen=True)
 class _Structure:
     """What the partitioner knows of a residual-stream model. Labels group nodes: only nodes with
@@ -494,17 +504,15 @@ def _find_structure(
     for t in stream_values:
         for c in consumers[t]:
             down |= desc[c]
-    downstream = frozenset(i for i in range(n) if (down >> i) & 1)
+    downstream = frozenset(_bits(down))
     branch: dict[int, int] = {}
     for k, (a, x, pb) in enumerate(adds):
         reach = 0
         for c in consumers[x]:
             if c != a:
                 reach |= desc[c]
-        members = (reach & anc[pb]) | (1 << a)
-        for i in range(n):
-            if (members >> i) & 1 and i not in branch:
-                branch[i] = k
+        for i in _bits((reach & anc[pb]) | (1 << a)):
+            branch.setdefault(i, k)
 
     def independent(t: str) -> bool:
         """A tensor computed from no stream value: a weight (initializer, Constant, graph input
