@@ -33,7 +33,17 @@ REGION_KEYS = {
     "dram_bytes_unfused",
     "dram_bytes_fused_min",
 }
-CATEGORIES = {"constant", "unsupported", "layout_only", "not_lifted", "folded", "removed"}
+CATEGORIES = {
+    "constant",
+    "unsupported",
+    "layout_only",
+    "single_op",
+    "not_lifted",
+    "folded",
+    "removed",
+}
+BOUNDS = {"max_ops", "max_contractions"}
+STRUCTURE = {"residual", "projection", "side_input", "branch"}
 
 
 def _inspect(*args: str, stdin: bytes | None = None) -> list[dict]:
@@ -69,13 +79,13 @@ def _assert_accounted(rows: list[dict], path: Path) -> None:
 def _assert_splits_name_both_sides(rows: list[dict], path: Path) -> None:
     nodes = list(onnx.load(str(path), load_external_data=False).graph.node)
     for s in (r for r in rows if r["type"] == "split"):
-        assert s["cause"] in {"max_ops", "max_contractions", "convexity"} and s["reason"]
+        assert s["cause"] in BOUNDS | STRUCTURE | {"convexity"} and s["reason"]
         for side in ("before", "after"):
             ref = s[side]
             assert nodes[ref["index"]].op_type == ref["op_type"]
             assert ref["node"] == (nodes[ref["index"]].name or f"#{ref['index']}")
         assert s["before"]["index"] < s["after"]["index"]  # topological order of the file
-        if s["cause"] != "convexity":
+        if s["cause"] in BOUNDS:
             assert s["count"] > s["limit"]
             assert f"split before {s['after']['op_type']} '{s['after']['node']}'" in s["reason"]
 
@@ -92,12 +102,16 @@ def test_transformer_every_node_once_with_folded_nodes_and_splits():
     assert any(r["op_type"] == "Slice" and r["category"] == "unsupported" for r in left)
     splits = [r for r in rows if r["type"] == "split"]
     by_cause = {s["cause"] for s in splits}
-    assert by_cause == {"max_contractions", "convexity"}
+    # Two pre-norm layers: cut along the residual stream and between each projection and the
+    # contraction it feeds; every region then fits the bounds, so none is cut for size.
+    assert by_cause == {"residual", "projection", "convexity"}
     for s in splits:
-        if s["cause"] == "max_contractions":
-            assert (s["limit"], s["count"]) == (4, 5)
+        if s["cause"] in STRUCTURE:
+            assert s["limit"] is None and s["count"] is None
             assert s["region_before"] is not None and s["region_after"] is not None
             assert s["region_before"] != s["region_after"]
+        if s["cause"] == "residual":  # the residual add writes the stream, the next branch reads
+            assert s["before"]["op_type"] == "Add"
 
 
 def test_tighter_bounds_report_op_splits():
@@ -160,6 +174,7 @@ def test_layout_only_and_unnamed_nodes(tmp_path):
     rows = _inspect(str(path))
     _assert_accounted(rows, path)
     left = {r["index"]: r for r in rows if r["type"] == "left_out"}
+    assert left[0]["category"] == "single_op" and "nothing to fuse" in left[0]["reason"]
     assert left[1]["node"] == "#1" and left[1]["category"] == "unsupported"
     assert "TopK" in left[1]["reason"]
     assert left[2]["node"] == "#2" and left[2]["category"] == "layout_only"

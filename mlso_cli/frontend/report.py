@@ -161,7 +161,8 @@ class LeftOut:
     node: NodeRef
     reason: str
     category: str
-    """"constant", "unsupported", "layout_only", "not_lifted", "folded" or "removed"."""
+    """"constant", "unsupported", "layout_only", "single_op", "not_lifted", "folded" or
+    "removed"."""
 
     def to_json(self) -> dict:
         return {**self.node.to_json(), "reason": self.reason, "category": self.category}
@@ -170,7 +171,8 @@ class LeftOut:
 @dataclass(frozen=True)
 class SplitReport:
     cause: str
-    """"max_ops", "max_contractions" or "convexity" (see partition.Cut)."""
+    """"max_ops", "max_contractions", "convexity", "residual", "projection", "side_input" or
+    "branch" (see partition.Cut)."""
     reason: str
     before: NodeRef
     after: NodeRef
