@@ -585,10 +585,10 @@ def chain_check_kernels(
 def field_check_kernels(model: onnx.ModelProto, kernels: list, seed: int) -> list[dict]:
     """Check each MlsoKernel's μGraph (`kernels`: runtime.check_model's results for `model`)
     against its lifted fallback body in the finite field."""
-    from mlso_cli.bench.harness import region_model
     from mlso_cli.frontend.lift import LiftError, lift_whole_graph, with_input_order
     from mlso_cli.frontend.load import loaded_from_proto
     from mlso_cli.ir import loads
+    from mlso_cli.package.regionmodel import region_model
     from mlso_cli.verify.equivalence import check_equivalent
 
     rows = []
