@@ -482,6 +482,11 @@ class VerifyOptions:
     algebraic: bool = True
     numeric: bool = False
     """Accept an algebraic difference when B is numerically equivalent (the report says so)."""
+    distinct: bool = False
+    """Check each distinct kernel once (optimize before writing): kernels with the same μGraph
+    and the same fallback body (a transformer's repeated layers) share the first one's field,
+    float, lifting and emulator results, and only their constants are compared with A's each.
+    `mlso verify` checks every kernel (False), each with its own share of the run's bound."""
 
 
 @dataclass(frozen=True)
@@ -500,6 +505,8 @@ class KernelVerdict:
 
     node: str
     node_index: int
+    outputs: tuple[str, ...]
+    """The tensors the node produces (how optimize matches a kernel to its region)."""
     chain: dict
     field: dict | None
     """The field (and float) check's row; None when --no-field."""
@@ -580,22 +587,93 @@ def check_kernels(
             "Install the CUDA toolkit (nvcc), or pass --trust-binary to check only the "
             "source hash and plan",
         ) from None
-    field_rows = field_check_kernels(model, kernels, options.seed) if options.field else []
+    reps, of = _representatives(model, kernels) if options.distinct else (kernels, None)
+    field_rows = field_check_kernels(model, reps, options.seed) if options.field else []
     emulate = _emulate_skip(options.emulate, options.gpu, kernels)
     outcomes = independent_check_kernels(
-        original, model, kernels, generated, options.seed, lift=options.lift, emulate=emulate
+        original, model, reps, generated, options.seed, lift=options.lift, emulate=emulate
     )
-    return [
-        KernelVerdict(
-            checked.name,
-            checked.node_index,
-            chain_rows[i],
-            field_rows[i] if options.field else None,
-            outcomes[checked.node_index]["lifting"],
-            outcomes[checked.node_index]["emulator"],
+    field_by = {c.node_index: row for c, row in zip(reps, field_rows)}
+    if of is not None:
+        _duplicates(original, model, kernels, of, outcomes, options)
+    verdicts = []
+    for i, checked in enumerate(kernels):
+        rep = checked.node_index if of is None else of[checked.node_index]
+        verdicts.append(
+            KernelVerdict(
+                checked.name,
+                checked.node_index,
+                tuple(checked.node.output),
+                chain_rows[i],
+                field_by.get(rep) if options.field else None,
+                outcomes[checked.node_index]["lifting"],
+                outcomes[checked.node_index]["emulator"],
+            )
         )
-        for i, checked in enumerate(kernels)
-    ]
+    return verdicts
+
+
+def _representatives(model: onnx.ModelProto, kernels: list) -> tuple[list, dict[int, int]]:
+    """The first kernel of each distinct (μGraph, fallback body) pair, and each kernel's
+    representative by node index. Two such kernels are the same function of their inputs, so
+    the field, float, lifting and emulator checks of one are the checks of the other; only the
+    constant values they are fed differ, and those are compared with A's for each."""
+    from mlso_cli.package.unpack import fallback_function
+
+    first: dict[tuple[str, bytes], int] = {}
+    of: dict[int, int] = {}
+    reps = []
+    for checked in kernels:
+        fn = fallback_function(model, checked.node)
+        body = b""
+        if fn is not None:
+            anon = onnx.FunctionProto()
+            anon.CopyFrom(fn)
+            anon.name, anon.overload = "", ""
+            body = anon.SerializeToString(deterministic=True)
+        key = (checked.ugraph_json, body)
+        if key not in first:
+            first[key] = checked.node_index
+            reps.append(checked)
+        of[checked.node_index] = first[key]
+    return reps, of
+
+
+def _duplicates(
+    original: onnx.ModelProto,
+    model: onnx.ModelProto,
+    kernels: list,
+    of: dict[int, int],
+    outcomes: dict[int, dict],
+    options: VerifyOptions,
+) -> None:
+    """Fill `outcomes` for kernels that are not their own representative: the representative's
+    results, unless a constant the kernel holds is not A's value (then its lifting check fails,
+    as it would have run alone)."""
+    from mlso_cli.package.regionmodel import region_model
+    from mlso_cli.verify.liftcheck import Originals, constant_problems, value_infos
+
+    dups = [c for c in kernels if of[c.node_index] != c.node_index]
+    if not dups:
+        return
+    infos, originals = value_infos(model), Originals(original)
+    for checked in dups:
+        rep = outcomes[of[checked.node_index]]
+        lifting = rep["lifting"]
+        if options.lift:
+            try:
+                body = region_model(model, checked.node, infos)
+            except ValueError:
+                body = None
+            problems = constant_problems(
+                original, model, checked.node, originals=originals, body=body
+            )
+            if problems:
+                lifting = CheckOutcome(
+                    "failed",
+                    "constants that are not the original model's: " + "; ".join(problems[:3]),
+                )
+        outcomes[checked.node_index] = {"lifting": lifting, "emulator": rep["emulator"]}
 
 
 def verify_models(
@@ -658,7 +736,8 @@ def verify_models(
         options.gpu,
         failed,
     )
-    usable = [v.bound for v in verdicts if v.bound is not None]
+    # one bound per check obtained: kernels that share a check (VerifyOptions.distinct) count once
+    usable = list({id(v.field): v.bound for v in verdicts if v.bound is not None}.values())
     summary = {
         "type": "summary",
         "pass": False,
