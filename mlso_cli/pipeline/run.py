@@ -35,7 +35,7 @@ from mlso_cli.pipeline.artifacts import (
 from mlso_cli.pipeline.build import Builder, package, set_metadata
 from mlso_cli.pipeline.frontend import lift
 from mlso_cli.pipeline.searching import conform, default_search, search_region
-from mlso_cli.pipeline.select import MeasureFn, choose, measure_top_k
+from mlso_cli.pipeline.select import MeasureFn, choose_bounded, measure_top_k
 from mlso_cli.pipeline.verifying import check_before_writing, verify_seed
 from mlso_cli.pipeline.wholemodel import ModelTimeFn, check_whole_model
 from mlso_cli.search.api import SearchFn
@@ -117,7 +117,9 @@ def optimize(
             measure=measure or _time_regions,
         )
     choices = [
-        choose(lifted.loaded, lr, s, options.min_speedup, timings.get(lr.region.id), options.serve)
+        choose_bounded(
+            lifted.loaded, lr, s, options.min_speedup, timings.get(lr.region.id), options.serve
+        )
         for lr, s in zip(lifted.regions, searched)
     ]
     bound = run_bound(searched)
