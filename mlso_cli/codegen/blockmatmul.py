@@ -20,6 +20,32 @@ from mlso_cli.ir.ops import DType, Op, Phase
 
 MMA_TYPES = (DType.F16, DType.BF16)
 
+SUM_OF_SQUARES = frozenset({Op.SQUARE})
+"""Ops whose values a matmul must not read rounded to 16 bits: a matmul over squares is a sum of
+squares, and a one-pass variance subtracts the square of the mean from it. Rounded to fp16
+first, rows offset by +100 lost 0.3 of the variance (each square carries 2^-11 of 1e4), and at
++1e3 the squares overflow fp16. Such an operand stays fp32 (`_mma_hint`), whatever the storage
+dtype; `MUL(a, a)` is a square too. Products of different values (x * gamma) keep their 16-bit
+staging: they are not cancelled against another sum of the same size."""
+
+
+def _squares(x: Node) -> bool:
+    """Whether x is computed elementwise from a square (SUM_OF_SQUARES), through views and
+    elementwise ops only (a matmul or reduction between them is a sum of its own, in fp32)."""
+    from mlso_cli.ir.ops import ELEMENTWISE, VIEW
+
+    stack, seen = [x], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op in SUM_OF_SQUARES or (n.op is Op.MUL and n.src[0] is n.src[1]):
+            return True
+        if n.op in ELEMENTWISE or n.op in VIEW:
+            stack.extend(n.src)
+    return False
+
 
 @dataclass
 class Operand:
@@ -219,6 +245,8 @@ class MatmulPlanning(BlockStorage):
         b_dir = self._direct(b)
         if p_of is not None:
             mma = p_of.p_dtype if p_of.p_dtype in MMA_TYPES else None
+        elif _squares(a) or _squares(b):
+            mma = None  # a sum of squares stays fp32 on both sides (SUM_OF_SQUARES says why)
         else:
             mma = self._mma_hint(a) or self._mma_hint(b)
         sa, sb = self._operand_scales(a, b, len(c.shape), accumulate)
