@@ -183,16 +183,71 @@ class MatmulPlanning(BlockStorage):
         key = (x, role, dtype)
         st = self.stages.get(key)
         if st is None:
-            pad = 8 if dtype.itemsize == 2 else 0
-            shape = x.shape[:-2] + (rows, x.shape[-1])
-            strides = contiguous(shape[:-1] + (shape[-1] + pad,))
-            nbytes = (strides[0] * shape[0] if shape else 1) * dtype.itemsize
-            name = self._alloc(CTYPE[dtype], self.names.new("stg"), nbytes)
-            storage = Storage(name, dtype, shape, strides)
+            storage = self._in_place(x, role, dtype, rows) if scale is None else None
+            if storage is None:
+                pad = 8 if dtype.itemsize == 2 else 0
+                shape = x.shape[:-2] + (rows, x.shape[-1])
+                strides = contiguous(shape[:-1] + (shape[-1] + pad,))
+                nbytes = (strides[0] * shape[0] if shape else 1) * dtype.itemsize
+                name = self._alloc(CTYPE[dtype], self.names.new("stg"), nbytes)
+                storage = Storage(name, dtype, shape, strides)
             st = Stage(x, storage, x.phase or Phase.PRE, scale=scale)
             self.stages[key] = st
         s = st.storage
         return Operand(s.ptr, dtype, x.shape, s.strides)
+
+    def _in_place(self, x: Node, role: str, dtype: DType, rows: int) -> Storage | None:
+        """The tile x is computed from, when x's staging copy can overwrite it (None: allocate).
+
+        Why: an elementwise op on a tile that nothing else reads (a ReLU on C before C feeds a
+        matmul) needs no second buffer: each thread writes each element where it read it. A
+        block with X, W and C tiles of 64 KB each and a ReLU on C was refused at 264,320 B on
+        sm_90 for the copy; in place it fits. The conditions: x is elementwise over exactly one
+        PRE-phase tile held in shared memory in the staging type (constants aside), of x's shape
+        with no padded rows, laid out as ldmatrix reads this role; the tile and every op of the
+        chain are read only within the chain, and x by its one matmul. Every consumer of the plan
+        (the spec's shared-memory figure, the cost model, the float32 interpreter mode) reads
+        this layout, so all of them count the buffer once."""
+        from mlso_cli.ir.ops import ELEMENTWISE
+
+        if rows != x.shape[-2] or x.op not in ELEMENTWISE or x.phase not in (None, Phase.PRE):
+            return None
+        if len(self.consumers.get(x, [])) != 1:
+            return None  # a second reader would see the overwritten tile
+        chain, tiles, stack = set(), set(), [x]
+        while stack:
+            n = stack.pop()
+            if n in chain or n in tiles:
+                continue
+            if n.op is Op.ITER:
+                tiles.add(n)
+            elif n.op in ELEMENTWISE:
+                chain.add(n)
+                stack.extend(n.src)
+            elif n.op is not Op.CONST:
+                return None
+        if len(tiles) != 1:
+            return None
+        (t,) = tiles
+        st = self.storage.get(t)
+        if (
+            t.phase is not Phase.PRE
+            or t in self.direct
+            or st is None
+            or st.dtype is not dtype
+            or t.shape != x.shape
+            or t.dtype is not dtype
+        ):
+            return None
+        inside = chain | {t}
+        for n in inside:
+            for user in self.consumers.get(n, []):
+                if user in inside:
+                    continue
+                if not (n is x and user.op is Op.MATMUL):
+                    return None
+        ok, km = self._mma_ok(Operand(st.ptr, dtype, st.shape, st.strides), role)
+        return st if ok and km == (role == "A") else None
 
     def _mma_hint(self, x: Node) -> DType | None:
         """The 16-bit type a matmul operand should use on tensor cores: its stored type, or for a
