@@ -23,7 +23,16 @@ def _roundtrip(tmp_path, src, *shape: str) -> None:
     out = tmp_path / "o.onnx"
     env = {**os.environ, "MLSO_CACHE_DIR": str(tmp_path / "cache")}
     r = run_cli(
-        "optimize", str(src), "-o", str(out), *shape, "--max-states", "2000", "--json", env=env
+        "optimize",
+        str(src),
+        "-o",
+        str(out),
+        *shape,
+        "--max-states",
+        "2000",
+        "--json",
+        env=env,
+        timeout=1200,  # a zoo model on a loaded 2-core machine: deepseek took over 300 s
     )
     assert r.returncode == 0, r.stderr
     rows = [json.loads(x) for x in r.stdout.splitlines()]
@@ -31,7 +40,9 @@ def _roundtrip(tmp_path, src, *shape: str) -> None:
     for row in rows[:-1]:
         if row["packaged"]:  # a packaged region carries the bound its check obtained
             assert row["verified_bound"] is not None and 0 < row["verified_bound"] < 1
-    r = run_cli("verify", str(src), str(out), *shape, "--samples", "1", "--json", env=env)
+    r = run_cli(
+        "verify", str(src), str(out), *shape, "--samples", "1", "--json", env=env, timeout=1200
+    )
     assert r.returncode == 0, r.stderr
     vsum = json.loads(r.stdout.splitlines()[-1])
     assert vsum["pass"] and vsum["kernels"] == summary["packaged"]
