@@ -92,7 +92,6 @@ def optimize(
     `bench.pair.time_pair`. A caller that injects `measure` but not `time_models` gets no
     whole-model check: fixed region figures and a real model timing measure different things."""
     from mlso_cli.codegen import DEFAULT_TARGETS
-    from mlso_cli.frontend.load import with_weights
     from mlso_cli.package import META_BOUND, META_SERVE
 
     options = options or PipelineOptions()
@@ -139,7 +138,7 @@ def optimize(
             )
 
         checked = check_before_writing(
-            with_weights(lifted.loaded), choices, pack, vseed, source=lifted.loaded.source
+            _original(source, input_shapes, lifted), choices, pack, vseed, source=source
         )
         model, choices, bound = checked.model, list(checked.choices), checked.bound
         set_metadata(model, META_BOUND, str(bound))
@@ -157,6 +156,19 @@ def optimize(
             model, choices, check = _checked(model, original, choices, options, time_models)
     reports = tuple(RegionReport(s, c) for s, c in zip(searched, choices))
     return Outcome(reports, model, bound, options.serve, check, vseed)
+
+
+def _original(source: str, input_shapes, lifted: Lifted) -> onnx.ModelProto:
+    """A as `mlso verify A B` loads it: the file as written (no constant folding), with its
+    weights. Why not the folded model optimize works on: folding can leave a float32 constant
+    where the fp64 reference expects a promoted one (a MatMul of float64 by float32 in
+    deepseek's export). Read from stdin there is no file to read again; the folded model is
+    the original then."""
+    from mlso_cli.frontend.load import load_model, with_weights
+
+    if source == "-":
+        return with_weights(lifted.loaded)
+    return with_weights(load_model(source, input_shapes or {}, fold=False))
 
 
 def _checked(
