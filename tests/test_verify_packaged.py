@@ -62,3 +62,29 @@ def test_no_usable_bound_is_could_not_be_verified_not_a_difference(tmp_path, mon
     assert summary["false_accept_bound"] is None and summary["pass"] is False
     (kernel,) = [r for r in rows if r["type"] == "kernel"]
     assert kernel["status"] == "unbounded"
+
+
+def test_the_fp64_reference_promotes_a_default_constant_of_shape():
+    """ConstantOfShape without a value attribute makes float32 zeros; the fp64 reference must
+    promote them like every float constant, or onnx's evaluator refuses a MatMul of float64 by
+    float32 (deepseek's zoo export: verify crashed before comparing anything)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from mlso_cli.verify.reference64 import reference_outputs
+
+    g = helper.make_graph(
+        [
+            helper.make_node("ConstantOfShape", ["shape"], ["z"]),
+            helper.make_node("Add", ["z", "x"], ["zx"]),
+            helper.make_node("MatMul", ["zx", "x"], ["y"]),
+        ],
+        "cos",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
+        [numpy_helper.from_array(np.array([2, 2], np.int64), "shape")],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    x = np.arange(4, dtype=np.float32).reshape(2, 2)
+    (y,) = reference_outputs(m, {"x": x}).values()
+    assert y.dtype == np.float64 and np.array_equal(y, x.astype(np.float64) @ x)
