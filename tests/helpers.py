@@ -18,7 +18,7 @@ TRANSFORMER_SHAPE = ["--input-shape", "hidden=1,16,64"]
 
 
 def run_cli(
-    *args: str, stdin: bytes | None = None, env: dict | None = None
+    *args: str, stdin: bytes | None = None, env: dict | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess:
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
@@ -28,7 +28,7 @@ def run_cli(
         capture_output=True,
         cwd=ROOT,
         env=full_env,
-        timeout=300,
+        timeout=timeout,
     )
 
 

@@ -545,7 +545,7 @@ def _swapped_node_inputs(a: Path) -> onnx.ModelProto:
 def _formals_only_region_model(model: onnx.ModelProto, node: onnx.NodeProto) -> onnx.ModelProto:
     """region_model as it was before the fix: the formals renamed to the node's tensors, the
     body's internal tensors left as they are (so an internal 'a' collides with input 'a')."""
-    from mlso_cli.bench.harness import _standalone
+    from mlso_cli.package.regionmodel import standalone as _standalone
     from mlso_cli.package.unpack import fallback_function
 
     fn = fallback_function(model, node)

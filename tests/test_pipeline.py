@@ -191,11 +191,16 @@ def test_output_models_are_byte_identical(tmp_path):
     assert paths[0].read_bytes() == paths[1].read_bytes()
 
 
-def test_the_run_bound_is_written_to_the_metadata(tmp_path):
+def test_the_bound_written_is_the_one_the_check_before_writing_obtained(tmp_path):
+    """Not the search's claim (3e-19 here, from a fake search): the union of the field bounds
+    that the check before writing obtained for the packaged kernels (once per distinct one)."""
     fake = FakeSearch(bound=3.0e-19)
     out = optimize(str(SRC), None, _opts(tmp_path), search=fake)
     meta = {p.key: p.value for p in out.model.metadata_props}
-    assert float(meta[META_BOUND]) == out.bound == pytest.approx(3.0e-19)
+    packaged = [r.choice for r in out.regions if r.choice.packaged]
+    assert packaged and all(c.bound is not None and 0 < c.bound <= 2.0**-60 for c in packaged)
+    assert float(meta[META_BOUND]) == out.bound == sum(c.bound for c in packaged)
+    assert out.bound != 3.0e-19 and out.verify_seed is not None
 
 
 def test_a_candidate_with_another_signature_is_refused(tmp_path):
@@ -309,7 +314,12 @@ def test_cli_json_lines_carry_the_search_fields(tmp_path, monkeypatch):
         }
     ]
     assert second["cached"] and fake.calls == 1
-    assert rows[1][-1]["bound"] == 2.0**-62 and rows[1][-1]["packaged"] == 1
+    # the bound written is what the check before writing obtained, not the search's
+    assert rows[1][-1]["packaged"] == 1 and rows[1][0]["node"] == "mlso_region_0"
+    assert (
+        rows[1][-1]["bound"] == rows[1][0]["verified_bound"]
+        and 0 < rows[1][-1]["bound"] <= 2.0**-60
+    )
 
 
 def test_nothing_in_the_package_imports_tests():

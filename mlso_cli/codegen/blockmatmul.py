@@ -20,6 +20,32 @@ from mlso_cli.ir.ops import DType, Op, Phase
 
 MMA_TYPES = (DType.F16, DType.BF16)
 
+SUM_OF_SQUARES = frozenset({Op.SQUARE})
+"""Ops whose values a matmul must not read rounded to 16 bits: a matmul over squares is a sum of
+squares, and a one-pass variance subtracts the square of the mean from it. Rounded to fp16
+first, rows offset by +100 lost 0.3 of the variance (each square carries 2^-11 of 1e4), and at
++1e3 the squares overflow fp16. Such an operand stays fp32 (`_mma_hint`), whatever the storage
+dtype; `MUL(a, a)` is a square too. Products of different values (x * gamma) keep their 16-bit
+staging: they are not cancelled against another sum of the same size."""
+
+
+def _squares(x: Node) -> bool:
+    """Whether x is computed elementwise from a square (SUM_OF_SQUARES), through views and
+    elementwise ops only (a matmul or reduction between them is a sum of its own, in fp32)."""
+    from mlso_cli.ir.ops import ELEMENTWISE, VIEW
+
+    stack, seen = [x], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op in SUM_OF_SQUARES or (n.op is Op.MUL and n.src[0] is n.src[1]):
+            return True
+        if n.op in ELEMENTWISE or n.op in VIEW:
+            stack.extend(n.src)
+    return False
+
 
 @dataclass
 class Operand:
@@ -157,16 +183,71 @@ class MatmulPlanning(BlockStorage):
         key = (x, role, dtype)
         st = self.stages.get(key)
         if st is None:
-            pad = 8 if dtype.itemsize == 2 else 0
-            shape = x.shape[:-2] + (rows, x.shape[-1])
-            strides = contiguous(shape[:-1] + (shape[-1] + pad,))
-            nbytes = (strides[0] * shape[0] if shape else 1) * dtype.itemsize
-            name = self._alloc(CTYPE[dtype], self.names.new("stg"), nbytes)
-            storage = Storage(name, dtype, shape, strides)
+            storage = self._in_place(x, role, dtype, rows) if scale is None else None
+            if storage is None:
+                pad = 8 if dtype.itemsize == 2 else 0
+                shape = x.shape[:-2] + (rows, x.shape[-1])
+                strides = contiguous(shape[:-1] + (shape[-1] + pad,))
+                nbytes = (strides[0] * shape[0] if shape else 1) * dtype.itemsize
+                name = self._alloc(CTYPE[dtype], self.names.new("stg"), nbytes)
+                storage = Storage(name, dtype, shape, strides)
             st = Stage(x, storage, x.phase or Phase.PRE, scale=scale)
             self.stages[key] = st
         s = st.storage
         return Operand(s.ptr, dtype, x.shape, s.strides)
+
+    def _in_place(self, x: Node, role: str, dtype: DType, rows: int) -> Storage | None:
+        """The tile x is computed from, when x's staging copy can overwrite it (None: allocate).
+
+        Why: an elementwise op on a tile that nothing else reads (a ReLU on C before C feeds a
+        matmul) needs no second buffer: each thread writes each element where it read it. A
+        block with X, W and C tiles of 64 KB each and a ReLU on C was refused at 264,320 B on
+        sm_90 for the copy; in place it fits. The conditions: x is elementwise over exactly one
+        PRE-phase tile held in shared memory in the staging type (constants aside), of x's shape
+        with no padded rows, laid out as ldmatrix reads this role; the tile and every op of the
+        chain are read only within the chain, and x by its one matmul. Every consumer of the plan
+        (the spec's shared-memory figure, the cost model, the float32 interpreter mode) reads
+        this layout, so all of them count the buffer once."""
+        from mlso_cli.ir.ops import ELEMENTWISE
+
+        if rows != x.shape[-2] or x.op not in ELEMENTWISE or x.phase not in (None, Phase.PRE):
+            return None
+        if len(self.consumers.get(x, [])) != 1:
+            return None  # a second reader would see the overwritten tile
+        chain, tiles, stack = set(), set(), [x]
+        while stack:
+            n = stack.pop()
+            if n in chain or n in tiles:
+                continue
+            if n.op is Op.ITER:
+                tiles.add(n)
+            elif n.op in ELEMENTWISE:
+                chain.add(n)
+                stack.extend(n.src)
+            elif n.op is not Op.CONST:
+                return None
+        if len(tiles) != 1:
+            return None
+        (t,) = tiles
+        st = self.storage.get(t)
+        if (
+            t.phase is not Phase.PRE
+            or t in self.direct
+            or st is None
+            or st.dtype is not dtype
+            or t.shape != x.shape
+            or t.dtype is not dtype
+        ):
+            return None
+        inside = chain | {t}
+        for n in inside:
+            for user in self.consumers.get(n, []):
+                if user in inside:
+                    continue
+                if not (n is x and user.op is Op.MATMUL):
+                    return None
+        ok, km = self._mma_ok(Operand(st.ptr, dtype, st.shape, st.strides), role)
+        return st if ok and km == (role == "A") else None
 
     def _mma_hint(self, x: Node) -> DType | None:
         """The 16-bit type a matmul operand should use on tensor cores: its stored type, or for a
@@ -219,6 +300,8 @@ class MatmulPlanning(BlockStorage):
         b_dir = self._direct(b)
         if p_of is not None:
             mma = p_of.p_dtype if p_of.p_dtype in MMA_TYPES else None
+        elif _squares(a) or _squares(b):
+            mma = None  # a sum of squares stays fp32 on both sides (SUM_OF_SQUARES says why)
         else:
             mma = self._mma_hint(a) or self._mma_hint(b)
         sa, sb = self._operand_scales(a, b, len(c.shape), accumulate)

@@ -28,6 +28,7 @@ from mlso_cli.pipeline import (
     Searched,
     optimize,
 )
+from mlso_cli.pipeline.verifying import verify_seed
 from mlso_cli.search.api import SearchOptions, SearchProgress
 
 
@@ -102,7 +103,13 @@ def _check_numbers(
     type=float,
     help="Keep a region's original nodes unless mlso's program is at least this much faster.",
 )
-@click.option("--seed", default=0, show_default=True, help="Seed for verification and search.")
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="Seed for the search (default 0) and for the check before writing (default: fresh from "
+    "the OS each run, as verify's; with --seed, derived from it, so runs write the same bytes).",
+)
 @click.option("--force", is_flag=True, help="Replace OUT if it exists (never the input).")
 @click.option(
     "--gpu",
@@ -169,6 +176,8 @@ def optimize_cmd(
 ) -> None:
     """Rewrite MODEL so each fusable region runs as the fastest verified mlso program found."""
     jobs = _default_jobs() if jobs is None else jobs
+    fresh = seed is None
+    seed = 0 if seed is None else seed
     _check_numbers(min_speedup, budget, max_states, jobs, top_k, seed, gpu)
     if out is None and not dry_run:
         raise UsageError(
@@ -191,6 +200,7 @@ def optimize_cmd(
         top_k=top_k,
         use_cache=not no_cache,
         serve=serve,
+        verify_seed=verify_seed(seed, fresh=fresh),
     )
     with _Display() as display:
         outcome = optimize(
@@ -289,6 +299,11 @@ def _region_row(rep: RegionReport) -> dict:
         "estimate_us": round(c.estimate_us, 3),
         "onnx_estimate_us": _r(c.onnx_estimate_us),
         "why": c.why,
+        # the MlsoKernel node's name in the model and in verify's report
+        "node": f"mlso_region_{c.region}" if c.packaged else None,
+        # the field bound the check before writing obtained (None: not packaged)
+        "verified_bound": c.bound,
+        "checks": c.checks,
         "searched": s.searched,
         "cached": s.cached,
         "partial": r.partial,
@@ -342,6 +357,7 @@ def _report(outcome: Outcome, out: str | None, as_json: bool) -> None:
                     "regions": len(outcome.regions),
                     "packaged": outcome.packaged,
                     "bound": outcome.bound,
+                    "verify_seed": outcome.verify_seed,
                     "searched": sum(r.searched.searched for r in outcome.regions),
                     "cached": sum(r.searched.cached for r in outcome.regions),
                     "serve": outcome.serve,
@@ -364,10 +380,13 @@ def _report(outcome: Outcome, out: str | None, as_json: bool) -> None:
                 f"{c.before_us:.1f}",
                 f"{c.after_us:.1f}",
                 f"{c.speedup:.2f}x",
-                "mlso kernel" if c.packaged else c.why,
+                f"mlso kernel mlso_region_{c.region} ({c.checks})" if c.packaged else c.why,
             )
         stderr().print(t)
         stderr().print(f"served as: {outcome.serve}")
         if outcome.check is not None:
             stderr().print(outcome.check.why)
-        stderr().print(f"verification bound of the run: {outcome.bound:.3g}")
+        seed = (
+            "" if outcome.verify_seed is None else f" (checked with --seed {outcome.verify_seed})"
+        )
+        stderr().print(f"verification bound written: {outcome.bound:.3g}{seed}")

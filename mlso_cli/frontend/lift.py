@@ -35,8 +35,8 @@ from mlso_cli.frontend.load import LoadedModel, load_model, onnx_opset
 from mlso_cli.frontend.partition import Region, constant_values, partition
 from mlso_cli.ir import DType, KernelGraph, Node, Op, check
 from mlso_cli.ir import build as b
+from mlso_cli.ir import canonical as semantics  # the lifting constants, shared with verify/
 from mlso_cli.ir.node import const_value
-from mlso_cli.verify import semantics
 
 ONNX_TO_DTYPE = {
     TensorProto.FLOAT: DType.F32,

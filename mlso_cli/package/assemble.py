@@ -85,7 +85,8 @@ def assemble(
             plan=built.plan,
             ugraph_json=dumps(built.program),
             source_sha256=built.source_sha256,
+            region_id=lr.region.id,
         )
-        for idx, (_, built) in zip(indices, items)
+        for idx, (lr, built) in zip(indices, items)
     ]
     return prune_unused(package_model(m, regions, metadata))

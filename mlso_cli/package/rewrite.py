@@ -63,6 +63,10 @@ class PackagedRegion:
     plan: dict[str, Any]
     ugraph_json: str
     source_sha256: str
+    region_id: int | None = None
+    """The pipeline's region id: the node is then named mlso_region_<id> (overload r<id>), so
+    optimize's table, the model and verify's report name a region alike. None: numbered in
+    order, skipping names and overloads the model already holds."""
 
     def __post_init__(self) -> None:
         for name in ("node_indices", "inputs", "outputs"):
@@ -396,11 +400,15 @@ def package_model(
             )
             tensor.raw_data = region.binary
             new_binaries[binary_name] = tensor
-        while f"r{counter}" in taken_overloads:
-            counter += 1
-        overload = f"r{counter}"
+        if region.region_id is not None and f"r{region.region_id}" not in taken_overloads:
+            number = region.region_id
+        else:
+            while f"r{counter}" in taken_overloads:
+                counter += 1
+            number = counter
+        overload = f"r{number}"
         taken_overloads.add(overload)
-        name = _unique(f"mlso_region_{counter}", node_names)
+        name = _unique(f"mlso_region_{number}", node_names)
         built.append(
             (region, _build(out, k, region, internals[k], overload, name, binary_name, sha))
         )

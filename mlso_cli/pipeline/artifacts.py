@@ -47,6 +47,9 @@ class PipelineOptions:
     use_cache: bool = True
     serve: str = CUDA_GRAPH
     """The deployment mode the never-slower rule decides by (SERVE_MODES)."""
+    verify_seed: int | None = None
+    """Seed of the check before writing (pipeline/verifying.py); None: a stream derived from
+    `seed`, never the search's own (`mlso optimize` passes a fresh one unless --seed is given)."""
     check_rounds: int = 15
     check_iters: int = 50
     """With a GPU: rounds and calls per round of the whole-model check (`mlso bench`'s defaults)."""
@@ -122,6 +125,11 @@ class Choice:
     onnx_estimate_us: float | None = None
     """The cost model's figure for the original region (`onnx_region_cost`, plain ONNX Runtime),
     kept beside any measurement for calibration."""
+    bound: float | None = None
+    """The false-accept bound the check before writing obtained for the packaged program
+    (pipeline/verifying.py); None when it was not packaged or not yet checked."""
+    checks: str = ""
+    """What the check before writing ran for it, in one line (empty when it did not run)."""
 
     @property
     def speedup(self) -> float:
@@ -167,10 +175,14 @@ class Outcome:
     regions: tuple[RegionReport, ...]
     model: onnx.ModelProto | None
     bound: float
-    """Union bound over every verification in the run: the model's mlso.verification_bound."""
+    """The model's mlso.verification_bound: the union of the field bounds obtained for the
+    packaged kernels by the check before writing (0 when none is packaged). For a dry run, the
+    search's union bound over the programs it verified."""
     serve: str = CUDA_GRAPH
     check: ModelCheck | None = None
     """The whole-model check; None without a GPU, for a dry run, or when no region was packaged."""
+    verify_seed: int | None = None
+    """The seed the check before writing used (None for a dry run: nothing was checked)."""
 
     @property
     def packaged(self) -> int:

@@ -4,6 +4,11 @@ Why a library function: `mlso optimize` only parses flags into `PipelineOptions`
 `optimize()` and renders the `Outcome`; tests and scripts call the same function with a fake
 search or a fake timer. Writing the model is left to the caller (`package.write_model_atomic`).
 
+Before anything is returned for writing, the packaged model goes through the verification
+library that `mlso verify` runs (pipeline/verifying.py): a region whose program any check refuses
+is kept original, with the reason in its `why`, and the bound written is the union of the field
+bounds that check obtained. So optimize never returns a model that `mlso verify` refuses.
+
 With a GPU, the packaged model then goes through the whole-model check (wholemodel.py): when it
 is not measurably faster than the original in the serving mode, the Outcome's model is the
 original (no region packaged) and every region's `why` says so. The caller therefore never
@@ -30,7 +35,8 @@ from mlso_cli.pipeline.artifacts import (
 from mlso_cli.pipeline.build import Builder, package, set_metadata
 from mlso_cli.pipeline.frontend import lift
 from mlso_cli.pipeline.searching import conform, default_search, search_region
-from mlso_cli.pipeline.select import MeasureFn, choose, measure_top_k
+from mlso_cli.pipeline.select import MeasureFn, choose_bounded, measure_top_k
+from mlso_cli.pipeline.verifying import check_before_writing, verify_seed
 from mlso_cli.pipeline.wholemodel import ModelTimeFn, check_whole_model
 from mlso_cli.search.api import SearchFn
 from mlso_cli.search.cache import SearchCache
@@ -86,7 +92,7 @@ def optimize(
     `bench.pair.time_pair`. A caller that injects `measure` but not `time_models` gets no
     whole-model check: fixed region figures and a real model timing measure different things."""
     from mlso_cli.codegen import DEFAULT_TARGETS
-    from mlso_cli.package import META_SERVE
+    from mlso_cli.package import META_BOUND, META_SERVE
 
     options = options or PipelineOptions()
     listener = listener or Listener()
@@ -110,14 +116,32 @@ def optimize(
             measure=measure or _time_regions,
         )
     choices = [
-        choose(lifted.loaded, lr, s, options.min_speedup, timings.get(lr.region.id), options.serve)
+        choose_bounded(
+            lifted.loaded, lr, s, options.min_speedup, timings.get(lr.region.id), options.serve
+        )
         for lr, s in zip(lifted.regions, searched)
     ]
     bound = run_bound(searched)
-    model, check = None, None
+    model, check, vseed = None, None, None
     if not dry_run:
         meta = {META_SERVE: options.serve}
-        model = _package(lifted, choices, builder, options.seed, bound, listener, meta)
+        vseed = options.verify_seed
+        if vseed is None:
+            vseed = verify_seed(options.seed, fresh=False)
+        rounds = iter(range(1 << 30))
+
+        def pack(cs):
+            # progress lines show "compiled" once, on the first packaging round
+            first = next(rounds) == 0
+            return _package(
+                lifted, cs, builder, options.seed, 0.0, listener if first else Listener(), meta
+            )
+
+        checked = check_before_writing(
+            _original(source, input_shapes, lifted), choices, pack, vseed, source=source
+        )
+        model, choices, bound = checked.model, list(checked.choices), checked.bound
+        set_metadata(model, META_BOUND, str(bound))
         if time_models is None and measure is None:
             time_models = _pair_timer(options.check_rounds, options.check_iters)
         if options.gpu is not None and time_models is not None and any(c.packaged for c in choices):
@@ -126,12 +150,25 @@ def optimize(
                 [],
                 targets=builder.targets,
                 seed=options.seed,
-                bound=bound,
+                bound=0.0,
                 extra=meta,
             )
             model, choices, check = _checked(model, original, choices, options, time_models)
     reports = tuple(RegionReport(s, c) for s, c in zip(searched, choices))
-    return Outcome(reports, model, bound, options.serve, check)
+    return Outcome(reports, model, bound, options.serve, check, vseed)
+
+
+def _original(source: str, input_shapes, lifted: Lifted) -> onnx.ModelProto:
+    """A as `mlso verify A B` loads it: the file as written (no constant folding), with its
+    weights. Why not the folded model optimize works on: folding can leave a float32 constant
+    where the fp64 reference expects a promoted one (a MatMul of float64 by float32 in
+    deepseek's export). Read from stdin there is no file to read again; the folded model is
+    the original then."""
+    from mlso_cli.frontend.load import load_model, with_weights
+
+    if source == "-":
+        return with_weights(lifted.loaded)
+    return with_weights(load_model(source, input_shapes or {}, fold=False))
 
 
 def _checked(

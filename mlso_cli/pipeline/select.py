@@ -153,6 +153,51 @@ def choose(
     )
 
 
+def choose_bounded(
+    loaded: LoadedModel,
+    lr: LiftedRegion,
+    searched: Searched,
+    min_speedup: float,
+    timings: Sequence[Timing] | None = None,
+    serve: str = CUDA_GRAPH,
+) -> Choice:
+    """`choose`, among the candidates the field check can bound. Why: a candidate the search
+    did not verify (its bound is 0: the lifted program itself, kept as the never-slower
+    fallback) is checked only before writing, and a program whose per-trial bound is 1 would
+    be refused there ("no useful bound"). The degree analysis finds that out before the choice
+    (verify/equivalence.py::unbounded), so another candidate, or the original nodes, is chosen."""
+    from dataclasses import replace
+
+    from mlso_cli.verify.equivalence import unbounded
+
+    keep, why = [], None
+    for c in searched.result.candidates:
+        reason = None if c.bound > 0 else unbounded(lr.graph, c.graph)
+        if reason is None:
+            keep.append(c)
+        else:
+            why = why or reason
+    if len(keep) == len(searched.result.candidates):
+        return choose(loaded, lr, searched, min_speedup, timings, serve)
+    if not keep:
+        pick = rank(searched.result.candidates)[0]
+        onnx_us = onnx_region_cost(loaded, lr.region).us
+        return _choice(
+            lr, pick, onnx_us, 0.0, False, False, f"kept original: {why}", serve, onnx_us=onnx_us
+        )
+    result = replace(searched.result, candidates=tuple(keep))
+    if timings:  # timed ranks index the full ranking: keep those of bounded candidates only
+        full = rank(searched.result.candidates)
+        now = rank(keep)
+        index = {id(r.candidate): i for i, r in enumerate(now)}
+        timings = [
+            replace(t, rank=index[id(full[t.rank].candidate)])
+            for t in timings
+            if id(full[t.rank].candidate) in index
+        ]
+    return choose(loaded, lr, replace(searched, result=result), min_speedup, timings, serve)
+
+
 def _choice(
     lr: LiftedRegion,
     pick: Ranked,

@@ -421,3 +421,26 @@ def check_equivalent(
         f"false-accept bound {bound:.3g} <= {target:.3g}",
         assumes,
     )
+
+
+UNBOUNDED_FIELDS = 3
+"""Fields drawn by `unbounded` to see whether a check could reach any usable bound."""
+
+
+def unbounded(a: KernelGraph, b: KernelGraph, *, seed: int = 0) -> str | None:
+    """Why the field check cannot bound `a` against `b`, or None when it can: the per-trial
+    bound is 1 at every one of a few drawn fields (too high a degree, too many atoms or too
+    large coefficients for these primes). No program is evaluated: the degree analysis alone
+    decides, so the select stage can leave such a program out before it chooses it, instead of
+    the check before writing refusing it afterwards."""
+    if interface_mismatch(a, b):
+        return None  # not a question of the bound: the check itself will say what differs
+    pa, pb = analyse(a), analyse(b)
+    rng = np.random.default_rng(seed)
+    for _ in range(UNBOUNDED_FIELDS):
+        if trial_bound(pa, pb, Field.draw(rng)) < 1:
+            return None
+    return (
+        "the field check cannot bound it: the per-trial bound is 1 (too high a degree, too many "
+        "atoms or too large coefficients for 23-bit primes)"
+    )

@@ -389,9 +389,9 @@ def _derived_constants(
 ) -> dict[str, np.ndarray] | str:
     """The constants lifting derives from the fallback body (its masks), or why there are none.
     `body`: region_model's model of it, when the caller has one."""
-    from mlso_cli.bench.harness import region_model
     from mlso_cli.frontend.lift import lift_whole_graph
     from mlso_cli.frontend.load import loaded_from_proto
+    from mlso_cli.package.regionmodel import region_model
 
     try:
         loaded = loaded_from_proto(body or region_model(model, node), f"body of {node.name}")
@@ -537,7 +537,7 @@ def check_kernel(
     value infos, A's and B's constants, when the caller checks several kernels of one model.
     Returns {"lifting": CheckOutcome, "emulator": CheckOutcome}.
     """
-    from mlso_cli.bench.harness import region_model
+    from mlso_cli.package.regionmodel import region_model
 
     out: dict[str, CheckOutcome] = {}
     if lift is not None:

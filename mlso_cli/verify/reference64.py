@@ -36,6 +36,12 @@ def _promote_graph(g: onnx.GraphProto) -> None:
     del g.initializer[:]
     g.initializer.extend(new_inits)
     for n in g.node:
+        if n.op_type == "ConstantOfShape" and not any(a.name == "value" for a in n.attribute):
+            # its default value is a float32 zero: promoted like every other float constant
+            # (deepseek's export fed it to a MatMul beside float64 values, and the evaluator
+            # refused the pair)
+            zero = numpy_helper.from_array(np.zeros(1, np.float64))
+            n.attribute.append(onnx.helper.make_attribute("value", zero))
         for a in n.attribute:
             if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
                 a.t.CopyFrom(_promote_tensor(a.t))

@@ -33,26 +33,12 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
+from mlso_cli.ir.canonical import INV_SQRT2, canonical_const  # noqa: F401 (re-exported)
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import Op
 from mlso_cli.ir.shapes import broadcast as broadcast_shapes
 
 ONE, TWO, ZERO, HALF = Fraction(1), Fraction(2), Fraction(0), Fraction(1, 2)
-INV_SQRT2 = Fraction(0.7071067811865476)
-"""1/sqrt(2) as the double nearest it, exactly: GELU's erf argument scale."""
-_SNAP = Fraction(1, 2048)
-"""Relative distance within which a constant is taken as 1/sqrt(2) or sqrt(2): fp16's rounding."""
-
-
-def canonical_const(v: Fraction) -> Fraction:
-    """v, except that a constant within fp16 rounding of 1/sqrt(2) (or sqrt(2)) becomes
-    INV_SQRT2 (or 1/INV_SQRT2): why in the module docstring."""
-    if v > 0:
-        if abs(v - INV_SQRT2) <= _SNAP * INV_SQRT2:
-            return INV_SQRT2
-        if abs(v - 1 / INV_SQRT2) <= _SNAP / INV_SQRT2:
-            return 1 / INV_SQRT2
-    return v
 
 
 def gelu(A: Any, x: Any) -> Any:

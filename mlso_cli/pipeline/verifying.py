@@ -1,0 +1,166 @@
+"""The check before writing: the verification library run on the model optimize is about to write.
+
+Why: optimize used to check less than `mlso verify` does (the search's field check only, and
+none at all for a region whose lifted program was packaged unverified), so it could write a
+model that mlso's own check refuses. Here the packaged model goes through the very function
+`mlso verify` runs (`verify/packaged.py::verify_models`), with a seed of its own (`verify_seed`,
+never the search's), and:
+
+- a region whose kernel fails any check (chain, field, float, lifting, emulator) is kept
+  original, its `why` saying which check and why, and the model is packaged and checked again
+  without it (a region's kernel is checked alone, so dropping one cannot break another; the
+  loop ends after at most one round per region);
+- a region whose field check agreed but reached no usable bound is kept original too: a bound
+  that was never obtained is never written;
+- a failure of the whole model (B's outputs in ONNX Runtime, the algebraic A-vs-B check) that
+  no kernel explains keeps every region original.
+
+The bound written (mlso.verification_bound) is the union of the field bounds obtained here, one
+per distinct kernel (`VerifyOptions.distinct`: kernels with the same μGraph and fallback body,
+a transformer's repeated layers, are one check, and their constants are still compared each
+with A's). The binary is not recompiled (`trust_binary`): it was compiled from this very source
+in this run; the source and plan are still regenerated and compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import onnx
+
+from mlso_cli.errors import EnvironmentProblem, MlsoError
+from mlso_cli.pipeline.artifacts import Choice
+from mlso_cli.verify.packaged import (
+    Failure,
+    VerifyOptions,
+    VerifyReport,
+    check_kernels,
+    verify_models,
+)
+
+PackageFn = Callable[[Sequence[Choice]], onnx.ModelProto]
+"""package(choices) -> the model with every packaged choice as an MlsoKernel node."""
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The model that passed, the choices as they now stand, the bound, and the last report."""
+
+    model: onnx.ModelProto
+    choices: tuple[Choice, ...]
+    bound: float
+    report: VerifyReport | None
+    """None when nothing was packaged (there was nothing to check)."""
+    seed: int
+
+
+def verify_seed(seed: int, fresh: bool) -> int:
+    """The seed of the check before writing: fresh from the OS (the default of `mlso optimize`,
+    as `mlso verify`'s), or, when the user fixed `--seed`, a stream of its own derived from it,
+    so that runs with one --seed write the same bytes, and never the search's primes."""
+    if fresh:
+        import secrets
+
+        return secrets.randbits(63)
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, 0x7E51F1]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def check_before_writing(
+    original: onnx.ModelProto,
+    choices: Sequence[Choice],
+    package: PackageFn,
+    seed: int,
+    *,
+    source: str = "the input model",
+) -> Checked:
+    """Package `choices`, verify the result against `original` (A, with its weights) and drop
+    refused regions until what is left passes (module docstring)."""
+    choices = tuple(choices)
+    options = VerifyOptions(seed=seed, trust_binary=True, distinct=True)
+    for _ in range(len(choices) + 1):
+        model = package(choices)
+        if not any(c.packaged for c in choices):
+            return Checked(model, choices, 0.0, None, seed)
+        try:
+            report = verify_models(
+                original, model, options, source_a=source, source_b="the model to write"
+            )
+        except EnvironmentProblem:
+            raise
+        except MlsoError as exc:
+            # the whole model cannot be compared (ONNX Runtime cannot load the original, or no
+            # output is finite at any scale): verify could not compare it either, whatever is
+            # written, so the per-kernel checks decide alone
+            report = _kernels_only(original, model, options, exc.what)
+        except Exception as exc:  # noqa: BLE001 - the fp64 reference evaluator refused A
+            why = f"the fp64 reference of the original failed: {type(exc).__name__}: {exc}"
+            report = _kernels_only(original, model, options, why[:300])
+        if report.passed:
+            bound = report.summary.get("false_accept_bound") or 0.0
+            return Checked(model, _with_bounds(choices, report), float(bound), report, seed)
+        refused = {v.outputs: v.failure for v in report.kernels if v.failure is not None}
+        if refused:
+            choices = tuple(_kept(c, refused.get(_outputs(c))) for c in choices)
+            continue
+        why = report.failure.what if report.failure else "the whole model failed verification"
+        choices = tuple(_kept(c, why) if c.packaged else c for c in choices)
+    raise AssertionError("unreachable: every round keeps at least one more region original")
+
+
+def _kernels_only(
+    original: onnx.ModelProto, model: onnx.ModelProto, options: VerifyOptions, why: str
+) -> VerifyReport:
+    """The per-kernel checks alone, as a report, when the whole model cannot be compared."""
+    verdicts = check_kernels(original, model, options)
+    bad = next((v for v in verdicts if v.failure is not None), None)
+    usable = list({id(v.field): v.bound for v in verdicts if v.bound is not None}.values())
+    summary = {
+        "type": "summary",
+        "pass": bad is None,
+        "false_accept_bound": min(1.0, sum(usable)) if usable else None,
+        "whole_model": f"not compared: {why}",
+    }
+    failure = None if bad is None else Failure(f"mlso kernel '{bad.node}' {bad.failure}")
+    return VerifyReport(tuple(verdicts), (), (), (), (), summary, failure)
+
+
+def _outputs(c: Choice) -> tuple[str, ...]:
+    """The tensors a packaged choice's MlsoKernel node produces (its program's outputs): how a
+    kernel of the report is matched to its region, whatever the node is named."""
+    return tuple(c.candidate.graph.output_names)
+
+
+def _kept(c: Choice, reason: str | None) -> Choice:
+    if reason is None or not c.packaged:
+        return c
+    return replace(
+        c,
+        packaged=False,
+        why=f"kept original: verification before writing refused its program: {reason}",
+        bound=None,
+    )
+
+
+def _with_bounds(choices: tuple[Choice, ...], report: VerifyReport) -> tuple[Choice, ...]:
+    by_outputs = {v.outputs: v for v in report.kernels}
+    out = []
+    for c in choices:
+        v = by_outputs.get(_outputs(c)) if c.packaged else None
+        if v is None:
+            out.append(c)
+            continue
+        out.append(replace(c, bound=v.bound, checks=_summary(v)))
+    return tuple(out)
+
+
+def _summary(v) -> str:
+    """One line of what ran for the optimize table and --json."""
+    parts = []
+    if v.bound is not None:
+        parts.append(f"field bound {v.bound:.2e}")
+    for name, outcome in (("lifting", v.lifting), ("emulator", v.emulator)):
+        parts.append(f"{name} {outcome.status}")
+    return ", ".join(parts)
