@@ -432,6 +432,10 @@ def _materialize(ctx: _Ctx, s: sel.Selection) -> Node:
 
 
 def _apply_factor(ctx: _Ctx, x: Node, axis: int, f: sel.Factor) -> Node:
+    """x's selected part: reshape, multiply by P, sum over the input blocks, reshape back.
+
+    The dims before and after the axis are merged into one each (reshapes are free views), so
+    the product has rank 3 to 6 whatever x's rank: fewer dims for the search and codegen."""
     pre, post = x.shape[:axis], x.shape[axis + 1 :]
     out_shape = pre + (f.a * f.b_out * f.c,) + post
     if f.b == f.b_out == 1 and f.a * f.c == x.shape[axis]:
@@ -439,14 +443,16 @@ def _apply_factor(ctx: _Ctx, x: Node, axis: int, f: sel.Factor) -> Node:
             return x
         if f.p[0, 0] == -1:
             return b.unary(Op.NEG, x)
-    xs = b.reshape(x, pre + (f.a, 1, f.b, f.c) + post)
+    lead, trail = math.prod(pre), math.prod(post)
+    head = ((lead,) if lead > 1 else ()) + ((f.a,) if f.a > 1 else ())
+    tail = (trail,) if trail > 1 else ()
+    xs = b.reshape(x, head + (1, f.b, f.c) + tail)
     np_dtype = _NP_OF.get(x.dtype, np.float32)
     arr = np.ascontiguousarray(
-        f.p.astype(np_dtype).reshape((1,) * (len(pre) + 1) + (f.b_out, f.b, 1) + (1,) * len(post))
+        f.p.astype(np_dtype).reshape((1,) * len(head) + (f.b_out, f.b, 1) + (1,) * len(tail))
     )
-    name = (
-        f"mlso_select_{hashlib.sha256(arr.tobytes() + repr(arr.shape).encode()).hexdigest()[:12]}"
-    )
+    digest = hashlib.sha256(arr.tobytes() + repr(arr.shape).encode()).hexdigest()[:12]
+    name = f"mlso_select_{digest}"
     ctx.extra[name] = arr
     p = ctx.env.get(name) or ctx.add_input(
         name, arr.shape, x.dtype if x.dtype is not DType.BF16 else DType.F32
@@ -455,7 +461,7 @@ def _apply_factor(ctx: _Ctx, x: Node, axis: int, f: sel.Factor) -> Node:
         p = b.cast(p, x.dtype)
     y = b.mul(xs, p)
     if f.b > 1:
-        y = b.reduce(Op.REDUCE_SUM, y, len(pre) + 2)
+        y = b.reduce(Op.REDUCE_SUM, y, len(head) + 1)
     return b.reshape(y, out_shape)
 
 
