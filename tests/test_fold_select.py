@@ -419,3 +419,14 @@ def test_fp16_export_mask_and_tables_cast_to_fp16(tmp_path):
     (lr,) = a.lifted
     assert any(n.startswith("mlso_mask_") for n in lr.extra_inputs)
     assert Op.NEG not in {n.op for n in lr.graph.nodes()}
+
+
+def test_a_selection_along_a_huge_axis_is_refused_before_any_map_is_built(tmp_path):
+    """An axis over MAX_SELECT_AXIS elements is refused by its length alone (the element maps
+    would cost memory at load), with its own reason."""
+    m = _one_op(
+        "Slice", [("x", [1, 1 << 21])], ["y"], [_i64("st", [0]), _i64("en", [8]), _i64("ax", [1])]
+    )
+    loaded = load_model(str(save(m, tmp_path / "h.onnx")))
+    (e,) = [e for e in partition(loaded).excluded if e.op_type == "Slice"]
+    assert "too long to lift" in e.reason

@@ -407,13 +407,15 @@ def _selection_of(ctx: _Ctx, x: Node, axis: int) -> sel.Selection:
 def _select(ctx: _Ctx, op: str, composed: sel.Selection, plain: sel.Selection) -> Node:
     """The lifted selection, composed with the selections its inputs were when that factors
     within the block bound, else over its inputs as they are."""
+    why = None
     for s in (composed, plain):
-        if sel.unfactorable(s) is None:
+        why = sel.problem(s, op)
+        if why is None:
             node = _materialize(ctx, s)
             if not sel.is_identity(s):
                 ctx.selections[node] = s
             return node
-    raise LiftError(sel.TOO_MANY_BLOCKS.format(op=op, axis=plain.axis, max=sel.MAX_SELECT_BLOCKS))
+    raise LiftError(why)
 
 
 def _materialize(ctx: _Ctx, s: sel.Selection) -> Node:

@@ -31,6 +31,10 @@ import numpy as np
 MAX_SELECT_BLOCKS = 16
 """The most input blocks (B) one selection may sum over; more and the node stays out."""
 
+MAX_SELECT_AXIS = 1 << 20
+"""The longest axis a selection is analysed along (the map is held element by element); a
+longer one stays out rather than costing memory at load."""
+
 
 @dataclass(frozen=True, eq=False)
 class Selection:
@@ -156,11 +160,21 @@ def factor(sel: Selection, t: int) -> Factor | None:
     return best
 
 
-def unfactorable(sel: Selection) -> int | None:
-    """The index of a term that no factoring within MAX_SELECT_BLOCKS expresses, or None."""
+def too_long(op: str, axis: int) -> str:
+    return (
+        f"{op}: axis {axis} has more than {MAX_SELECT_AXIS} elements, too long to lift as a "
+        "block selection, so the node is kept as it is"
+    )
+
+
+def problem(sel: Selection, op: str) -> str | None:
+    """Why `sel` has no lifted form (a sentence for `inspect`), or None when every term factors
+    within MAX_SELECT_BLOCKS."""
+    if max((sel.size, *sel.sizes)) > MAX_SELECT_AXIS:
+        return too_long(op, sel.axis)
     for t in range(len(sel.terms)):
         if np.any(sel.term == t) and factor(sel, t) is None:
-            return t
+            return TOO_MANY_BLOCKS.format(op=op, axis=sel.axis, max=MAX_SELECT_BLOCKS)
     return None
 
 

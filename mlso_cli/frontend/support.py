@@ -103,10 +103,13 @@ def _selection_reason(op: str, pieces: list[tuple[int, list[int], list[np.ndarra
     from mlso_cli.frontend import selection as sel
 
     for axis, sizes, takes in pieces:
+        if max(sizes) > sel.MAX_SELECT_AXIS:  # before building maps of that many elements
+            return sel.too_long(op, axis)
         s = sel.concat([sel.plain(k, n, axis) for k, n in enumerate(sizes)])
         s = s.take(np.concatenate(takes)) if takes else s
-        if sel.unfactorable(s) is not None:
-            return sel.TOO_MANY_BLOCKS.format(op=op, axis=axis, max=sel.MAX_SELECT_BLOCKS)
+        why = sel.problem(s, op)
+        if why:
+            return why
     return None
 
 
@@ -131,6 +134,8 @@ def _slice(ctx: NodeContext) -> str | None:
         ax = int(ax) % len(shape)
         if int(sp) == 0:
             return "Slice: a step of 0 is invalid"
+        if shape[ax] > sel.MAX_SELECT_AXIS:
+            return _selection_reason("Slice", [(ax, [shape[ax]], [])])
         idx = sel.slice_indices(shape[ax], int(st), int(en), int(sp))
         pieces.append((ax, [shape[ax]], [idx]))
     return _selection_reason("Slice", pieces)
