@@ -430,3 +430,35 @@ def test_a_selection_along_a_huge_axis_is_refused_before_any_map_is_built(tmp_pa
     loaded = load_model(str(save(m, tmp_path / "h.onnx")))
     (e,) = [e for e in partition(loaded).excluded if e.op_type == "Slice"]
     assert "too long to lift" in e.reason
+
+
+def test_a_trilu_mask_from_constant_of_shape_folds(tmp_path):
+    """ConstantOfShape(seq, seq) -> Trilu -> Where: another common causal-mask spelling."""
+    vi = helper.make_tensor_value_info
+    m = _model(
+        [
+            helper.make_node("Shape", ["x"], ["s"], start=1, end=2),
+            helper.make_node("Concat", ["s", "s"], ["ss"], axis=0),
+            helper.make_node(
+                "ConstantOfShape",
+                ["ss"],
+                ["ones"],
+                value=numpy_helper.from_array(np.array([1], np.int64)),
+            ),
+            helper.make_node("Trilu", ["ones"], ["tri"], upper=0),
+            helper.make_node("Cast", ["tri"], ["keep"], to=TensorProto.BOOL),
+            helper.make_node("Where", ["keep", "fzero", "neginf"], ["mask"]),
+            helper.make_node("Add", ["x", "mask"], ["y"]),
+        ],
+        [vi("x", TensorProto.FLOAT, [1, "seq", "seq"])],
+        [vi("y", TensorProto.FLOAT, [1, "seq", "seq"])],
+        [_f("fzero", 0.0), _f("neginf", -np.inf)],
+    )
+    loaded = load_model(str(save(m, tmp_path / "t.onnx")), {"x": (1, 128, 128)})
+    assert _ops(loaded) == {"Add"}
+    mask = next(
+        numpy_helper.to_array(n.attribute[0].t)
+        for n in loaded.graph.node
+        if n.op_type == "Constant" and n.output[0] == "mask"
+    )
+    assert np.array_equal(np.isfinite(mask), np.tril(np.ones((128, 128), bool)))
