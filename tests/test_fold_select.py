@@ -462,3 +462,35 @@ def test_a_trilu_mask_from_constant_of_shape_folds(tmp_path):
         if n.op_type == "Constant" and n.output[0] == "mask"
     )
     assert np.array_equal(np.isfinite(mask), np.tril(np.ones((128, 128), bool)))
+
+
+def test_two_softmaxes_under_one_additive_mask_share_one_mask_input(tmp_path):
+    """One causal mask added before two Softmaxes of a region is one kernel input, not two
+    inputs of the same name."""
+    s = 8
+    mask = np.where(np.tril(np.ones((s, s), bool)), 0.0, -np.inf).astype(np.float32)
+    vi = helper.make_tensor_value_info
+    m = _model(
+        [
+            helper.make_node("MatMul", ["q", "k"], ["sc"]),
+            helper.make_node("Add", ["sc", "M"], ["s1"]),
+            helper.make_node("Softmax", ["s1"], ["p1"], axis=-1),
+            helper.make_node("Mul", ["sc", "two"], ["sc2"]),
+            helper.make_node("Add", ["sc2", "M"], ["s2"]),
+            helper.make_node("Softmax", ["s2"], ["p2"], axis=-1),
+            helper.make_node("Add", ["p1", "p2"], ["y"]),
+        ],
+        [vi("q", TensorProto.FLOAT, [2, s, 16]), vi("k", TensorProto.FLOAT, [2, 16, s])],
+        [vi("y", TensorProto.FLOAT, [2, s, s])],
+        [numpy_helper.from_array(mask, "M"), _f("two", 2.0)],
+    )
+    loaded = load_model(str(save(m, tmp_path / "two.onnx")))
+    rng = np.random.default_rng(5)
+    feeds = {
+        "q": rng.standard_normal((2, s, 16)).astype(np.float32),
+        "k": rng.standard_normal((2, 16, s)).astype(np.float32),
+    }
+    (lr,) = _check_lifted(loaded, feeds).lifted
+    names = list(lr.graph.input_names)
+    assert len(names) == len(set(names))
+    assert sum(n.startswith("mlso_mask_") for n in names) == 1

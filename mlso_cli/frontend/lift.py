@@ -327,7 +327,7 @@ def _where(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
     raise LiftError("Where: only masks whose other branch is -inf are lifted")
 
 
-def _masked(ctx: _Ctx, x: Node, keep: np.ndarray) -> Node:
+def _masked(ctx: _Ctx, x: Node, keep: np.ndarray, full: tuple[int, ...] | None = None) -> Node:
     """A placeholder for "x where keep, -inf elsewhere", read only by Softmax and Exp, which
     multiply exp(x) by `keep` as a 0/1 mask (so masked attention stays in the field)."""
     np_dtype = _NP_OF.get(x.dtype, np.float32)
@@ -341,9 +341,14 @@ def _masked(ctx: _Ctx, x: Node, keep: np.ndarray) -> Node:
             * np.broadcast_to(ctx.mask_arrays[x], shape).astype(np_dtype)
         )
     # sha256, not hash(): hash() is salted per process, and output models must not depend on it
-    name = f"mlso_mask_{hashlib.sha256(arr.tobytes()).hexdigest()[:12]}"
+    # a mask kept at its own broadcastable shape (an additive mask's, not `full`) names its
+    # shape too: two masks of equal bytes and different shapes must not share a name
+    salt = repr(arr.shape).encode() if full is not None and arr.shape != full else b""
+    name = f"mlso_mask_{hashlib.sha256(arr.tobytes() + salt).hexdigest()[:12]}"
     ctx.extra[name] = arr
-    mask = ctx.add_input(name, arr.shape, x.dtype if x.dtype is not DType.BF16 else DType.F32)
+    mask = ctx.env.get(name) or ctx.add_input(  # one input for a mask read twice
+        name, arr.shape, x.dtype if x.dtype is not DType.BF16 else DType.F32
+    )
     # a node standing for "base, masked by this mask": it names the mask, so two different
     # masks on one tensor get two placeholders (x * 1 for both made them one node and lost
     # a mask); it never reaches the graph (Softmax and Exp read mask_base)
@@ -389,7 +394,7 @@ def _add(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
                 x = b.reshape(x, (1,) * (len(out_shape) - len(x.shape)) + x.shape)
             x = b.broadcast_to(x, out_shape)
         keep = keep.reshape((1,) * (len(out_shape) - keep.ndim) + keep.shape)
-        return [_masked(ctx, x, keep)]
+        return [_masked(ctx, x, keep, out_shape)]
     return [b.add(_x(ctx, node, 0), _x(ctx, node, 1))]
 
 
