@@ -27,9 +27,6 @@ SMALL_CONSTANT_ELEMENTS = 4096
 """Initializers and Constant nodes up to this many elements are small constants (shape vectors,
 scalars, inv_freq); larger ones are weights, and nothing computed from them folds."""
 
-MAX_FOLD_ELEMENTS = SMALL_CONSTANT_ELEMENTS
-"""The old name of SMALL_CONSTANT_ELEMENTS, kept for callers outside the frontend."""
-
 _NEVER_FOLD = {
     "RandomNormal",
     "RandomUniform",
