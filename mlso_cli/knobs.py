@@ -26,6 +26,10 @@ class Knobs:
     """Lower kernel-level matmuls to cuBLASLt calls where possible (MLSO_LIBRARY_GEMM=0: off)."""
     cublas_include: Path | None = None
     """cuBLASLt headers (MLSO_CUBLAS_INCLUDE); fetched into the cache when unset."""
+    max_fold_bytes: int = 16 << 20
+    """The largest tensor load-time folding writes as a constant (MLSO_MAX_FOLD_BYTES, default
+    16 MiB). Why a cap: a causal mask or a RoPE table computed from shapes is worth folding at any
+    usual length, but one of seq^2 elements at a long sequence would bloat the model."""
 
 
 def _default_cache() -> Path:
@@ -44,7 +48,27 @@ def knobs() -> Knobs:
         keep_temps=env.get("MLSO_KEEP_TEMPS", "") not in ("", "0"),
         library_gemm=env.get("MLSO_LIBRARY_GEMM", "1") not in ("", "0"),
         cublas_include=Path(env["MLSO_CUBLAS_INCLUDE"]) if env.get("MLSO_CUBLAS_INCLUDE") else None,
+        max_fold_bytes=_int_knob(env, "MLSO_MAX_FOLD_BYTES", 16 << 20),
     )
+
+
+def _int_knob(env, name: str, default: int) -> int:
+    """A non-negative integer setting; a value that is not one is an error naming the variable."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        from mlso_cli.errors import UsageError
+
+        raise UsageError(
+            f"{name}={raw!r} is not a non-negative whole number of bytes",
+            f"Unset {name} or give e.g. {name}={default}",
+        )
+    return value
 
 
 cache_clear = knobs.cache_clear

@@ -1,20 +1,31 @@
-"""Fold shape arithmetic into constants once the input shapes are fixed.
+"""Fold shape-only subgraphs into constants once the input shapes are fixed.
 
-Exporters with dynamic axes compute Reshape targets at run time (Shape -> Gather -> Concat).
-With static input shapes those chains are constant; folding them turns each Reshape into a
-static view that lifting can use. Only small tensors are folded, so weights are never copied.
+Exporters with dynamic axes compute at run time what static input shapes make constant: Reshape
+targets (Shape -> Gather -> Concat), the causal mask (Range, comparisons, And, Where) and the
+RoPE tables (Range x inv_freq -> Cos/Sin). Folding turns each into a constant that lifting can
+use (a static view, a 0/1 mask, a table read as a kernel input).
+
+What may fold is decided by where a value comes from, not by its size: a node folds when every
+input is a constant that depends only on the fixed input shapes and on small constants (an
+initializer or Constant node of at most SMALL_CONSTANT_ELEMENTS elements). A value computed from
+a larger initializer (a weight) never folds, so a folded result is never a copy or transform of a
+weight. The folded output's size is capped by a byte budget (`knobs().max_fold_bytes`, 16 MiB by
+default): a seq x seq mask at a long sequence stays a node. Why each node that could have folded
+did not is kept in `FoldResult.notes` for `inspect`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-MAX_FOLD_ELEMENTS = 4096
-"""Outputs larger than this stay as nodes: folding is for shape arithmetic, not weights."""
+SMALL_CONSTANT_ELEMENTS = 4096
+"""Initializers and Constant nodes up to this many elements are small constants (shape vectors,
+scalars, inv_freq); larger ones are weights, and nothing computed from them folds."""
 
 _NEVER_FOLD = {
     "RandomNormal",
@@ -42,16 +53,6 @@ def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
     return None
 
 
-def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
-    g = model.graph
-    out = {}
-    for vi in list(g.input) + list(g.value_info) + list(g.output):
-        tt = vi.type.tensor_type
-        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
-            out[vi.name] = tuple(d.dim_value for d in tt.shape.dim)
-    return out
-
-
 def _evaluate(node: onnx.NodeProto, values: list[np.ndarray], opsets) -> list[np.ndarray] | None:
     from onnx.reference import ReferenceEvaluator
 
@@ -77,53 +78,111 @@ def _evaluate(node: onnx.NodeProto, values: list[np.ndarray], opsets) -> list[np
     return [np.asarray(r) for r in res]
 
 
+@dataclass
+class FoldResult:
+    model: onnx.ModelProto
+    notes: dict[str, str] = field(default_factory=dict)
+    """First output name of each node that is computed from constants only and still did not
+    fold -> why (read from a weight, over the byte budget, not evaluable); `inspect` adds it to
+    the node's reason."""
+
+
 def fold_constants(
     model: onnx.ModelProto, base_dir: Path | None = None, max_rounds: int = 6
 ) -> onnx.ModelProto:
-    """Replace nodes whose inputs are all known constants by Constant nodes; drop dead nodes."""
+    """Replace nodes whose inputs are all shape-derived constants by Constant nodes; drop dead nodes."""
+    return fold_with_notes(model, base_dir, max_rounds).model
+
+
+def fold_with_notes(
+    model: onnx.ModelProto, base_dir: Path | None = None, max_rounds: int = 6
+) -> FoldResult:
+    """`fold_constants`, also saying why each constant-only node that stays did not fold.
+
+    Rounds repeat because shape inference after a fold can make more shapes static (a Shape of a
+    tensor whose Reshape target was just folded)."""
+    from mlso_cli.knobs import knobs
+
+    limit = knobs().max_fold_bytes
+    derived: set[str] = set()
+    notes: dict[str, str] = {}
     for _ in range(max_rounds):
-        changed = _fold_round(model)
+        notes = {}
+        changed = _fold_round(model, derived, notes, limit)
         if not changed:
             break
         model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-    return _remove_dead(model)
+    model = _remove_dead(model)
+    live = {o for n in model.graph.node for o in n.output}
+    return FoldResult(model, {k: v for k, v in notes.items() if k in live})
 
 
-def _fold_round(model: onnx.ModelProto) -> bool:
+def _static_types(model: onnx.ModelProto) -> dict[str, tuple[tuple[int, ...], int]]:
+    """Static shape and element type of every tensor shape inference resolved."""
+    g = model.graph
+    out = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        tt = vi.type.tensor_type
+        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            out[vi.name] = (tuple(d.dim_value for d in tt.shape.dim), tt.elem_type)
+    return out
+
+
+def _nbytes(shape: tuple[int, ...], elem_type: int) -> int:
+    try:
+        item = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).itemsize
+    except Exception:  # an element type numpy has no dtype for: count 8 bytes, the widest
+        item = 8
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n * item
+
+
+def _describe(name: str, dims) -> str:
+    return f"'{name}' ({'x'.join(str(int(d)) for d in dims) or 'scalar'})"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _fold_round(
+    model: onnx.ModelProto, derived: set[str], notes: dict[str, str], limit: int
+) -> bool:
+    """One pass in graph order. `derived` names the Constant nodes earlier rounds folded (they
+    depend only on shapes and small constants, whatever their size)."""
     g = model.graph
     known: dict[str, np.ndarray] = {}
+    weights: dict[str, str] = {}
+    """Constant-only tensors that depend on a weight -> that weight, described."""
     for t in g.initializer:
-        if (
-            t.data_location != onnx.TensorProto.EXTERNAL
-            and np.prod(t.dims, dtype=np.int64) <= MAX_FOLD_ELEMENTS
-        ):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            weights[t.name] = _describe(t.name, t.dims)
+        elif np.prod(t.dims, dtype=np.int64) <= SMALL_CONSTANT_ELEMENTS:
             known[t.name] = numpy_helper.to_array(t)
-    shapes = _static_shapes(model)
+        else:
+            weights[t.name] = _describe(t.name, t.dims)
+    types = _static_types(model)
     changed = False
     new_nodes = []
     for node in g.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             v = constant_node_value(node)
             if v is not None:
-                known[node.output[0]] = v
+                if v.size <= SMALL_CONSTANT_ELEMENTS or node.output[0] in derived:
+                    known[node.output[0]] = v
+                else:
+                    weights[node.output[0]] = _describe(node.output[0], v.shape)
             new_nodes.append(node)
             continue
         folded = None
         if node.domain in ("", "ai.onnx") and node.op_type not in _NEVER_FOLD:
-            if node.op_type == "Shape" and node.input[0] in shapes:
-                shp = np.array(shapes[node.input[0]], dtype=np.int64)
-                start = next((a.i for a in node.attribute if a.name == "start"), 0)
-                end = next((a.i for a in node.attribute if a.name == "end"), None)
-                folded = [shp[start:end]]
-            elif node.op_type == "Size" and node.input[0] in shapes:
-                folded = [np.array(int(np.prod(shapes[node.input[0]])), dtype=np.int64)]
-            elif node.input and all((not i) or i in known for i in node.input):
-                vals = [known[i] for i in node.input if i]
-                if len(vals) == len([i for i in node.input]):
-                    folded = _evaluate(node, vals, model.opset_import)
-        if folded is not None and all(v.size <= MAX_FOLD_ELEMENTS for v in folded):
+            folded = _fold_node(node, model, known, weights, types, notes, limit)
+        if folded is not None:
             for name, v in zip(node.output, folded):
                 known[name] = v
+                derived.add(name)
                 new_nodes.append(
                     helper.make_node(
                         "Constant",
@@ -140,6 +199,61 @@ def _fold_round(model: onnx.ModelProto) -> bool:
         del g.node[:]
         g.node.extend(new_nodes)
     return changed
+
+
+def _fold_node(
+    node: onnx.NodeProto,
+    model: onnx.ModelProto,
+    known: dict[str, np.ndarray],
+    weights: dict[str, str],
+    types: dict[str, tuple[tuple[int, ...], int]],
+    notes: dict[str, str],
+    limit: int,
+) -> list[np.ndarray] | None:
+    """The node's folded outputs, or None (with a note when every input was a constant)."""
+    op = node.op_type
+    if op == "Shape" and node.input[0] in types:
+        shp = np.array(types[node.input[0]][0], dtype=np.int64)
+        start = next((a.i for a in node.attribute if a.name == "start"), 0)
+        end = next((a.i for a in node.attribute if a.name == "end"), None)
+        return [shp[start:end]]
+    if op == "Size" and node.input[0] in types:
+        return [np.array(int(np.prod(types[node.input[0]][0])), dtype=np.int64)]
+    ins = list(node.input)
+    if not ins or not all(i and (i in known or i in weights) for i in ins):
+        return None
+    first = node.output[0] if node.output else ""
+    heavy = next((weights[i] for i in ins if i in weights), None)
+    if heavy is not None:
+        for o in node.output:
+            weights[o] = heavy
+        notes[first] = (
+            f"not folded at load: computed from constants, but from the weight {heavy}; "
+            "folding would copy or transform a weight"
+        )
+        return None
+    expected = [types.get(o) for o in node.output]
+    if all(t is not None for t in expected):
+        size = sum(_nbytes(*t) for t in expected if t is not None)
+        if size > limit:
+            notes[first] = _over_budget(size, limit)
+            return None
+    folded = _evaluate(node, [known[i] for i in ins], model.opset_import)
+    if folded is None:
+        notes[first] = "not folded at load: onnx's reference evaluator could not compute it"
+        return None
+    size = sum(v.nbytes for v in folded)
+    if size > limit:
+        notes[first] = _over_budget(size, limit)
+        return None
+    return folded
+
+
+def _over_budget(size: int, limit: int) -> str:
+    return (
+        f"not folded at load: its value depends only on shapes and small constants but takes "
+        f"{_mib(size)}, over the fold budget of {_mib(limit)} (raise MLSO_MAX_FOLD_BYTES to fold it)"
+    )
 
 
 def _remove_dead(model: onnx.ModelProto) -> onnx.ModelProto:

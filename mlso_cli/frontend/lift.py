@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from mlso_cli.frontend import selection as sel
 from mlso_cli.frontend.load import LoadedModel, load_model, onnx_opset
 from mlso_cli.frontend.partition import Region, constant_values, partition
 from mlso_cli.ir import DType, KernelGraph, Node, Op, check
@@ -76,6 +77,11 @@ class _Ctx:
     mask_base: dict[Node, Node] = field(default_factory=dict)
     mask_arrays: dict[Node, np.ndarray] = field(default_factory=dict)
     extra: dict[str, np.ndarray] = field(default_factory=dict)
+    selections: dict[Node, sel.Selection] = field(default_factory=dict)
+    """A lifted Slice/Concat/Split/Neg result -> the selection of base tensors it computes, so a
+    selection of it (rotate_half's Neg then Concat of two Slices) composes into one."""
+    readers: dict[str, set[str]] = field(default_factory=dict)
+    """Tensor name -> the op types of the region's nodes that read it ("" for a region output)."""
 
     def dtype_of(self, name: str) -> DType:
         code = self.loaded.dtypes.get(name)
@@ -287,6 +293,9 @@ def _softmax(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
         return [_back(_softmax_core(_to32(x), axis, mask), x.dtype)]
     rows = int(np.prod(x.shape[:axis], dtype=np.int64))
     flat = (rows, int(np.prod(x.shape[axis:], dtype=np.int64)))
+    if mask is not None and mask.shape != x.shape:
+        pad = (1,) * (len(x.shape) - len(mask.shape))
+        mask = b.broadcast_to(b.reshape(mask, pad + mask.shape) if pad else mask, x.shape)
     m2 = b.reshape(mask, flat) if mask is not None else None
     y = _softmax_core(_to32(b.reshape(x, flat)), 1, m2)
     return [_back(b.reshape(y, x.shape), x.dtype)]
@@ -314,30 +323,227 @@ def _where(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
             keep = np.broadcast_to(
                 cond.astype(bool) == keep_when, ctx.loaded.shapes[node.output[0]]
             )
-            np_dtype = _NP_OF.get(x.dtype, np.float32)
-            arr = np.ascontiguousarray(keep.astype(np_dtype))
-            base = x
-            if x in ctx.masks:  # a mask on a masked value: one mask, the product of both
-                base = ctx.mask_base[x]
-                arr = np.ascontiguousarray(
-                    arr * np.broadcast_to(ctx.mask_arrays[x], arr.shape).astype(np_dtype)
-                )
-            # sha256, not hash(): hash() is salted per process, and output models must not depend on it
-            name = f"mlso_mask_{hashlib.sha256(arr.tobytes()).hexdigest()[:12]}"
-            ctx.extra[name] = arr
-            mask = ctx.add_input(
-                name, arr.shape, x.dtype if x.dtype is not DType.BF16 else DType.F32
-            )
-            # a node standing for "base, masked by this mask": it names the mask, so two different
-            # masks on one tensor get two placeholders (x * 1 for both made them one node and lost
-            # a mask); it never reaches the graph (Softmax and Exp read mask_base)
-            m = mask if mask.dtype is base.dtype else b.cast(mask, base.dtype)
-            out = b.mul(base, b.mul(m, b.const(0, base.dtype)))
-            ctx.masks[out] = mask
-            ctx.mask_base[out] = base
-            ctx.mask_arrays[out] = arr
-            return [out]
+            return [_masked(ctx, x, keep)]
     raise LiftError("Where: only masks whose other branch is -inf are lifted")
+
+
+def _masked(ctx: _Ctx, x: Node, keep: np.ndarray, full: tuple[int, ...] | None = None) -> Node:
+    """A placeholder for "x where keep, -inf elsewhere", read only by Softmax and Exp, which
+    multiply exp(x) by `keep` as a 0/1 mask (so masked attention stays in the field)."""
+    np_dtype = _NP_OF.get(x.dtype, np.float32)
+    arr = np.ascontiguousarray(keep.astype(np_dtype))
+    base = x
+    if x in ctx.masks:  # a mask on a masked value: one mask, the product of both
+        base = ctx.mask_base[x]
+        shape = np.broadcast_shapes(arr.shape, ctx.mask_arrays[x].shape)
+        arr = np.ascontiguousarray(
+            np.broadcast_to(arr, shape)
+            * np.broadcast_to(ctx.mask_arrays[x], shape).astype(np_dtype)
+        )
+    # sha256, not hash(): hash() is salted per process, and output models must not depend on it
+    # a mask kept at its own broadcastable shape (an additive mask's, not `full`) names its
+    # shape too: two masks of equal bytes and different shapes must not share a name
+    salt = repr(arr.shape).encode() if full is not None and arr.shape != full else b""
+    name = f"mlso_mask_{hashlib.sha256(arr.tobytes() + salt).hexdigest()[:12]}"
+    ctx.extra[name] = arr
+    mask = ctx.env.get(name) or ctx.add_input(  # one input for a mask read twice
+        name, arr.shape, x.dtype if x.dtype is not DType.BF16 else DType.F32
+    )
+    # a node standing for "base, masked by this mask": it names the mask, so two different
+    # masks on one tensor get two placeholders (x * 1 for both made them one node and lost
+    # a mask); it never reaches the graph (Softmax and Exp read mask_base)
+    m = mask if mask.dtype is base.dtype else b.cast(mask, base.dtype)
+    out = b.mul(base, b.mul(m, b.const(0, base.dtype)))
+    ctx.masks[out] = mask
+    ctx.mask_base[out] = base
+    ctx.mask_arrays[out] = arr
+    return out
+
+
+_SOFTMAX_READERS = {"Softmax", "Exp"}
+
+
+def _add(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    """x + M for a constant M holding -inf (or <= NEG_BIG) where attention is masked: an additive
+    mask. When only Softmax/Exp read the sum it lifts as exp(x + finite part of M) times the 0/1
+    mask of M's finite entries, as Where(mask, x, -inf) does; -inf itself has no field value."""
+    out_name = node.output[0]
+    for j in (1, 0):
+        c = ctx.consts.get(node.input[j])
+        if (
+            c is None
+            or c.size == 1
+            or node.input[j] in ctx.env
+            or c.dtype.kind != "f"
+            or not ctx.readers.get(out_name)
+            or not ctx.readers[out_name] <= _SOFTMAX_READERS
+        ):
+            continue
+        keep = np.isfinite(c) & (c > NEG_BIG)
+        if keep.all():
+            continue
+        x = _x(ctx, node, 1 - j)
+        out_shape = tuple(ctx.loaded.shapes[out_name])
+        finite = np.where(keep, c, 0).astype(c.dtype)
+        if np.any(finite != 0):
+            name = f"mlso_bias_{hashlib.sha256(finite.tobytes()).hexdigest()[:12]}"
+            ctx.extra[name] = np.ascontiguousarray(finite)
+            x = b.add(x, ctx.add_input(name, finite.shape, ctx.dtype_of(node.input[j])))
+        if x.shape != out_shape:
+            if len(x.shape) < len(out_shape):
+                x = b.reshape(x, (1,) * (len(out_shape) - len(x.shape)) + x.shape)
+            x = b.broadcast_to(x, out_shape)
+        keep = keep.reshape((1,) * (len(out_shape) - keep.ndim) + keep.shape)
+        return [_masked(ctx, x, keep, out_shape)]
+    return [b.add(_x(ctx, node, 0), _x(ctx, node, 1))]
+
+
+# ---- selections: Slice, Concat, Split, Neg (frontend/selection.py) ---------------------------
+
+
+def _selection_of(ctx: _Ctx, x: Node, axis: int) -> sel.Selection:
+    """What x selects from along `axis`: its recorded selection, else x itself."""
+    s = ctx.selections.get(x)
+    if s is not None and s.axis == axis:
+        return s
+    return sel.plain(x, x.shape[axis], axis)
+
+
+def _select(ctx: _Ctx, op: str, composed: sel.Selection, plain: sel.Selection) -> Node:
+    """The lifted selection, composed with the selections its inputs were when that factors
+    within the block bound, else over its inputs as they are."""
+    why = None
+    for s in (composed, plain):
+        why = sel.problem(s, op)
+        if why is None:
+            node = _materialize(ctx, s)
+            if not sel.is_identity(s):
+                ctx.selections[node] = s
+            return node
+    raise LiftError(why)
+
+
+def _materialize(ctx: _Ctx, s: sel.Selection) -> Node:
+    if sel.is_identity(s):
+        return s.terms[0]
+    total = None
+    for t, x in enumerate(s.terms):
+        if not np.any(s.term == t):
+            continue
+        f = sel.factor(s, t)
+        assert f is not None  # _select checked
+        part = _apply_factor(ctx, x, s.axis, f)
+        total = part if total is None else b.add(total, part)
+    assert total is not None
+    return total
+
+
+def _apply_factor(ctx: _Ctx, x: Node, axis: int, f: sel.Factor) -> Node:
+    """x's selected part: reshape, multiply by P, sum over the input blocks, reshape back.
+
+    The dims before and after the axis are merged into one each (reshapes are free views), so
+    the product has rank 3 to 6 whatever x's rank: fewer dims for the search and codegen."""
+    pre, post = x.shape[:axis], x.shape[axis + 1 :]
+    out_shape = pre + (f.a * f.b_out * f.c,) + post
+    if f.b == f.b_out == 1 and f.a * f.c == x.shape[axis]:
+        if f.p[0, 0] == 1:
+            return x
+        if f.p[0, 0] == -1:
+            return b.unary(Op.NEG, x)
+    lead, trail = math.prod(pre), math.prod(post)
+    head = ((lead,) if lead > 1 else ()) + ((f.a,) if f.a > 1 else ())
+    tail = (trail,) if trail > 1 else ()
+    xs = b.reshape(x, head + (1, f.b, f.c) + tail)
+    np_dtype = _NP_OF.get(x.dtype, np.float32)
+    arr = np.ascontiguousarray(
+        f.p.astype(np_dtype).reshape((1,) * len(head) + (f.b_out, f.b, 1) + (1,) * len(tail))
+    )
+    digest = hashlib.sha256(arr.tobytes() + repr(arr.shape).encode()).hexdigest()[:12]
+    name = f"mlso_select_{digest}"
+    ctx.extra[name] = arr
+    p = ctx.env.get(name) or ctx.add_input(
+        name, arr.shape, x.dtype if x.dtype is not DType.BF16 else DType.F32
+    )
+    if p.dtype is not x.dtype:
+        p = b.cast(p, x.dtype)
+    y = b.mul(xs, p)
+    if f.b > 1:
+        y = b.reduce(Op.REDUCE_SUM, y, len(head) + 1)
+    return b.reshape(y, out_shape)
+
+
+def _slice_indices(
+    ctx: _Ctx, node: onnx.NodeProto, shape: tuple[int, ...]
+) -> dict[int, np.ndarray]:
+    """Axis -> the indices Slice takes there, for every axis it changes."""
+    if len(node.input) > 1:  # opset 10 on: starts, ends, axes, steps are inputs
+        starts, ends = ctx.ints(node.input[1]), ctx.ints(node.input[2])
+        axes = ctx.ints(node.input[3]) if _has(node, 3) else list(range(len(starts)))
+        steps = ctx.ints(node.input[4]) if _has(node, 4) else [1] * len(starts)
+    else:
+        starts, ends = list(_attr(node, "starts")), list(_attr(node, "ends"))
+        axes = list(_attr(node, "axes", range(len(starts))))
+        steps = [1] * len(starts)
+    out = {}
+    for st, en, ax, sp in zip(starts, ends, axes, steps):
+        ax %= len(shape)
+        try:
+            idx = sel.slice_indices(shape[ax], st, en, sp)
+        except ValueError as exc:
+            raise LiftError(str(exc)) from None
+        if not np.array_equal(idx, np.arange(shape[ax])):
+            out[ax] = idx
+    return out
+
+
+def _slice(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    x = _x(ctx, node, 0)
+    for ax, idx in sorted(_slice_indices(ctx, node, x.shape).items()):
+        x = _select(
+            ctx,
+            "Slice",
+            _selection_of(ctx, x, ax).take(idx),
+            sel.plain(x, x.shape[ax], ax).take(idx),
+        )
+    return [x]
+
+
+def _concat(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    xs = [_x(ctx, node, i) for i in range(len(node.input)) if node.input[i]]
+    axis = _attr(node, "axis") % len(xs[0].shape)
+    if len(xs) == 1:
+        return xs
+    composed = sel.concat([_selection_of(ctx, x, axis) for x in xs])
+    plain = sel.concat([sel.plain(x, x.shape[axis], axis) for x in xs])
+    return [_select(ctx, "Concat", composed, plain)]
+
+
+def _split(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    x = _x(ctx, node, 0)
+    axis = _attr(node, "axis", 0) % len(x.shape)
+    outs, start = [], 0
+    for name in node.output:
+        n = ctx.loaded.shapes[name][axis]
+        idx = np.arange(start, start + n, dtype=np.int64)
+        start += n
+        outs.append(
+            _select(
+                ctx,
+                "Split",
+                _selection_of(ctx, x, axis).take(idx),
+                sel.plain(x, x.shape[axis], axis).take(idx),
+            )
+        )
+    return outs
+
+
+def _neg(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    """-x; the negation of a selection is that selection with -1 entries (one P, not two ops)."""
+    x = _x(ctx, node, 0)
+    s = ctx.selections.get(x)
+    if s is not None:
+        return [_select(ctx, "Neg", s.negated(), s.negated())]
+    return [b.unary(Op.NEG, x)]
 
 
 def _reduce_rule(op: Op) -> Callable:
@@ -506,14 +712,14 @@ def _check_scores_size(scores: int) -> None:
 
 
 RULES: dict[str, Callable[[_Ctx, onnx.NodeProto], list[Node]]] = {
-    "Add": _elementwise(Op.ADD),
+    "Add": _add,
     "Sub": _elementwise(Op.SUB),
     "Mul": _elementwise(Op.MUL),
     "Div": _div,
     "Sqrt": _elementwise(Op.SQRT),
     "Reciprocal": _elementwise(Op.RECIPROCAL),
     "Exp": _exp,
-    "Neg": _elementwise(Op.NEG),
+    "Neg": _neg,
     "Sigmoid": _elementwise(Op.SIGMOID),
     "Tanh": _elementwise(Op.TANH),
     "Erf": _erf,
@@ -541,6 +747,9 @@ RULES: dict[str, Callable[[_Ctx, onnx.NodeProto], list[Node]]] = {
     "Flatten": _reshape,
     "Expand": _expand,
     "Identity": _identity,
+    "Slice": _slice,
+    "Concat": _concat,
+    "Split": _split,
 }
 
 
@@ -548,8 +757,13 @@ def lift_region(
     loaded: LoadedModel, region: Region, consts: dict[str, np.ndarray] | None = None
 ) -> LiftedRegion:
     """The region's unfused kernel graph; raises LiftError when a node has no rule."""
-    ctx = _Ctx(loaded, consts if consts is not None else constant_values(loaded.model))
+    ctx = _Ctx(loaded, consts if consts is not None else lift_constants(loaded))
     nodes = loaded.graph.node
+    for i in region.nodes:
+        for name in nodes[i].input:
+            ctx.readers.setdefault(name, set()).add(nodes[i].op_type)
+    for name in region.outputs:
+        ctx.readers.setdefault(name, set()).add("")
     for i in region.nodes:
         node = nodes[i]
         rule = RULES.get(node.op_type)
@@ -578,6 +792,21 @@ def lift_region(
     check(kg)
     _check_sizes(kg)
     return LiftedRegion(region, kg, {k: v for k, v in ctx.extra.items() if k in kg.input_names})
+
+
+def lift_constants(loaded: LoadedModel) -> dict[str, np.ndarray]:
+    """The constants lifting reads: small initializers and Constant nodes (`constant_values`)
+    and every Constant node folding made, whatever its size (a seq x seq mask folded at load must
+    be readable as a mask at any sequence length the fold budget allows)."""
+    from mlso_cli.frontend.fold import constant_node_value
+
+    out = constant_values(loaded.model)
+    for n in loaded.graph.node:
+        if n.op_type == "Constant" and n.output and n.output[0] not in out:
+            v = constant_node_value(n)
+            if v is not None:
+                out[n.output[0]] = v
+    return out
 
 
 def _check_sizes(kg: KernelGraph) -> None:
@@ -667,7 +896,7 @@ def lift_all(
     loaded: LoadedModel, regions: list[Region]
 ) -> tuple[list[LiftedRegion], list[tuple[Region, str]]]:
     """Lift every region; regions that fail are returned with the reason instead."""
-    consts = constant_values(loaded.model)
+    consts = lift_constants(loaded)
     ok, failed = [], []
     for r in regions:
         try:

@@ -31,6 +31,9 @@ class LoadedModel:
     """Folder that external-data paths are relative to (None for stdin)."""
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     dtypes: dict[str, int] = field(default_factory=dict)
+    fold_notes: dict[str, str] = field(default_factory=dict)
+    """First output name of each node computed from constants only that did not fold -> why
+    (`frontend/fold.py`); `inspect` adds it to the node's reason."""
 
     @property
     def graph(self) -> onnx.GraphProto:
@@ -440,7 +443,7 @@ def load_model(
 
     Raises InputError for unreadable files and UsageError for open dimensions.
     """
-    from mlso_cli.frontend.fold import fold_constants
+    from mlso_cli.frontend.fold import fold_with_notes
 
     model, base = read_proto(source)
     where = "stdin" if source == "-" else source
@@ -457,8 +460,11 @@ def load_model(
     _apply_input_shapes(model, input_shapes or {})
     _static_input_shapes(model)
     model = infer_shapes(model)
+    notes: dict[str, str] = {}
     if fold:
-        model = fold_constants(model, base)
-        model = infer_shapes(model)
+        folded = fold_with_notes(model, base)
+        model, notes = infer_shapes(folded.model), folded.notes
     shapes, dtypes = collect_types(model)
-    return LoadedModel(model=model, source=where, base_dir=base, shapes=shapes, dtypes=dtypes)
+    return LoadedModel(
+        model=model, source=where, base_dir=base, shapes=shapes, dtypes=dtypes, fold_notes=notes
+    )

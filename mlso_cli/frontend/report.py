@@ -281,7 +281,9 @@ def inspect_report(
             rows.append((j, LeftOut(here, FOLDED_REASON.format(op=node.op_type), "folded")))
         elif ks[0] not in region_of:
             e = excluded[ks[0]]
-            rows.append((j, LeftOut(here, e.reason, _category(e))))
+            note = loaded.fold_notes.get(next(iter(lnodes[ks[0]].output), ""))
+            reason = f"{e.reason} ({note})" if note and e.category != "constant" else e.reason
+            rows.append((j, LeftOut(here, reason, _category(e))))
     rows.sort(key=lambda x: x[0])
 
     splits = [

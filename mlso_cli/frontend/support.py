@@ -96,6 +96,69 @@ def _where(ctx: NodeContext) -> str | None:
     return "Where: only masks whose other branch is -inf (or <= -1e4) are fusable"
 
 
+def _selection_reason(op: str, pieces: list[tuple[int, list[int], list[np.ndarray]]]) -> str | None:
+    """Why a Slice/Concat/Split cannot lift as a block selection, or None. Each piece is
+    (axis, input sizes along it, the input elements taken); `frontend/selection.py` says how it
+    lifts, and lifting uses the same test."""
+    from mlso_cli.frontend import selection as sel
+
+    for axis, sizes, takes in pieces:
+        if max(sizes) > sel.MAX_SELECT_AXIS:  # before building maps of that many elements
+            return sel.too_long(op, axis)
+        s = sel.concat([sel.plain(k, n, axis) for k, n in enumerate(sizes)])
+        s = s.take(np.concatenate(takes)) if takes else s
+        why = sel.problem(s, op)
+        if why:
+            return why
+    return None
+
+
+def _slice(ctx: NodeContext) -> str | None:
+    from mlso_cli.frontend import selection as sel
+
+    node = ctx.node
+    shape = ctx.shapes[node.input[0]]
+    if len(node.input) > 1:
+        for i in range(1, len(node.input)):
+            if node.input[i] and ctx.const(i) is None:
+                what = ("starts", "ends", "axes", "steps")[i - 1]
+                return f"Slice: its {what} are computed at run time (only constant slices lift)"
+        starts, ends = ctx.const(1).reshape(-1), ctx.const(2).reshape(-1)
+        axes = ctx.const(3) if ctx.const(3) is not None else np.arange(len(starts))
+        steps = ctx.const(4) if ctx.const(4) is not None else np.ones(len(starts), np.int64)
+    else:
+        starts, ends = ctx.attr("starts", []), ctx.attr("ends", [])
+        axes, steps = ctx.attr("axes", list(range(len(starts)))), [1] * len(starts)
+    pieces = []
+    for st, en, ax, sp in zip(starts, ends, np.reshape(axes, -1), np.reshape(steps, -1)):
+        ax = int(ax) % len(shape)
+        if int(sp) == 0:
+            return "Slice: a step of 0 is invalid"
+        if shape[ax] > sel.MAX_SELECT_AXIS:
+            return _selection_reason("Slice", [(ax, [shape[ax]], [])])
+        idx = sel.slice_indices(shape[ax], int(st), int(en), int(sp))
+        pieces.append((ax, [shape[ax]], [idx]))
+    return _selection_reason("Slice", pieces)
+
+
+def _concat(ctx: NodeContext) -> str | None:
+    ins = [i for i in ctx.node.input if i]
+    rank = len(ctx.shapes[ins[0]])
+    axis = int(ctx.attr("axis", 0)) % rank
+    return _selection_reason("Concat", [(axis, [ctx.shapes[i][axis] for i in ins], [])])
+
+
+def _split(ctx: NodeContext) -> str | None:
+    shape = ctx.shapes[ctx.node.input[0]]
+    axis = int(ctx.attr("axis", 0)) % len(shape)
+    pieces, start = [], 0
+    for o in ctx.node.output:
+        n = ctx.shapes[o][axis] if o else 0
+        pieces.append((axis, [shape[axis]], [np.arange(start, start + n)]))
+        start += n
+    return _selection_reason("Split", pieces)
+
+
 def _cast(ctx: NodeContext) -> str | None:
     to = ctx.attr("to")
     src = ctx.dtypes.get(ctx.node.input[0])
@@ -158,6 +221,10 @@ SUPPORT: dict[str, tuple[OpKind, Condition]] = {
     "Expand": (OpKind.LAYOUT, _const_inputs(1, what="target shape")),
     "Flatten": (OpKind.LAYOUT, _always),
     "Identity": (OpKind.LAYOUT, _always),
+    # a signed block selection (multiply by a 0/±1 constant, short sum): compute, not a view
+    "Slice": (OpKind.COMPUTE, _slice),
+    "Concat": (OpKind.COMPUTE, _concat),
+    "Split": (OpKind.COMPUTE, _split),
 }
 
 UNSUPPORTED_REASONS: dict[str, str] = {
@@ -174,9 +241,6 @@ UNSUPPORTED_REASONS: dict[str, str] = {
     "Equal": "Equal: comparison producing a boolean mask (computed outside regions)",
     "Less": "Less: comparison producing a boolean mask (computed outside regions)",
     "Greater": "Greater: comparison producing a boolean mask (computed outside regions)",
-    "Concat": "Concat: no block-graph form yet",
-    "Slice": "Slice: no block-graph form yet",
-    "Split": "Split: no block-graph form yet",
     "RotaryEmbedding": "RotaryEmbedding: position-id gather has no block-graph form yet",
     "Conv": "Conv: convolutions are not in the μGraph op set",
     "TopK": "TopK: data-dependent selection",
