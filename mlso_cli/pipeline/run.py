@@ -95,7 +95,18 @@ def optimize(
 
         require_gpu(options.gpu)
     lifted = lift(source, input_shapes)
-    searched = _search_all(lifted, options, DEFAULT_TARGETS, search or default_search(), listener)
+    decided: dict[int, Choice] = {}
+
+    def decide_now(lr, s: Searched) -> None:
+        # without --gpu a region's choice needs nothing but its own search: report it at once
+        if options.gpu is None:
+            c = choose(lifted.loaded, lr, s, options.min_speedup, None, options.serve)
+            decided[lr.region.id] = c
+            listener.region_decided(RegionReport(s, c))
+
+    searched = _search_all(
+        lifted, options, DEFAULT_TARGETS, search or default_search(), listener, decide_now
+    )
     builder = Builder(DEFAULT_TARGETS)
     timings = {}
     if options.gpu is not None:
@@ -110,7 +121,10 @@ def optimize(
             measure=measure or _time_regions,
         )
     choices = [
-        choose(lifted.loaded, lr, s, options.min_speedup, timings.get(lr.region.id), options.serve)
+        decided.get(lr.region.id)
+        or choose(
+            lifted.loaded, lr, s, options.min_speedup, timings.get(lr.region.id), options.serve
+        )
         for lr, s in zip(lifted.regions, searched)
     ]
     bound = run_bound(searched)
@@ -131,6 +145,9 @@ def optimize(
             )
             model, choices, check = _checked(model, original, choices, options, time_models)
     reports = tuple(RegionReport(s, c) for s, c in zip(searched, choices))
+    if options.gpu is not None:
+        for rep in reports:  # final only now: timings and the whole-model check may change them
+            listener.region_decided(rep)
     return Outcome(reports, model, bound, options.serve, check)
 
 
@@ -167,10 +184,13 @@ def _search_all(
     targets: tuple[str, ...],
     search: SearchFn,
     listener: Listener,
+    done=None,
 ) -> list[Searched]:
     """Each region in turn. Structurally equal regions (a transformer's repeated layers) are
-    searched once per run: later ones reuse the first's result, even a partial one or with the
-    disk cache off, and are reported as cached."""
+    searched once per run: later ones reuse the first's final result, even with the disk cache
+    off, and are reported as cached. A partial result (the budget cut it) is never reused nor
+    reported as cached: the next equal region gets its own search and its own budget. `done`
+    sees each region as soon as it is searched."""
     cache = _cache(options)
     out = []
     seen: dict[str, Searched] = {}
@@ -178,7 +198,7 @@ def _search_all(
     for i, lr in enumerate(lifted.regions):
         listener.region_started(lr.region.id, lr.region.label, i, total)
         digest = graph_hash(lr.graph)
-        if digest in seen:
+        if digest in seen and not seen[digest].result.partial:
             first = seen[digest]
             s = Searched(
                 lr.region.id, digest, conform(first.result, lr.graph, lr.region.id), True, 0.0
@@ -187,6 +207,8 @@ def _search_all(
             s = seen[digest] = search_region(lr, options.search, targets, search, cache, listener)
         listener.region_searched(lr.region.id, s)
         out.append(s)
+        if done is not None:
+            done(lr, s)
     return out
 
 
