@@ -96,6 +96,8 @@ class _Group(click.Group):
         try:
             rv = super().main(args, prog_name or "mlso", complete_var, False, **extra)
             code = rv if isinstance(rv, int) else 0
+            if interrupt.interrupted() and code != interrupt.EXIT_INTERRUPTED:
+                interrupt.check()  # a swallowed interrupt still ends the run as one
         except click.exceptions.Abort:
             interrupt.finish()
             code = interrupt.EXIT_INTERRUPTED
@@ -111,6 +113,19 @@ class _Group(click.Group):
         sys.exit(code)
 
     def invoke(self, ctx: click.Context):
+        try:
+            return self._invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException):
+            raise
+        except BaseException:
+            # after a Ctrl-C, whatever unwinds first (KeyboardInterrupt, or a pool whose workers
+            # were just killed reporting itself broken) is the interrupt
+            if interrupt.interrupted():
+                interrupt.finish()
+                ctx.exit(interrupt.EXIT_INTERRUPTED)
+            raise
+
+    def _invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except MlsoError as exc:
@@ -156,6 +171,8 @@ def _register() -> None:
         return
     _registered.append(True)
     from mlso_cli.commands import COMMANDS
+
+    interrupt.check()  # the imports above can swallow the KeyboardInterrupt of a Ctrl-C
 
     for cmd in COMMANDS:
         names = {p.name for p in cmd.params}

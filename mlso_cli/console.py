@@ -8,6 +8,7 @@ on first use: the CLI's start stays short (interrupt.py explains why that matter
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 _state = {"verbose": None}
@@ -50,10 +51,8 @@ def log(message: str) -> None:
 
 def line(message: str) -> None:
     """One plain line on stderr, flushed at once (progress in a batch log must not wait)."""
-    try:
+    with contextlib.suppress(OSError, ValueError):  # stderr gone: progress is not worth a failure
         print(message, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass  # stderr itself is gone: progress is not worth failing the run for
 
 
 def summary(message: str) -> None:

@@ -95,6 +95,14 @@ def _begin() -> None:
             t.start()
 
 
+def check() -> None:
+    """Raise KeyboardInterrupt if a SIGINT arrived. Why: C code that clears Python errors (an
+    extension module's import does) can swallow the KeyboardInterrupt the handler raised; the
+    run then calls this before anything it must not do once interrupted (writing the output)."""
+    if _state["fired"] and installed():
+        raise KeyboardInterrupt
+
+
 def say() -> None:
     """The one line, printed once however many paths reach it."""
     with _lock:
@@ -155,10 +163,12 @@ def worker_init() -> None:
 
 def entry() -> None:
     """The `mlso` console script: SIGINT handled before the heavy imports, then the CLI."""
-    install(hard_exit=True)
     try:
+        install(hard_exit=True)
         from mlso_cli.cli import main
+
+        check()
+        main()
     except KeyboardInterrupt:
         finish()
         raise SystemExit(EXIT_INTERRUPTED) from None
-    main()

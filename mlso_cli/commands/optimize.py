@@ -199,7 +199,10 @@ def optimize_cmd(
             model, parse_input_shapes(input_shapes), options, listener=display, dry_run=dry_run
         )
     if not dry_run:
+        from mlso_cli.interrupt import check
         from mlso_cli.package import write_model_atomic
+
+        check()  # a Ctrl-C whose KeyboardInterrupt got lost on the way: write nothing
 
         write_model_atomic(
             outcome.model, out, input_path=None if model == "-" else model, replace=force

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import onnx
 
+from mlso_cli import interrupt
 from mlso_cli.ir.hashing import graph_hash
 from mlso_cli.pipeline.artifacts import (
     Choice,
@@ -205,6 +206,7 @@ def _search_all(
             )
         else:
             s = seen[digest] = search_region(lr, options.search, targets, search, cache, listener)
+        interrupt.check()
         listener.region_searched(lr.region.id, s)
         out.append(s)
         if done is not None:
