@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT, SMALL, TRANSFORMER, TRANSFORMER_SHAPE
+
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="process groups and /proc: Linux"
 )
-
-from tests.helpers import ROOT, SMALL, TRANSFORMER, TRANSFORMER_SHAPE
 
 LIMIT_S = 2.0
 GQA = next(p for p in SMALL if p.stem == "gqa")
