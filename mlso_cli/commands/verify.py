@@ -38,6 +38,7 @@ import onnx
 
 from mlso_cli.commands.options import input_shape_option, json_option
 from mlso_cli.console import chatty, stderr
+from mlso_cli.console import summary as one_line_summary
 from mlso_cli.errors import (
     EnvironmentProblem,
     InputError,
@@ -459,6 +460,10 @@ def verify_cmd(
             f"({_closeness(bad)})",
             "Pass --numeric to accept numerical equivalence",
         )
+    one_line_summary(
+        f"verify: B matches A: {summary['checks']} output check(s) passed"
+        + (f", {summary['kernels']} MlsoKernel node(s) equivalent" if summary["kernels"] else "")
+    )
 
 
 def _closeness(row: dict) -> str:
