@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import signal
 import sys
 
 import click
@@ -110,6 +111,10 @@ class _Group(click.Group):
         except BrokenPipeError:
             _quiet_stdout()
             code = 0
+        if interrupt.installed() and code != interrupt.EXIT_INTERRUPTED:
+            # the command is over: a Ctrl-C now would only turn its result into a traceback
+            with contextlib.suppress(ValueError):
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
         sys.exit(code)
 
     def invoke(self, ctx: click.Context):

@@ -42,7 +42,7 @@ def install(hard_exit: bool = True) -> None:
     with os._exit after the line (the real CLI); off where the caller is a test's interpreter."""
     if threading.current_thread() is not threading.main_thread():
         return
-    _state.update(owner=os.getpid(), hard=hard_exit, fired=False, said=False)
+    _state.update(owner=os.getpid(), hard=hard_exit, fired=False, said=False, written=None)
     signal.signal(signal.SIGINT, _on_sigint)
     if hard_exit:
         r, w = os.pipe()
@@ -103,6 +103,18 @@ def check() -> None:
         raise KeyboardInterrupt
 
 
+def written(path: str) -> None:
+    """The output is in place: a later Ctrl-C must not say that nothing was written."""
+    _state["written"] = str(path)
+
+
+def message() -> str:
+    out = _state.get("written")
+    if out and installed():
+        return f"mlso: error: interrupted after {out} was written in full"
+    return MESSAGE
+
+
 def say() -> None:
     """The one line, printed once however many paths reach it."""
     with _lock:
@@ -110,7 +122,7 @@ def say() -> None:
             return
         _state["said"] = True
     with contextlib.suppress(Exception):
-        sys.stderr.write(MESSAGE + "\n")
+        sys.stderr.write(message() + "\n")
         sys.stderr.flush()
 
 

@@ -177,9 +177,14 @@ def _trial(phase: str, k: int, tmp: Path) -> None:
         assert entry.suffix == ".json", f"{phase}: a half-written cache entry {entry.name}"
         body = json.loads(entry.read_bytes().partition(b"\n")[2])
         assert body["result"]["partial"] is False, f"{phase}: a partial result was cached"
-    if took is None:  # the small run finished before the signal: a whole result, no interrupt
+    if took is None or run.proc.returncode == 0:
+        # the small run finished before the signal (or was exiting when it came): a whole result
         assert phase == "anywhere" and run.proc.returncode == 0, err
         assert out.exists() and rows[-1]["type"] == "summary"
+        return
+    if out.exists():  # the signal came after the output was placed: said so, never hidden
+        assert phase == "anywhere" and run.proc.returncode == 130 and took < LIMIT_S, err
+        assert f"mlso: error: interrupted after {out} was written in full" in err
         return
     assert run.proc.returncode == 130, (phase, run.proc.returncode, err[-3000:])
     assert took < LIMIT_S, f"{phase}: exited {took:.2f} s after SIGINT"

@@ -199,7 +199,7 @@ def optimize_cmd(
             model, parse_input_shapes(input_shapes), options, listener=display, dry_run=dry_run
         )
     if not dry_run:
-        from mlso_cli.interrupt import check
+        from mlso_cli.interrupt import check, written
         from mlso_cli.package import write_model_atomic
 
         check()  # a Ctrl-C whose KeyboardInterrupt got lost on the way: write nothing
@@ -207,6 +207,7 @@ def optimize_cmd(
         write_model_atomic(
             outcome.model, out, input_path=None if model == "-" else model, replace=force
         )
+        written(out)
     _report(outcome, None if dry_run else out, as_json, streamed=display.streamed)
     summary(
         f"optimize: {len(outcome.regions)} region(s), {outcome.packaged} packaged, "
