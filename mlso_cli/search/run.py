@@ -395,10 +395,13 @@ class _Pool:
                     on_result(fu.result())
             if not done and self.heartbeat is not None:
                 self.heartbeat()  # a long check: the progress display still hears from us
-        if pending:
+        finished = [fu.done() and not fu.cancelled() for fu in futures]
+        results = [fu.result() if ok else None for fu, ok in zip(futures, finished)]
+        if not all(finished):
+            # the deadline: what still runs is abandoned (its futures then read "broken")
             self.cut = True
             self.kill()
-        return [fu.result() if fu.done() and not fu.cancelled() else None for fu in futures]
+        return results
 
     def kill(self) -> None:
         """Cancel what is queued and kill the workers now (their work is abandoned)."""
