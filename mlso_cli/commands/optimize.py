@@ -211,7 +211,7 @@ def optimize_cmd(
     _report(outcome, None if dry_run else out, as_json, streamed=display.streamed)
     summary(
         f"optimize: {len(outcome.regions)} region(s), {outcome.packaged} packaged, "
-        f"{sum(r.searched.result.partial for r in outcome.regions)} cut short by --budget; "
+        f"{sum(r.searched.result.partial for r in outcome.regions)} search(es) cut short; "
         f"wrote {out}"
         if not dry_run
         else f"optimize: {len(outcome.regions)} region(s), {outcome.packaged} would be packaged "
@@ -307,6 +307,8 @@ class _Display(Listener):
             )
 
     def compiled(self, region: int) -> None:
+        if self._plain and region in self._labels:
+            line(f"mlso: {self._labels[region]}: compiled")
         if self._progress is not None and region in self._tasks:
             task = self._progress.tasks[self._tasks[region]]
             self._progress.update(self._tasks[region], stats=f"{task.fields['stats']}; compiled")

@@ -188,9 +188,9 @@ def _search_all(
     done=None,
 ) -> list[Searched]:
     """Each region in turn. Structurally equal regions (a transformer's repeated layers) are
-    searched once per run: later ones reuse the first's final result, even with the disk cache
-    off, and are reported as cached. A partial result (the budget cut it) is never reused nor
-    reported as cached: the next equal region gets its own search and its own budget. `done`
+    searched once per run: later ones reuse the first's result, even with the disk cache off.
+    A final result reused is reported as cached; a partial one (the budget cut it) is never
+    reported as cached: it keeps `partial`, and a note names the region it came from. `done`
     sees each region as soon as it is searched."""
     cache = _cache(options)
     out = []
@@ -199,11 +199,15 @@ def _search_all(
     for i, lr in enumerate(lifted.regions):
         listener.region_started(lr.region.id, lr.region.label, i, total)
         digest = graph_hash(lr.graph)
-        if digest in seen and not seen[digest].result.partial:
+        if digest in seen:
             first = seen[digest]
-            s = Searched(
-                lr.region.id, digest, conform(first.result, lr.graph, lr.region.id), True, 0.0
-            )
+            result = conform(first.result, lr.graph, lr.region.id)
+            if result.partial:
+                # reused, not searched again (that would double the run's time), but a result
+                # cut short is never "cached": the report says where it came from
+                note = f"the partial result of region {first.region} (structurally equal), reused"
+                result = replace(result, notes=(*result.notes, note))
+            s = Searched(lr.region.id, digest, result, not result.partial, 0.0)
         else:
             s = seen[digest] = search_region(lr, options.search, targets, search, cache, listener)
         interrupt.check()
