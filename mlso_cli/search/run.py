@@ -18,8 +18,8 @@ the run seed, so the result does not depend on `--jobs` or on the order workers 
 
 Budgets and interrupts (`_Pool`): `--budget S` is a wall-clock promise for the whole region,
 checks included. Exploration may use EXPLORE_SHARE of it; the full-shape checks the rest. The
-driver waits for its workers only until the deadline: work still running then is cancelled, the
-workers are killed, and the result is marked partial (never cached). With a budget the search
+driver waits for its workers only until the region's deadline: work still running then is
+cancelled, the workers are killed, and the result is marked partial (never cached). With a budget the search
 runs in a pool even at `--jobs 1`, since only a separate process can be stopped mid-check.
 Workers ignore SIGINT; on Ctrl-C the driver kills them (mlso_cli/interrupt.py).
 """
@@ -303,6 +303,7 @@ def _passes(
     run,
     deadline: float | None,
     on_result,
+    kill_at: float | None = None,
 ) -> list[Explored]:
     """Explore every signature with an equal share of `total`, then give the states left over to
     the signatures their share stopped, and explore those again from scratch with the larger
@@ -319,7 +320,9 @@ def _passes(
                 on_result(ex)
                 out.append(ex)
             return out
-        got = pool.run_all(run, [(t,) for t in ts], deadline, on_result)
+        # the workers stop themselves at `deadline` and return what they found; only one still
+        # running at `kill_at` (the region's whole budget) is killed
+        got = pool.run_all(run, [(t,) for t in ts], kill_at or deadline, on_result)
         # a signature still running at the deadline was cut short: no structures, partial
         return [
             ex if ex is not None else Explored(t.sig, (), 0, 0, 0, 0, True)
@@ -343,9 +346,12 @@ def _passes(
     return done
 
 
-EXPLORE_SHARE = 0.75
-"""With --budget, exploration stops at this share of it; the full-shape checks get the rest (or
-all that exploration left). Why: a found program that was never verified is worth nothing."""
+EXPLORE_SHARE = 0.6
+"""With --budget, exploration stops itself at this share of it (each worker checks the clock
+between states, then checks and sizes what it found); the full-shape checks get what is left.
+Only work still running at the whole budget is killed. Why not all of it for exploration: a
+found program that was never verified is worth nothing (at 0.75 with a hard stop there, every
+budget-cut zoo region ended with nothing verified)."""
 HEARTBEAT_S = 5.0
 """While workers run and none finishes, the driver reports progress this often."""
 TEARDOWN_S = 0.3
@@ -589,7 +595,7 @@ def search(
     assumes: set[str] = set()
     failed = True
     try:
-        done = _passes(tasks, total, pool, explore_safely, deadline, record)
+        done = _passes(tasks, total, pool, explore_safely, deadline, record, final)
         found = sorted(
             (f for ex in done for f in ex.found),
             key=lambda f: (f.estimate_us, f.launches, repr(f.recipe)),
