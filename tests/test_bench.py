@@ -205,6 +205,7 @@ _KEYS = {
     "speedup_iqr",
     "orig_us",
     "fast_us",
+    "verdict",
 }
 
 
@@ -250,13 +251,24 @@ def test_json_rows_on_cpu(tmp_path):
     m = save(_matmuls(1), tmp_path / "mm.onnx")
     r = run_cli("bench", str(m), str(m), "--repeats", "5", "--iters", "4", "--json")
     rows = _rows(r)
-    assert r.stderr == b""  # quiet when stderr is not a terminal; ONNX Runtime's logs too
+    # stderr not a terminal: one summary line, no table; ONNX Runtime's logs stay quiet
+    assert (
+        r.stderr.decode().splitlines()
+        == [
+            line
+            for line in r.stderr.decode().splitlines()
+            if line.startswith("mlso: bench on cpu:")
+        ]
+        and len(r.stderr.splitlines()) == 1
+    )
     assert [(x["index"], x["mode"], x["ep"]) for x in rows] == [
         (1, "plain", "cpu"),
         (0, "plain", "cpu"),
     ]
     assert all(set(x) == _KEYS for x in rows)
     cmp, ref = rows
+    lo, hi = cmp["speedup_iqr"]  # issue 35: an IQR that spans 1.0 is said in words
+    assert (cmp["verdict"] == "no measurable difference") == (lo <= 1.0 <= hi)
     assert ref["speedup"] == 1.0 and ref["speedup_iqr"] == [1.0, 1.0]
     assert cmp["orig_us"] == ref["median_us"] and cmp["fast_us"] == cmp["median_us"]
     for x in rows:
@@ -347,6 +359,12 @@ def test_an_mlso_model_runs_its_fallback_on_cpu_next_to_plain_and_contrib_models
     assert (
         "p.onnx has 1 MlsoKernel nodes; on the CPU EP they run their fallback" in r.stderr.decode()
     )
+    # issue 35: the fallback ran on both sides, so no ratio is labelled a speedup
+    packed_row = next(x for x in rows if x["index"] == 1)
+    assert packed_row["speedup"] is None and packed_row["speedup_iqr"] is None
+    assert "fallback bodies" in packed_row["verdict"]
+    assert next(x for x in rows if x["index"] == 2)["speedup"] > 0
+    assert "fallback bodies ran (no GPU)" in r.stderr.decode()
 
 
 def test_an_input_shape_an_mlso_model_was_not_made_for_is_a_usage_error(tmp_path):

@@ -169,9 +169,36 @@ def model_rows(
             speedup_iqr=[s.q1, s.q3],
             orig_us=spread(ref).median,
             fast_us=t.median,
+            verdict=verdict(s.median, s.q1, s.q3, i),
         )
+        if i != 0 and gpu_less(ep) and (models[i].mlso_nodes or models[0].mlso_nodes):
+            # both sides ran the same computation (MlsoKernel nodes fall back to their original
+            # nodes without a GPU): any ratio is noise between two runs, never a speedup
+            row.update(speedup=None, speedup_iqr=None, verdict=FALLBACK)
         rows.append(row)
     return rows
+
+
+FALLBACK = (
+    "no speedup reported: without a GPU the MlsoKernel nodes ran their fallback bodies (the "
+    "original nodes), so both models ran the same computation"
+)
+NO_DIFFERENCE = "no measurable difference"
+
+
+def gpu_less(ep: str) -> bool:
+    """Whether the rows were timed without a GPU (the CPU EP)."""
+    return ep.lower() in ("cpu", CPU_EP.lower())
+
+
+def verdict(speedup: float, q1: float, q3: float, index: int) -> str:
+    """What a ratio says, in words: where its interquartile range spans 1.0, the rounds do not
+    tell the two models apart, and printing the median (say 1.09x) would label noise a result."""
+    if index == 0:
+        return "reference"
+    if q1 <= 1.0 <= q3:
+        return NO_DIFFERENCE
+    return f"{speedup:.2f}x faster" if speedup > 1.0 else f"{1.0 / speedup:.2f}x slower"
 
 
 def region_rows(

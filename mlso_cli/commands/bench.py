@@ -19,7 +19,7 @@ import json
 import click
 
 from mlso_cli.commands.options import input_shape_option, json_option
-from mlso_cli.console import chatty, log, stderr
+from mlso_cli.console import chatty, line, log, quiet, stderr, summary
 from mlso_cli.errors import UsageError
 
 # the names also live in bench/compare.py; repeated here so that `mlso --help` stays cheap
@@ -53,7 +53,11 @@ def _table(rows: list[dict], title: str) -> None:
 
     t = Table(title=title, title_justify="left")
     for col in ("mode", "#", "model", "median µs", "IQR µs", "vs first (IQR)"):
-        t.add_column(col, justify="right" if col not in ("mode", "model") else "left")
+        t.add_column(
+            col,
+            justify="right" if col not in ("mode", "model") else "left",
+            no_wrap=col == "model",  # a path cut in two cannot be copied
+        )
     models = [r for r in rows if r["type"] == "model"]
     modes = list(dict.fromkeys(r["mode"] for r in models))
     for r in sorted(models, key=lambda r: (modes.index(r["mode"]), r["index"])):
@@ -61,8 +65,7 @@ def _table(rows: list[dict], title: str) -> None:
             t.add_row(r["mode"], str(r["index"]), r["model"], "—", "—", r["skipped"])
             continue
         q1, q3 = r["iqr_us"]
-        s1, s3 = r["speedup_iqr"]
-        vs = "reference" if r["index"] == 0 else f"{r['speedup']:.2f}x ({s1:.2f}–{s3:.2f})"
+        vs = _vs(r)
         t.add_row(
             r["mode"],
             str(r["index"]),
@@ -83,6 +86,28 @@ def _table(rows: list[dict], title: str) -> None:
                 r["model"], r["node"], f"{r['orig_us']:.1f}", f"{fast:.1f}", f"{r['speedup']:.2f}x"
             )
         stderr().print(t)
+
+
+def _vs(r: dict) -> str:
+    """A model row's comparison with the first, in words where the figures say nothing."""
+    if r["index"] == 0:
+        return "reference"
+    if r.get("speedup") is None:
+        return "none: fallback bodies ran (no GPU)"
+    s1, s3 = r["speedup_iqr"]
+    if r.get("verdict") == "no measurable difference":
+        return f"no measurable difference ({s1:.2f}–{s3:.2f})"
+    return f"{r['speedup']:.2f}x ({s1:.2f}–{s3:.2f})"
+
+
+def _summary(rows: list[dict], device: str) -> str:
+    """The command's one line for a log: each model against the first, per mode."""
+    parts = [
+        f"{r['mode']}: {r['model']} vs first: {_vs(r)}"
+        for r in rows
+        if r["type"] == "model" and r["index"] != 0 and "skipped" not in r
+    ]
+    return f"bench on {device}: " + ("; ".join(parts) or "nothing timed")
 
 
 @click.command("bench")
@@ -177,10 +202,12 @@ def bench_cmd(
     require_same_inputs(opened)
     if gpu is None:
         for m in opened:
-            if m.mlso_nodes:
-                log(
-                    f"note: {m.source} has {m.mlso_nodes} MlsoKernel nodes; on the CPU EP they run "
-                    "their fallback bodies (the original nodes), not mlso's kernels"
+            if m.mlso_nodes and not quiet():
+                # said even when stderr is not a terminal: it is why no speedup is reported
+                line(
+                    f"mlso: note: {m.source} has {m.mlso_nodes} MlsoKernel nodes; on the CPU EP "
+                    "they run their fallback bodies (the original nodes), not mlso's kernels, "
+                    "so no speedup is reported for them (pass --gpu N to time mlso's kernels)"
                 )
     rows = compare(
         opened,
@@ -202,3 +229,4 @@ def bench_cmd(
             f"bench on {device}: {repeats} rounds x {iters} calls per model, interleaved; "
             "median and interquartile range of the rounds",
         )
+    summary(_summary(rows, device))

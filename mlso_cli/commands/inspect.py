@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from mlso_cli.commands.options import input_shape_option, json_option
-from mlso_cli.console import chatty, stderr
+from mlso_cli.console import chatty, stderr, summary
 from mlso_cli.errors import InputError, MlsoError
 from mlso_cli.frontend.analyse import analyse
 from mlso_cli.frontend.load import load_model, parse_input_shapes, read_proto
@@ -93,6 +93,11 @@ def inspect_cmd(
             click.echo(json.dumps({"type": "mlso_kernel", **k, "executable_code": True}))
     if chatty():
         _print_tables(loaded.source, report)
+    summary(
+        f"inspect {loaded.source}: {len(report.regions)} fusable region(s), "
+        f"{len(report.left_out)} node(s) left out"
+        + (f", {len(kernels)} MlsoKernel node(s)" if kernels else "")
+    )
     bad = [k for k in kernels if not k["valid"]]
     if bad:
         raise InputError(

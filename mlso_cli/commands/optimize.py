@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 from pathlib import Path
 
 import click
 
 from mlso_cli.commands.options import input_shape_option, json_option
-from mlso_cli.console import chatty, stderr
+from mlso_cli.console import chatty, line, plain, stderr, summary
 from mlso_cli.errors import InputError, UsageError
 from mlso_cli.frontend.load import parse_input_shapes
 from mlso_cli.pipeline import (
@@ -131,14 +133,17 @@ def _check_numbers(
     type=float,
     default=None,
     metavar="SECONDS",
-    help="Wall-clock search budget per region (a result cut short is never cached).",
+    help="Stop each region's search after this many seconds, checks included (within 10%). "
+    "What it verified by then is used; a result cut short is never cached. [default: no limit]",
 )
 @click.option(
     "--max-states",
     type=int,
     default=None,
     metavar="N",
-    help="Stop each region's search after N states (deterministic) [default: 64,000 per signature, at most 1,000,000].",
+    help="Explore at most N candidate programs per region. The same N gives the same result "
+    "on any machine, so it is cached; 20000 is enough for small models. [default: grows with "
+    "the region, up to 1,000,000: minutes per region on 2 cores]",
 )
 @click.option(
     "--jobs",
@@ -202,28 +207,62 @@ def optimize_cmd(
         serve=serve,
         verify_seed=verify_seed(seed, fresh=fresh),
     )
-    with _Display() as display:
+    with _Display(as_json) as display:
         outcome = optimize(
             model, parse_input_shapes(input_shapes), options, listener=display, dry_run=dry_run
         )
     if not dry_run:
+        from mlso_cli.interrupt import check, written
         from mlso_cli.package import write_model_atomic
+
+        check()  # a Ctrl-C whose KeyboardInterrupt got lost on the way: write nothing
 
         write_model_atomic(
             outcome.model, out, input_path=None if model == "-" else model, replace=force
         )
-    _report(outcome, None if dry_run else out, as_json)
+        written(out)
+    _report(outcome, None if dry_run else out, as_json, streamed=display.streamed)
+    summary(
+        f"optimize: {len(outcome.regions)} region(s), {outcome.packaged} packaged, "
+        f"{sum(r.searched.result.partial for r in outcome.regions)} search(es) cut short; "
+        f"wrote {out}"
+        if not dry_run
+        else f"optimize: {len(outcome.regions)} region(s), {outcome.packaged} would be packaged "
+        "(dry run: nothing written)"
+    )
+
+
+PROGRESS_EVERY_S = 10.0
+"""Plain progress lines (a log, a pipe, -v): at most one per region this often, plus its start
+and its end, so a batch log grows while the search runs and stays short."""
 
 
 class _Display(Listener):
-    """The live progress lines on stderr: per region, states visited, pruned, verified, best so far."""
+    """Progress on stderr: per region, states visited, pruned, verified, best so far, elapsed.
 
-    def __init__(self) -> None:
+    On a terminal, rich's live display. With -v, or whenever stderr is not a terminal, plain
+    lines, flushed, at most every PROGRESS_EVERY_S per region (a live display would reach a log
+    as one blob at the end, and a job killed by a timeout left an empty log). With --json, each
+    region's object goes to stdout as soon as the region is decided."""
+
+    def __init__(self, as_json: bool = False) -> None:
         self._progress = None
         self._tasks: dict[int, int] = {}
+        self._plain = plain()
+        self._labels: dict[int, str] = {}
+        self._last: dict[int, float] = {}
+        self._as_json = as_json
+        self.streamed = False
+        """Every region's JSON object went out already (the report prints only the summary)."""
+
+    def region_decided(self, report: RegionReport) -> None:
+        if self._as_json:
+            click.echo(json.dumps(_region_row(report)))
+            sys.stdout.flush()
+            self.streamed = True
 
     def __enter__(self) -> _Display:
-        if chatty():
+        if chatty() and not self._plain:
             from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
             self._progress = Progress(
@@ -241,12 +280,26 @@ class _Display(Listener):
             self._progress.stop()
 
     def region_started(self, region: int, label: str, index: int, total: int) -> None:
+        if self._plain:
+            self._labels[region] = f"region {region} ({label}) {index + 1}/{total}"
+            self._last[region] = time.monotonic()
+            line(f"mlso: {self._labels[region]}: searching")
         if self._progress is not None:
             self._tasks[region] = self._progress.add_task(
                 f"region {region} ({label}) {index + 1}/{total}", total=None, stats="searching"
             )
 
     def search_progress(self, region: int, progress: SearchProgress) -> None:
+        if self._plain and region in self._labels:
+            now = time.monotonic()
+            if now - self._last[region] >= PROGRESS_EVERY_S:
+                self._last[region] = now
+                best = "-" if progress.best_us is None else f"{progress.best_us:.1f} us"
+                line(
+                    f"mlso: {self._labels[region]}: states {progress.states}  pruned "
+                    f"{progress.pruned}  verified {progress.verified}  best {best}  "
+                    f"elapsed {progress.elapsed_s:.0f} s"
+                )
         if self._progress is not None and region in self._tasks:
             best = "-" if progress.best_us is None else f"{progress.best_us:.1f} µs"
             stats = (
@@ -256,12 +309,19 @@ class _Display(Listener):
             self._progress.update(self._tasks[region], stats=stats)
 
     def region_searched(self, region: int, searched: Searched) -> None:
+        if self._plain and region in self._labels:
+            line(
+                f"mlso: {self._labels[region]}: {_search_summary(searched).replace('µs', 'us')}"
+                f"  in {searched.seconds:.1f} s"
+            )
         if self._progress is not None and region in self._tasks:
             self._progress.update(
                 self._tasks[region], stats=_search_summary(searched), total=1, completed=1
             )
 
     def compiled(self, region: int) -> None:
+        if self._plain and region in self._labels:
+            line(f"mlso: {self._labels[region]}: compiled")
         if self._progress is not None and region in self._tasks:
             task = self._progress.tasks[self._tasks[region]]
             self._progress.update(self._tasks[region], stats=f"{task.fields['stats']}; compiled")
@@ -345,9 +405,9 @@ def _check_row(check: ModelCheck | None) -> dict | None:
     }
 
 
-def _report(outcome: Outcome, out: str | None, as_json: bool) -> None:
+def _report(outcome: Outcome, out: str | None, as_json: bool, streamed: bool = False) -> None:
     if as_json:
-        for rep in outcome.regions:
+        for rep in outcome.regions if not streamed else ():
             click.echo(json.dumps(_region_row(rep)))
         click.echo(
             json.dumps(

@@ -41,6 +41,7 @@ import click
 
 from mlso_cli.commands.options import input_shape_option, json_option
 from mlso_cli.console import chatty, stderr
+from mlso_cli.console import summary as one_line_summary
 from mlso_cli.errors import UsageError, VerificationFailed
 from mlso_cli.frontend.load import load_model, parse_input_shapes, with_weights
 from mlso_cli.verify.liftcheck import EMULATOR_THREADS
@@ -244,6 +245,12 @@ def verify_cmd(
             )
     if report.failure is not None:
         raise VerificationFailed(report.failure.what, report.failure.fix)
+    checks = report.summary.get("checks", 0)
+    kernels = report.summary.get("kernels", 0)
+    one_line_summary(
+        f"verify: B matches A: {checks} output check(s) passed"
+        + (f", {kernels} MlsoKernel node(s) equivalent" if kernels else "")
+    )
 
 
 def _print(rows, summary, kernel_rows=(), check_rows=(), alg_rows=()) -> None:

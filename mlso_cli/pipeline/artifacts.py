@@ -205,6 +205,10 @@ class Listener:
     def compiled(self, region: int) -> None:
         pass
 
+    def region_decided(self, report: RegionReport) -> None:
+        """The region's search and choice are final (without --gpu: right after its search;
+        with --gpu: after the timings and the whole-model check). `--json` streams it."""
+
 
 def ran_search(result: SearchResult) -> bool:
     """False when the result says no search ran (the lifted target is its only candidate)."""

@@ -21,6 +21,7 @@ from dataclasses import replace
 
 import onnx
 
+from mlso_cli import interrupt
 from mlso_cli.ir.hashing import graph_hash
 from mlso_cli.pipeline.artifacts import (
     Choice,
@@ -101,7 +102,19 @@ def optimize(
 
         require_gpu(options.gpu)
     lifted = lift(source, input_shapes)
-    searched = _search_all(lifted, options, DEFAULT_TARGETS, search or default_search(), listener)
+    decided: dict[int, Choice] = {}
+
+    def decide_now(lr, s: Searched) -> None:
+        # a dry run without --gpu decides a region from its own search alone: report it at once
+        # (otherwise timings, the check before writing and the whole-model check come later)
+        if options.gpu is None and dry_run:
+            c = choose_bounded(lifted.loaded, lr, s, options.min_speedup, None, options.serve)
+            decided[lr.region.id] = c
+            listener.region_decided(RegionReport(s, c))
+
+    searched = _search_all(
+        lifted, options, DEFAULT_TARGETS, search or default_search(), listener, decide_now
+    )
     builder = Builder(DEFAULT_TARGETS)
     timings = {}
     if options.gpu is not None:
@@ -116,7 +129,8 @@ def optimize(
             measure=measure or _time_regions,
         )
     choices = [
-        choose_bounded(
+        decided.get(lr.region.id)
+        or choose_bounded(
             lifted.loaded, lr, s, options.min_speedup, timings.get(lr.region.id), options.serve
         )
         for lr, s in zip(lifted.regions, searched)
@@ -155,6 +169,9 @@ def optimize(
             )
             model, choices, check = _checked(model, original, choices, options, time_models)
     reports = tuple(RegionReport(s, c) for s, c in zip(searched, choices))
+    for rep in reports:  # final only now: timings and the checks before writing may change them
+        if rep.searched.region not in decided:
+            listener.region_decided(rep)
     return Outcome(reports, model, bound, options.serve, check, vseed)
 
 
@@ -204,10 +221,13 @@ def _search_all(
     targets: tuple[str, ...],
     search: SearchFn,
     listener: Listener,
+    done=None,
 ) -> list[Searched]:
     """Each region in turn. Structurally equal regions (a transformer's repeated layers) are
-    searched once per run: later ones reuse the first's result, even a partial one or with the
-    disk cache off, and are reported as cached."""
+    searched once per run: later ones reuse the first's result, even with the disk cache off.
+    A final result reused is reported as cached; a partial one (the budget cut it) is never
+    reported as cached: it keeps `partial`, and a note names the region it came from. `done`
+    sees each region as soon as it is searched."""
     cache = _cache(options)
     out = []
     seen: dict[str, Searched] = {}
@@ -217,13 +237,20 @@ def _search_all(
         digest = graph_hash(lr.graph)
         if digest in seen:
             first = seen[digest]
-            s = Searched(
-                lr.region.id, digest, conform(first.result, lr.graph, lr.region.id), True, 0.0
-            )
+            result = conform(first.result, lr.graph, lr.region.id)
+            if result.partial:
+                # reused, not searched again (that would double the run's time), but a result
+                # cut short is never "cached": the report says where it came from
+                note = f"the partial result of region {first.region} (structurally equal), reused"
+                result = replace(result, notes=(*result.notes, note))
+            s = Searched(lr.region.id, digest, result, not result.partial, 0.0)
         else:
             s = seen[digest] = search_region(lr, options.search, targets, search, cache, listener)
+        interrupt.check()
         listener.region_searched(lr.region.id, s)
         out.append(s)
+        if done is not None:
+            done(lr, s)
     return out
 
 

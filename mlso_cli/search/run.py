@@ -15,19 +15,28 @@ Order of work, and why:
      The lifted target itself is always a candidate (never-slower).
 Determinism: each signature gets the same share of `max_states` and its own seed derived from
 the run seed, so the result does not depend on `--jobs` or on the order workers finish.
+
+Budgets and interrupts (`_Pool`): `--budget S` is a wall-clock promise for the whole region,
+checks included. Exploration may use EXPLORE_SHARE of it; the full-shape checks the rest. The
+driver waits for its workers only until the region's deadline: work still running then is
+cancelled, the workers are killed, and the result is marked partial (never cached). With a budget the search
+runs in a pool even at `--jobs 1`, since only a separate process can be stopped mid-check.
+Workers ignore SIGINT; on Ctrl-C the driver kills them (mlso_cli/interrupt.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 from threadpoolctl import threadpool_limits
 
+from mlso_cli import interrupt
 from mlso_cli.ir import serialize
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.spec import problems
@@ -290,10 +299,11 @@ PASSES = 3
 def _passes(
     tasks: list[Task],
     total: int,
-    pool: ProcessPoolExecutor | None,
+    pool: _Pool | None,
     run,
     deadline: float | None,
     on_result,
+    kill_at: float | None = None,
 ) -> list[Explored]:
     """Explore every signature with an equal share of `total`, then give the states left over to
     the signatures their share stopped, and explore those again from scratch with the larger
@@ -304,11 +314,20 @@ def _passes(
     for any --jobs. States of every pass are counted."""
 
     def explore_all(ts: list[Task]) -> list[Explored]:
-        out = []
-        for ex in pool.map(run, ts) if pool is not None else map(run, ts):
-            on_result(ex)
-            out.append(ex)
-        return out
+        if pool is None:
+            out = []
+            for ex in map(run, ts):
+                on_result(ex)
+                out.append(ex)
+            return out
+        # the workers stop themselves at `deadline` and return what they found; only one still
+        # running at `kill_at` (the region's whole budget) is killed
+        got = pool.run_all(run, [(t,) for t in ts], kill_at or deadline, on_result)
+        # a signature still running at the deadline was cut short: no structures, partial
+        return [
+            ex if ex is not None else Explored(t.sig, (), 0, 0, 0, 0, True)
+            for t, ex in zip(ts, got)
+        ]
 
     done = explore_all(tasks)
     used = sum(ex.states for ex in done)
@@ -325,6 +344,97 @@ def _passes(
             tasks[i], done[i] = t, ex
             used += ex.states
     return done
+
+
+EXPLORE_SHARE = 0.6
+"""With --budget, exploration stops itself at this share of it (each worker checks the clock
+between states, then checks and sizes what it found); the full-shape checks get what is left.
+Only work still running at the whole budget is killed. Why not all of it for exploration: a
+found program that was never verified is worth nothing (at 0.75 with a hard stop there, every
+budget-cut zoo region ended with nothing verified)."""
+HEARTBEAT_S = 5.0
+"""While workers run and none finishes, the driver reports progress this often."""
+TEARDOWN_S = 0.3
+"""The driver stops waiting this long before a region's deadline: killing the workers and
+building the result take a moment, and the budget counts them."""
+
+
+class _Pool:
+    """The search's worker processes, held to a deadline and to Ctrl-C.
+
+    Why not a bare ProcessPoolExecutor: its shutdown waits for the tasks running, and a
+    full-shape attention check can hold a worker for minutes; after a Ctrl-C the interpreter's
+    exit handler joined such a worker forever (issue 35). Here the driver waits with a timeout,
+    and whatever is still running at the deadline (or on any exception, KeyboardInterrupt
+    included) is cancelled and its processes killed."""
+
+    def __init__(self, jobs: int) -> None:
+        self.ex = ProcessPoolExecutor(jobs, initializer=_init_worker)
+        self.cut = False
+        """Work was cancelled at the deadline (the result is partial)."""
+        self.heartbeat: Callable[[], None] | None = None
+        """Called every HEARTBEAT_S while no task finishes."""
+
+    def _pids(self) -> list[int]:
+        return list((getattr(self.ex, "_processes", None) or {}).keys())
+
+    def run_all(
+        self,
+        fn: Callable,
+        args: Sequence[tuple],
+        deadline: float | None,
+        on_result: Callable | None = None,
+    ) -> list:
+        """fn(*a) for each a, in the pool; results in order, None for those not done by the
+        deadline (wall clock, time.time()). on_result sees each result as it arrives."""
+        futures = [self.ex.submit(fn, *a) for a in args]
+        interrupt.add_workers(self._pids())
+        pending = set(futures)
+        while pending:
+            left = None if deadline is None else deadline - TEARDOWN_S - time.time()
+            if left is not None and left <= 0:
+                break  # the deadline
+            timeout = HEARTBEAT_S if left is None else min(HEARTBEAT_S, left)
+            done, pending = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+            for fu in futures:
+                if fu in done and on_result is not None:
+                    on_result(fu.result())
+            if not done and self.heartbeat is not None:
+                self.heartbeat()  # a long check: the progress display still hears from us
+        finished = [fu.done() and not fu.cancelled() for fu in futures]
+        results = [fu.result() if ok else None for fu, ok in zip(futures, finished)]
+        if not all(finished):
+            # the deadline: what still runs is abandoned (its futures then read "broken")
+            self.cut = True
+            self.kill()
+        return results
+
+    def kill(self) -> None:
+        """Cancel what is queued and kill the workers now (their work is abandoned)."""
+        pids = self._pids()
+        procs = list((getattr(self.ex, "_processes", None) or {}).values())
+        interrupt.remove_workers(pids)
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+        self.ex.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.join(1.0)
+        # a fresh executor for any later stage of this region (the old one is broken)
+        self.ex = ProcessPoolExecutor(self.ex._max_workers, initializer=_init_worker)
+
+    def close(self, failed: bool) -> None:
+        if failed:
+            self.kill()
+        interrupt.remove_workers(self._pids())
+        self.ex.shutdown(wait=not failed, cancel_futures=True)
+
+
+def _init_worker() -> None:
+    """Each worker: SIGINT left to the driver, dies with the driver, one BLAS thread."""
+    interrupt.worker_init()
+    _one_blas_thread()
 
 
 def _one_blas_thread() -> None:
@@ -432,10 +542,12 @@ def search(
     region: str = "",
 ) -> SearchResult:
     t0 = time.monotonic()
+    start = time.time()
+    final = None if options.budget_s is None else start + options.budget_s
+    deadline = None if final is None else start + EXPLORE_SHARE * options.budget_s
     _, dcf, sigs = explorable(target)
     total, share = state_budget(options.max_states, len(sigs))
     seed = options.seed if options.seed is not None else 0
-    deadline = None if options.budget_s is None else time.time() + options.budget_s
     text = serialize.dumps(target)
     tasks = [
         Task(
@@ -454,10 +566,11 @@ def search(
     totals = {"states": 0, "pruned": 0}
     best: list[float] = []
 
-    def record(ex: Explored) -> None:
-        totals["states"] += ex.states
-        totals["pruned"] += ex.pruned
-        best.extend(f.estimate_us for f in ex.found)
+    def record(ex: Explored | None) -> None:
+        if ex is not None:
+            totals["states"] += ex.states
+            totals["pruned"] += ex.pruned
+            best.extend(f.estimate_us for f in ex.found)
         if progress is not None:
             progress(
                 SearchProgress(
@@ -472,13 +585,17 @@ def search(
 
     jobs = max(1, min(options.jobs, len(tasks), os.cpu_count() or 1))
     explore_safely = _Guarded()
-    pool = ProcessPoolExecutor(jobs, initializer=_one_blas_thread) if jobs > 1 else None
+    # with a budget even one job runs in a worker: only a process can be stopped mid-check
+    pool = _Pool(jobs) if jobs > 1 or final is not None else None
+    if pool is not None:
+        pool.heartbeat = lambda: record(None)
     lifted = program_cost(target)
     candidates: list[Candidate] = [Candidate(target, lifted.us, lifted.launches, 0.0)]
     bound, verified = 0.0, 0
     assumes: set[str] = set()
+    failed = True
     try:
-        done = _passes(tasks, total, pool, explore_safely, deadline, record)
+        done = _passes(tasks, total, pool, explore_safely, deadline, record, final)
         found = sorted(
             (f for ex in done for f in ex.found),
             key=lambda f: (f.estimate_us, f.launches, repr(f.recipe)),
@@ -496,18 +613,18 @@ def search(
         # every part of every check is independent: on the pool they run side by side
         jobs_ = [(kg, s, part) for _, kg, seeds, part in checks for s in seeds]
         if pool is not None:
-            futures = [
-                pool.submit(_full_check, text, serialize.dumps(kg), s, part)
-                for kg, s, part in jobs_
-            ]
-            parts = [fu.result() for fu in futures]
+            args = [(text, serialize.dumps(kg), s, part) for kg, s, part in jobs_]
+            parts = pool.run_all(_full_check, args, final)
         else:
             parts = [_full_check(target, kg, s, part) for kg, s, part in jobs_]
+        failed = False
     finally:
         if pool is not None:
-            pool.shutdown(cancel_futures=True)
+            pool.close(failed)
     for i, (f, kg, _, _) in enumerate(checks):
         mine = parts[i * CHECK_PARTS : (i + 1) * CHECK_PARTS]
+        if any(p is None for p in mine):
+            continue  # the deadline stopped this check: not verified, so not a candidate
         if not all(equivalent for equivalent, _, _ in mine):
             continue
         vbound = math.prod(b for _, b, _ in mine)
@@ -516,7 +633,7 @@ def search(
         assumes.update(h for _, _, h in mine if h)
         candidates.append(Candidate(kg, f.estimate_us, f.launches, vbound))
     candidates.sort(key=lambda c: (c.estimate_us, c.kernels))
-    partial = any(ex.partial for ex in done)
+    partial = any(ex.partial for ex in done) or (pool is not None and pool.cut)
     notes = (
         (
             f"{len(sigs)} signatures, "
