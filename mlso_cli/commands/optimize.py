@@ -29,6 +29,7 @@ from mlso_cli.pipeline import (
     optimize,
 )
 from mlso_cli.search.api import SearchOptions, SearchProgress
+from mlso_cli.search.executor import check_spec
 
 
 def _check_paths(model: str, out: str, force: bool) -> None:
@@ -141,6 +142,14 @@ def _check_numbers(
     help="Search worker processes [default: the cores].",
 )
 @click.option(
+    "--executor",
+    default="local",
+    show_default=True,
+    metavar="local|ray[=ADDRESS]",
+    help="Where the search runs: a local process pool, or Ray tasks on the cluster at ADDRESS "
+    "(plain ray: RAY_ADDRESS, else a local cluster of --jobs CPUs). Same output either way.",
+)
+@click.option(
     "--top-k",
     type=int,
     default=3,
@@ -163,6 +172,7 @@ def optimize_cmd(
     budget,
     max_states,
     jobs,
+    executor,
     top_k,
     dry_run,
     no_cache,
@@ -170,6 +180,7 @@ def optimize_cmd(
     """Rewrite MODEL so each fusable region runs as the fastest verified mlso program found."""
     jobs = _default_jobs() if jobs is None else jobs
     _check_numbers(min_speedup, budget, max_states, jobs, top_k, seed, gpu)
+    executor = str(check_spec(executor))  # exit 2 for a bad spec, 4 for ray not installed
     if out is None and not dry_run:
         raise UsageError(
             "optimize needs -o OUT",
@@ -182,6 +193,7 @@ def optimize_cmd(
             budget_s=budget,
             max_states=max_states,
             jobs=jobs,
+            executor=executor,
             seed=seed,
             full_checks=top_k if gpu is not None else 1,
         ),
@@ -243,6 +255,11 @@ class _Display(Listener):
                 f"states {progress.states}  pruned {progress.pruned}  verified {progress.verified}  "
                 f"best {best}"
             )
+            if progress.finished is not None:
+                stats += (
+                    f"  tasks {progress.queued} queued {progress.running} running "
+                    f"{progress.finished} done on {progress.nodes} node(s)"
+                )
             self._progress.update(self._tasks[region], stats=stats)
 
     def region_searched(self, region: int, searched: Searched) -> None:

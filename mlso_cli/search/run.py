@@ -9,7 +9,8 @@ Order of work, and why:
      enumerated bottom-up (enumerate.py), split signatures completed at kernel level, every
      complete structure checked against the reduced target in the finite field (a filter), and
      the survivors sized on the full shapes by the cost model (select.py). Signatures are
-     independent, so `--jobs N` explores them in a process pool.
+     independent, so `--jobs N` explores them in a process pool, or `--executor ray` as Ray
+     tasks (executor.py).
   3. The parent re-verifies the cheapest few at full shapes, in a fixed order, with the run's
      union bound (the k-th full check must reach bound / (k (k+1))); only full checks accept.
      The lifted target itself is always a candidate (never-slower).
@@ -23,7 +24,6 @@ import math
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 from threadpoolctl import threadpool_limits
@@ -43,6 +43,7 @@ from mlso_cli.search.enumerate import (
     Stats,
     Vocabulary,
 )
+from mlso_cli.search.executor import Executor, make_executor
 from mlso_cli.search.fingerprint import Fingerprints
 from mlso_cli.search.prune import ExprPruner
 from mlso_cli.search.select import choose_dims
@@ -290,7 +291,7 @@ PASSES = 3
 def _passes(
     tasks: list[Task],
     total: int,
-    pool: ProcessPoolExecutor | None,
+    pool: Executor,
     run,
     deadline: float | None,
     on_result,
@@ -305,7 +306,7 @@ def _passes(
 
     def explore_all(ts: list[Task]) -> list[Explored]:
         out = []
-        for ex in pool.map(run, ts) if pool is not None else map(run, ts):
+        for ex in pool.map(run, ts):
             on_result(ex)
             out.append(ex)
         return out
@@ -423,6 +424,12 @@ def state_budget(max_states: int | None, n_signatures: int) -> tuple[int, int]:
     return total, max(1, total // max(1, n_signatures))
 
 
+def _task_fields(pool: Executor) -> dict:
+    """The executor's task counts as SearchProgress's optional fields."""
+    c = pool.counts()
+    return {"queued": c.queued, "running": c.running, "finished": c.finished, "nodes": c.nodes}
+
+
 def search(
     target: KernelGraph,
     options: SearchOptions,
@@ -467,12 +474,13 @@ def search(
                     0,
                     min(best) if best else None,
                     time.monotonic() - t0,
+                    **_task_fields(pool),
                 )
             )
 
     jobs = max(1, min(options.jobs, len(tasks), os.cpu_count() or 1))
     explore_safely = _Guarded()
-    pool = ProcessPoolExecutor(jobs, initializer=_one_blas_thread) if jobs > 1 else None
+    pool = make_executor(options.executor, jobs, _one_blas_thread, options.jobs)
     lifted = program_cost(target)
     candidates: list[Candidate] = [Candidate(target, lifted.us, lifted.launches, 0.0)]
     bound, verified = 0.0, 0
@@ -495,17 +503,15 @@ def search(
             checks.append((f, kg, seeds, part))
         # every part of every check is independent: on the pool they run side by side
         jobs_ = [(kg, s, part) for _, kg, seeds, part in checks for s in seeds]
-        if pool is not None:
-            futures = [
-                pool.submit(_full_check, text, serialize.dumps(kg), s, part)
-                for kg, s, part in jobs_
-            ]
-            parts = [fu.result() for fu in futures]
-        else:
-            parts = [_full_check(target, kg, s, part) for kg, s, part in jobs_]
+        futures = [
+            pool.submit(_full_check, target, kg, s, part)
+            if pool.in_process
+            else pool.submit(_full_check, text, serialize.dumps(kg), s, part)
+            for kg, s, part in jobs_
+        ]
+        parts = pool.gather(futures)
     finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+        pool.shutdown(cancel=True)
     for i, (f, kg, _, _) in enumerate(checks):
         mine = parts[i * CHECK_PARTS : (i + 1) * CHECK_PARTS]
         if not all(equivalent for equivalent, _, _ in mine):
@@ -540,6 +546,7 @@ def search(
                 verified,
                 candidates[0].estimate_us,
                 time.monotonic() - t0,
+                **_task_fields(pool),
             )
         )
     return SearchResult(
