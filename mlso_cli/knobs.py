@@ -22,6 +22,9 @@ class Knobs:
     """ONNX Runtime C API headers (MLSO_ORT_INCLUDE); found automatically when unset."""
     keep_temps: bool
     """Keep generated .cu files even when nvcc succeeds (MLSO_KEEP_TEMPS=1)."""
+    search_cache: str | None = None
+    """Where search results are cached when not under cache_dir (MLSO_SEARCH_CACHE): a shared
+    directory or an fsspec URL such as s3://bucket/mlso, seen by every driver and node."""
 
 
 def _default_cache() -> Path:
@@ -38,6 +41,7 @@ def knobs() -> Knobs:
         nvcc=env.get("MLSO_NVCC") or "nvcc",
         ort_include=Path(include) if include else None,
         keep_temps=env.get("MLSO_KEEP_TEMPS", "") not in ("", "0"),
+        search_cache=env.get("MLSO_SEARCH_CACHE") or None,
     )
 
 

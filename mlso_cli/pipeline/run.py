@@ -34,6 +34,7 @@ from mlso_cli.pipeline.select import MeasureFn, choose, measure_top_k
 from mlso_cli.pipeline.wholemodel import ModelTimeFn, check_whole_model
 from mlso_cli.search.api import SearchFn
 from mlso_cli.search.cache import SearchCache
+from mlso_cli.search.remote_cache import open_search_cache
 
 
 def _cache(options: PipelineOptions) -> SearchCache | None:
@@ -41,7 +42,8 @@ def _cache(options: PipelineOptions) -> SearchCache | None:
         return None
     from mlso_cli.knobs import knobs
 
-    return SearchCache(options.cache_dir or knobs().cache_dir / "search")
+    k = knobs()  # MLSO_SEARCH_CACHE: a shared directory or an fsspec URL (search/remote_cache.py)
+    return open_search_cache(options.cache_dir or k.search_cache or k.cache_dir / "search")
 
 
 def _time_regions(model, gpu: int) -> list:
