@@ -177,22 +177,26 @@ class PoolExecutor(_Counting):
     def __init__(self, jobs: int, initializer: Callable[[], None] | None = None) -> None:
         super().__init__(jobs)
         self.pool = ProcessPoolExecutor(jobs, initializer=initializer)
-
-    def _done(self, _: Future) -> None:
-        self.finished += 1
+        self.futures: list[Future] = []
+        self.mapped = 0
+        """Units of `map` whose results were read (those of `submit` are counted as done)."""
 
     def map(self, fn, items):
         items = list(items)
         self.submitted += len(items)
         for result in self.pool.map(fn, items):
-            self.finished += 1
+            self.mapped += 1
             yield result
 
     def submit(self, fn, *args):
         self.submitted += 1
         fu = self.pool.submit(fn, *args)
-        fu.add_done_callback(self._done)
+        self.futures.append(fu)
         return fu
+
+    def counts(self) -> TaskCounts:
+        self.finished = self.mapped + sum(fu.done() for fu in self.futures)
+        return super().counts()
 
     def gather(self, handles):
         return [fu.result() for fu in handles]
