@@ -178,3 +178,55 @@ def test_ctrl_c_on_a_ray_driver_writes_nothing(cluster, tmp_path):
     _, err = p.communicate(timeout=60)
     assert p.returncode != 0, err.decode()[-2000:]
     assert not out.exists() and not list(tmp_path.glob("out.onnx*"))
+
+
+def test_a_node_with_other_mlso_sources_is_refused(connected):
+    from mlso_cli.errors import EnvironmentProblem
+
+    ex = executor_mod.RayExecutor(connected.address, 1)
+    assert ex.gather([ex.submit(_sleep, 0.0)]) == [0.0]  # the same sources: accepted
+    ex.digest = "0" * 64  # as if the driver ran another version
+    with pytest.raises(EnvironmentProblem, match="other mlso sources"):
+        ex.gather([ex.submit(_sleep, 0.0)])
+
+
+def test_drivers_sharing_a_cluster_and_a_cache_search_a_region_once(cluster, tmp_path):
+    """The batch pattern of README.md: drivers started side by side on one cluster with one
+    MLSO_SEARCH_CACHE; a later model with the same regions (here a copy under another name) is
+    served from the cache, and every output is the same."""
+    import json
+    import shutil
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        "MLSO_CACHE_DIR": str(tmp_path / "local"),
+        "MLSO_SEARCH_CACHE": f"file://{tmp_path}/shared",
+    }
+    common = ["--max-states", STATES, "--min-speedup", "0", "--executor", f"ray={cluster.address}"]
+
+    def driver(model: Path, out: Path) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "mlso_cli", "optimize", str(model), "-o", str(out), "--json"]
+            + common,
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+
+    outs = [tmp_path / f"out{i}.onnx" for i in range(3)]
+    side_by_side = [driver(LORA, outs[0]), driver(LORA, outs[1])]
+    for p in side_by_side:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err.decode()[-2000:]
+    copy = tmp_path / "another_model.onnx"
+    shutil.copy(LORA, copy)
+    p = driver(copy, outs[2])
+    stdout, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err.decode()[-2000:]
+    rows = [json.loads(x) for x in stdout.decode().splitlines() if x.startswith("{")]
+    searched = [r for r in rows if r["type"] == "region" and (r["searched"] or r["cached"])]
+    assert searched and all(r["cached"] for r in searched)  # nothing searched again
+    assert outs[0].read_bytes() == outs[1].read_bytes() == outs[2].read_bytes()
+    assert not list((tmp_path / "shared").rglob("*.tmp"))

@@ -208,10 +208,31 @@ class PoolExecutor(_Counting):
 _INITIALIZED: set[str] = set()
 
 
-def _run_remote(initializer: Callable[[], None] | None, fn: Callable[..., Any], args: tuple):
+class CodeMismatch(RuntimeError):
+    """A worker's mlso search and code generation sources differ from the driver's."""
+
+
+def _run_remote(
+    initializer: Callable[[], None] | None,
+    fn: Callable[..., Any],
+    args: tuple,
+    digest: str | None = None,
+):
     """One unit in a Ray worker: the worker's one-time setup (the pool's `initializer`), then
-    the unit; returns (node id, result) so the driver can show the nodes in use."""
+    the unit; returns (node id, result) so the driver can show the nodes in use.
+
+    `digest` is the driver's `code_digest()`: a node that runs other mlso sources could return
+    other results under the same cache key, so such a node refuses the unit."""
     import ray
+
+    if digest is not None:
+        from mlso_cli.search.cache import code_digest
+
+        if code_digest() != digest:
+            raise CodeMismatch(
+                f"node {ray.get_runtime_context().get_node_id()[:12]} runs other mlso sources "
+                f"(code digest {code_digest()[:12]}, the driver's {digest[:12]})"
+            )
 
     if initializer is not None:
         name = f"{initializer.__module__}.{initializer.__qualname__}"
@@ -271,6 +292,9 @@ class RayExecutor(Executor):
     ) -> None:
         self.ray = connect_ray(address, num_cpus)
         self.initializer = initializer
+        from mlso_cli.search.cache import code_digest
+
+        self.digest = code_digest()
         self.remote = _remote_fn(self.ray)
         self.pending: dict[Any, None] = {}
         self.finished = 0
@@ -281,12 +305,20 @@ class RayExecutor(Executor):
             self.slots = 1
 
     def _submit(self, fn, args: tuple):
-        ref = self.remote.remote(self.initializer, fn, args)
+        ref = self.remote.remote(self.initializer, fn, args, self.digest)
         self.pending[ref] = None
         return ref
 
     def _get(self, ref):
-        node, result = self.ray.get(ref)
+        try:
+            node, result = self.ray.get(ref)
+        except self.ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, CodeMismatch):
+                raise EnvironmentProblem(
+                    f"a Ray worker cannot run this search: {exc.cause}",
+                    "Install the same mlso on every node of the cluster as on the driver",
+                ) from None
+            raise
         self.pending.pop(ref, None)
         self.finished += 1
         self.nodes.add(node)
