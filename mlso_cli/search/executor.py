@@ -42,6 +42,8 @@ LOCAL = "local"
 RAY = "ray"
 RAY_RETRIES = 3
 """How many times Ray reruns a task whose worker or node died (not one that raised)."""
+LOCAL_OBJECT_STORE = 256 * 1024**2
+"""Object store bytes of a local cluster started by `--executor ray` (Ray's default is 30% of RAM)."""
 INSTALL_RAY = "Install it with: pip install 'mlso[ray]'"
 
 
@@ -269,7 +271,13 @@ def connect_ray(address: str | None, num_cpus: int):
         if target:
             ray.init(address=target, **kw)
         else:
-            ray.init(num_cpus=max(1, num_cpus), include_dashboard=False, **kw)
+            # the units' objects are kilobytes of JSON: a small object store spares shared memory
+            ray.init(
+                num_cpus=max(1, num_cpus),
+                include_dashboard=False,
+                object_store_memory=LOCAL_OBJECT_STORE,
+                **kw,
+            )
     except Exception as exc:  # noqa: BLE001 - ray raises several types for one cause
         where = f"the Ray cluster at {target}" if target else "a local Ray cluster"
         raise EnvironmentProblem(
