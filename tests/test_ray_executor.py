@@ -230,3 +230,23 @@ def test_drivers_sharing_a_cluster_and_a_cache_search_a_region_once(cluster, tmp
     assert searched and all(r["cached"] for r in searched)  # nothing searched again
     assert outs[0].read_bytes() == outs[1].read_bytes() == outs[2].read_bytes()
     assert not list((tmp_path / "shared").rglob("*.tmp"))
+
+
+def test_plain_executor_ray_joins_the_cluster_running_on_this_machine(cluster, tmp_path):
+    """`--executor ray` with no address and no RAY_ADDRESS joins the cluster started on this
+    machine (ray.init refuses resource arguments for it: this once exited 4)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        "MLSO_CACHE_DIR": str(tmp_path / "c"),
+    }
+    env.pop("RAY_ADDRESS", None)
+    args = [str(LORA), "--dry-run", "--no-cache", "--max-states", "500", "--jobs", "2"]
+    p = subprocess.run(
+        [sys.executable, "-m", "mlso_cli", "optimize", *args, "--executor", "ray"],
+        capture_output=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr.decode()[-2000:]

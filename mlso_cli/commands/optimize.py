@@ -147,7 +147,8 @@ def _check_numbers(
     show_default=True,
     metavar="local|ray[=ADDRESS]",
     help="Where the search runs: a local process pool, or Ray tasks on the cluster at ADDRESS "
-    "(plain ray: RAY_ADDRESS, else a local cluster of --jobs CPUs). Same output either way.",
+    "(plain ray: RAY_ADDRESS, else one `ray start` left here, else a new local cluster of --jobs "
+    "CPUs). Same output either way.",
 )
 @click.option(
     "--top-k",

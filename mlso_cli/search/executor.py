@@ -15,8 +15,8 @@ tasks on a cluster. That is also why the executor is not part of the search cach
 
 Executors, by `--executor` spec:
   local          (the default) inline when one job, else a ProcessPoolExecutor of `jobs` workers
-  ray            Ray tasks on the cluster named by RAY_ADDRESS, else on a local cluster started
-                 here with `jobs` CPUs
+  ray            Ray tasks on the cluster named by RAY_ADDRESS, else on one `ray start` left on
+                 this machine, else on a local cluster started here with `jobs` CPUs
   ray=ADDRESS    Ray tasks on the running cluster at ADDRESS (`ray start --head` prints it)
 Ray is an optional extra (`pip install 'mlso[ray]'`); without it, asking for it is exit 4.
 
@@ -257,8 +257,8 @@ def _remote_fn(ray):
 
 
 def connect_ray(address: str | None, num_cpus: int):
-    """Join the Ray cluster at `address` (or RAY_ADDRESS), or start a local one of `num_cpus`
-    CPUs; once per process (later regions reuse the connection). A failure to connect is exit 4
+    """Join the Ray cluster at `address` (else RAY_ADDRESS, else one that `ray start` left on
+    this machine), or start a local one of `num_cpus` CPUs; once per process (later regions reuse the connection). A failure to connect is exit 4
     with what to check."""
     ray = _import_ray()
     if ray.is_initialized():
@@ -271,13 +271,21 @@ def connect_ray(address: str | None, num_cpus: int):
         if target:
             ray.init(address=target, **kw)
         else:
-            # the units' objects are kilobytes of JSON: a small object store spares shared memory
-            ray.init(
-                num_cpus=max(1, num_cpus),
-                include_dashboard=False,
-                object_store_memory=LOCAL_OBJECT_STORE,
-                **kw,
-            )
+            try:
+                # the units' objects are kilobytes of JSON: a small object store spares shared
+                # memory
+                ray.init(
+                    num_cpus=max(1, num_cpus),
+                    include_dashboard=False,
+                    object_store_memory=LOCAL_OBJECT_STORE,
+                    **kw,
+                )
+            except ValueError as exc:
+                # ray.init() joins a cluster started on this machine by `ray start`, and refuses
+                # resource arguments for it: join it as it is
+                if "existing cluster" not in str(exc):
+                    raise
+                ray.init(**kw)
     except Exception as exc:  # noqa: BLE001 - ray raises several types for one cause
         where = f"the Ray cluster at {target}" if target else "a local Ray cluster"
         raise EnvironmentProblem(
