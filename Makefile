@@ -37,8 +37,10 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check mlso_cli models tests
 
 # Long CPU tests (marked `slow`; `make test` deselects them): thousands of generated graphs on
-# the kernel emulator, and the like.
+# the kernel emulator, the search on small Ray clusters (the `ray` extra, installed here), and
+# the like.
 test-slow: $(STAMP)
+	$(PY) -m pip install -q -e '.[dev,ray]'
 	$(PY) -m pytest -q -m slow tests
 
 test-gpu: $(STAMP)

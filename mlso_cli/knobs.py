@@ -30,6 +30,9 @@ class Knobs:
     """The largest tensor load-time folding writes as a constant (MLSO_MAX_FOLD_BYTES, default
     16 MiB). Why a cap: a causal mask or a RoPE table computed from shapes is worth folding at any
     usual length, but one of seq^2 elements at a long sequence would bloat the model."""
+    search_cache: str | None = None
+    """Where search results are cached when not under cache_dir (MLSO_SEARCH_CACHE): a shared
+    directory or an fsspec URL such as s3://bucket/mlso, seen by every driver and node."""
 
 
 def _default_cache() -> Path:
@@ -49,6 +52,7 @@ def knobs() -> Knobs:
         library_gemm=env.get("MLSO_LIBRARY_GEMM", "1") not in ("", "0"),
         cublas_include=Path(env["MLSO_CUBLAS_INCLUDE"]) if env.get("MLSO_CUBLAS_INCLUDE") else None,
         max_fold_bytes=_int_knob(env, "MLSO_MAX_FOLD_BYTES", 16 << 20),
+        search_cache=env.get("MLSO_SEARCH_CACHE") or None,
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,7 +74,7 @@ class _Run:
     def wait_for(self, text: str, timeout: float = 120.0) -> bool:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            if any(text in x for x in self.lines):
+            if any(re.search(text, x) for x in self.lines):
                 return True
             if self._exited():
                 return False
@@ -158,10 +159,12 @@ def _trial(phase: str, k: int, tmp: Path) -> None:
     elif phase == "lift":
         time.sleep(1.0 + 0.4 * (k % 4))
     elif phase == "search":
-        run.wait_for("2/10: searching")  # the attention region: a long search on both workers
+        run.wait_for(
+            r"\(attention\) 2/\d+: searching"
+        )  # the attention region: a long search on both workers
         time.sleep(0.3 + 0.6 * (k % 4))
     elif phase == "search-end":
-        run.wait_for("1/10: searching")  # a short search: its full-shape checks come soon
+        run.wait_for(r" 1/\d+: searching")  # a short search: its full-shape checks come soon
         time.sleep(0.2 + 0.3 * (k % 4))
     else:
         time.sleep(0.5 + 0.8 * (k % 6))  # anywhere in a small run, the write included

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -136,6 +137,20 @@ def _first_errors(text: str, n: int = 12) -> str:
     return "\n".join((errs or lines)[:n])
 
 
+def _interrupted_child(res: subprocess.CompletedProcess) -> None:
+    """Raise KeyboardInterrupt when nvcc died of the Ctrl-C that reached its whole process group:
+    that is the user's interrupt, not a compiler failure to report (and keep a .cu for)."""
+    from mlso_cli import interrupt
+
+    by_signal = res.returncode < 0 or "died due to signal 2" in (res.stderr or "")
+    end = time.monotonic() + (0.5 if by_signal else 0.0)
+    while True:
+        interrupt.check()
+        if time.monotonic() >= end:
+            return
+        time.sleep(0.01)
+
+
 def compile_source(source: str, targets: tuple[str, ...]) -> bytes:
     """Fatbin bytes of `source` for `targets`, from the cache when it holds them."""
     nvcc = nvcc_path()
@@ -157,6 +172,8 @@ def compile_source(source: str, targets: tuple[str, ...]) -> bytes:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             res = None
+        if res is not None and res.returncode != 0:
+            _interrupted_child(res)
         if res is None or res.returncode != 0:
             kept = root / "failed" / f"{key}.cu"
             _write_atomic(kept, source.encode())

@@ -32,6 +32,7 @@ from mlso_cli.pipeline import (
 )
 from mlso_cli.pipeline.verifying import verify_seed
 from mlso_cli.search.api import SearchOptions, SearchProgress
+from mlso_cli.search.executor import check_spec
 
 
 def _check_paths(model: str, out: str, force: bool) -> None:
@@ -153,6 +154,15 @@ def _check_numbers(
     help="Search worker processes [default: the cores].",
 )
 @click.option(
+    "--executor",
+    default="local",
+    show_default=True,
+    metavar="local|ray[=ADDRESS]",
+    help="Where the search runs: a local process pool, or Ray tasks on the cluster at ADDRESS "
+    "(plain ray: RAY_ADDRESS, else one `ray start` left here, else a new local cluster of --jobs "
+    "CPUs). Same output either way.",
+)
+@click.option(
     "--top-k",
     type=int,
     default=3,
@@ -175,6 +185,7 @@ def optimize_cmd(
     budget,
     max_states,
     jobs,
+    executor,
     top_k,
     dry_run,
     no_cache,
@@ -184,6 +195,7 @@ def optimize_cmd(
     fresh = seed is None
     seed = 0 if seed is None else seed
     _check_numbers(min_speedup, budget, max_states, jobs, top_k, seed, gpu)
+    executor = str(check_spec(executor))  # exit 2 for a bad spec, 4 for ray not installed
     if out is None and not dry_run:
         raise UsageError(
             "optimize needs -o OUT",
@@ -196,6 +208,7 @@ def optimize_cmd(
             budget_s=budget,
             max_states=max_states,
             jobs=jobs,
+            executor=executor,
             seed=seed,
             full_checks=top_k if gpu is not None else 1,
         ),
@@ -306,6 +319,11 @@ class _Display(Listener):
                 f"states {progress.states}  pruned {progress.pruned}  verified {progress.verified}  "
                 f"best {best}"
             )
+            if progress.finished is not None:
+                stats += (
+                    f"  tasks {progress.queued} queued {progress.running} running "
+                    f"{progress.finished} done on {progress.nodes} node(s)"
+                )
             self._progress.update(self._tasks[region], stats=stats)
 
     def region_searched(self, region: int, searched: Searched) -> None:

@@ -41,6 +41,7 @@ from mlso_cli.pipeline.verifying import check_before_writing, verify_seed
 from mlso_cli.pipeline.wholemodel import ModelTimeFn, check_whole_model
 from mlso_cli.search.api import SearchFn
 from mlso_cli.search.cache import SearchCache
+from mlso_cli.search.remote_cache import open_search_cache
 
 
 def _cache(options: PipelineOptions) -> SearchCache | None:
@@ -48,7 +49,8 @@ def _cache(options: PipelineOptions) -> SearchCache | None:
         return None
     from mlso_cli.knobs import knobs
 
-    return SearchCache(options.cache_dir or knobs().cache_dir / "search")
+    k = knobs()  # MLSO_SEARCH_CACHE: a shared directory or an fsspec URL (search/remote_cache.py)
+    return open_search_cache(options.cache_dir or k.search_cache or k.cache_dir / "search")
 
 
 def _time_regions(model, gpu: int) -> list:

@@ -31,10 +31,15 @@ class SearchOptions:
     (`--top-k`). Why not always three: an attention check at batch 16 takes minutes of a core.
     The best-estimated structure with fewer launches than all of these is verified as well
     (search/run.py `_to_verify`)."""
+    executor: str = "local"
+    """Where the search's units run: `local` (inline or a process pool of `jobs`), `ray` or
+    `ray=ADDRESS` (search/executor.py). Not in the cache key: results are gathered in a fixed
+    order, so the executor never changes them."""
 
     def cache_fields(self) -> dict:
-        """The options that change the result (and so belong in a cache key). `jobs` does not:
-        the enumeration is partitioned deterministically; `budget_s` only marks a result partial."""
+        """The options that change the result (and so belong in a cache key). `jobs` and
+        `executor` do not: the enumeration is partitioned deterministically and gathered in a fixed
+        order; `budget_s` only marks a result partial."""
         return {
             "max_states": self.max_states,
             "seed": self.seed,
@@ -85,6 +90,13 @@ class SearchProgress:
     verified: int
     best_us: float | None
     elapsed_s: float
+    queued: int | None = None
+    running: int | None = None
+    finished: int | None = None
+    """The executor's units (signature explorations, check halves) so far; None when the search
+    function does not report them."""
+    nodes: int | None = None
+    """Machines that have returned a unit (1 for the local executors, more on a Ray cluster)."""
 
 
 ProgressFn = Callable[[SearchProgress], None]

@@ -147,9 +147,8 @@ class SearchCache:
 
     def get(self, key: CacheKey) -> SearchResult | None:
         """The stored final result for `key`, or None (absent, corrupt, truncated or partial)."""
-        try:
-            raw = self.path(key).read_bytes()
-        except OSError:
+        raw = self._read(key)
+        if raw is None:
             return None
         head, sep, body = raw.partition(b"\n")
         if not sep or hashlib.sha256(body).hexdigest().encode() != head.strip():
@@ -172,7 +171,19 @@ class SearchCache:
             sort_keys=True,
             separators=(",", ":"),
         ).encode()
-        data = hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+        self._write(key, hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+        return True
+
+    def _read(self, key: CacheKey) -> bytes | None:
+        """The entry's bytes as stored, or None when it cannot be read (storage: see
+        search/remote_cache.py for another)."""
+        try:
+            return self.path(key).read_bytes()
+        except OSError:
+            return None
+
+    def _write(self, key: CacheKey, data: bytes) -> None:
+        """Place the entry's bytes atomically: a temporary file renamed into place."""
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
@@ -183,4 +194,3 @@ class SearchCache:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return True

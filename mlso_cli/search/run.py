@@ -9,7 +9,8 @@ Order of work, and why:
      enumerated bottom-up (enumerate.py), split signatures completed at kernel level, every
      complete structure checked against the reduced target in the finite field (a filter), and
      the survivors sized on the full shapes by the cost model (select.py). Signatures are
-     independent, so `--jobs N` explores them in a process pool.
+     independent, so `--jobs N` explores them in a process pool, or `--executor ray` as Ray
+     tasks (executor.py).
   3. The parent re-verifies the cheapest few at full shapes, in a fixed order, with the run's
      union bound (the k-th full check must reach bound / (k (k+1))); only full checks accept.
      The lifted target itself is always a candidate (never-slower).
@@ -52,6 +53,7 @@ from mlso_cli.search.enumerate import (
     Stats,
     Vocabulary,
 )
+from mlso_cli.search.executor import Executor, make_executor
 from mlso_cli.search.fingerprint import Fingerprints
 from mlso_cli.search.prune import ExprPruner
 from mlso_cli.search.select import choose_dims
@@ -299,7 +301,7 @@ PASSES = 3
 def _passes(
     tasks: list[Task],
     total: int,
-    pool: _Pool | None,
+    pool: _Pool | Executor | None,
     run,
     deadline: float | None,
     on_result,
@@ -314,6 +316,12 @@ def _passes(
     for any --jobs. States of every pass are counted."""
 
     def explore_all(ts: list[Task]) -> list[Explored]:
+        if isinstance(pool, Executor):  # --executor ray: tasks on the cluster, gathered in order
+            out = []
+            for ex in pool.map(run, ts):
+                on_result(ex)
+                out.append(ex)
+            return out
         if pool is None:
             out = []
             for ex in map(run, ts):
@@ -533,6 +541,15 @@ def state_budget(max_states: int | None, n_signatures: int) -> tuple[int, int]:
     return total, max(1, total // max(1, n_signatures))
 
 
+def _task_fields(pool) -> dict:
+    """The executor's task counts as SearchProgress's optional fields (the local pool, which
+    stops and kills its workers at a budget, keeps no counts: none are reported then)."""
+    if not isinstance(pool, Executor):
+        return {}
+    c = pool.counts()
+    return {"queued": c.queued, "running": c.running, "finished": c.finished, "nodes": c.nodes}
+
+
 def search(
     target: KernelGraph,
     options: SearchOptions,
@@ -580,14 +597,20 @@ def search(
                     0,
                     min(best) if best else None,
                     time.monotonic() - t0,
+                    **_task_fields(pool),
                 )
             )
 
     jobs = max(1, min(options.jobs, len(tasks), os.cpu_count() or 1))
     explore_safely = _Guarded()
     # with a budget even one job runs in a worker: only a process can be stopped mid-check
-    pool = _Pool(jobs) if jobs > 1 or final is not None else None
-    if pool is not None:
+    pool: _Pool | Executor | None
+    if options.executor != "local" or (jobs == 1 and final is None):
+        # Ray tasks, or one job inline (the executor counts its units for the progress line)
+        pool = make_executor(options.executor, jobs, _one_blas_thread, options.jobs)
+    else:
+        # the local pool stops its workers at a budget's deadline and kills stragglers
+        pool = _Pool(jobs)
         pool.heartbeat = lambda: record(None)
     lifted = program_cost(target)
     candidates: list[Candidate] = [Candidate(target, lifted.us, lifted.launches, 0.0)]
@@ -612,14 +635,24 @@ def search(
             checks.append((f, kg, seeds, part))
         # every part of every check is independent: on the pool they run side by side
         jobs_ = [(kg, s, part) for _, kg, seeds, part in checks for s in seeds]
-        if pool is not None:
+        if isinstance(pool, Executor):
+            futures = [
+                pool.submit(_full_check, target, kg, s, part)
+                if pool.in_process
+                else pool.submit(_full_check, text, serialize.dumps(kg), s, part)
+                for kg, s, part in jobs_
+            ]
+            parts = pool.gather(futures)
+        elif pool is not None:
             args = [(text, serialize.dumps(kg), s, part) for kg, s, part in jobs_]
             parts = pool.run_all(_full_check, args, final)
         else:
             parts = [_full_check(target, kg, s, part) for kg, s, part in jobs_]
         failed = False
     finally:
-        if pool is not None:
+        if isinstance(pool, Executor):
+            pool.shutdown(cancel=True)
+        elif pool is not None:
             pool.close(failed)
     for i, (f, kg, _, _) in enumerate(checks):
         mine = parts[i * CHECK_PARTS : (i + 1) * CHECK_PARTS]
@@ -633,7 +666,7 @@ def search(
         assumes.update(h for _, _, h in mine if h)
         candidates.append(Candidate(kg, f.estimate_us, f.launches, vbound))
     candidates.sort(key=lambda c: (c.estimate_us, c.kernels))
-    partial = any(ex.partial for ex in done) or (pool is not None and pool.cut)
+    partial = any(ex.partial for ex in done) or bool(getattr(pool, "cut", False))
     notes = (
         (
             f"{len(sigs)} signatures, "
@@ -657,6 +690,7 @@ def search(
                 verified,
                 candidates[0].estimate_us,
                 time.monotonic() - t0,
+                **_task_fields(pool),
             )
         )
     return SearchResult(
