@@ -7,6 +7,9 @@ set -u
 source .device-stage/gpu.sh env
 export PYTHONPATH="$PWD:$PYTHONPATH" PYTHONUNBUFFERED=1
 export MLSO_CACHE_DIR="$PWD/.mlso-cache" MLSO_ORT_INCLUDE="$PWD/.device-stage/onnxruntime"
+# cuBLASLt headers for the library GEMMs (the machine has no registry to fetch the wheel from):
+# carried as .device-stage/cublas_include, the include folder of runtime/cublas_headers.py's wheel
+[ -d .device-stage/cublas_include ] && export MLSO_CUBLAS_INCLUDE="$PWD/.device-stage/cublas_include"
 OUT=${OUT:-/tmp/mlso-out}; mkdir -p "$OUT"
 what=${1:-all}
 { date -u; git log -1 --format=%H 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; } > "$OUT/machine.txt" 2>&1
@@ -14,6 +17,13 @@ python3 -m models.build_models > "$OUT/models.log" 2>&1 || echo "models build fa
 if [ "$what" = all ] || [ "$what" = tests ]; then
   timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu tests -p no:cacheprovider -rfE > "$OUT/gpu_tests.log" 2>&1
   tail -40 "$OUT/gpu_tests.log" 2>/dev/null
+fi
+if [ "$what" = all ] || [ "$what" = gemm ]; then
+  # library GEMM launches against generated matmuls and torch.matmul (benchmarks/library_gemm.py)
+  timeout ${GEMM_TIMEOUT:-200} python3 benchmarks/library_gemm.py --record --out "$OUT/library_gemm.json" \
+    --skip-generated-over ${GEMM_SKIP_GENERATED:-2000000000} > "$OUT/library_gemm.md" 2>&1
+  tail -12 "$OUT/library_gemm.md"
+  cp benchmarks/results/library_gemm.json "$OUT/library_gemm_records.json" 2>/dev/null
 fi
 if [ "$what" = all ] || [ "$what" = kernels ]; then
   timeout ${KERNEL_TIMEOUT:-150} python3 benchmarks/fixture_kernels.py --fixtures tests.fixtures.ugraphs --out "$OUT/fixture_kernels.json" > "$OUT/fixture_kernels.md" 2>&1

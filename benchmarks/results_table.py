@@ -34,6 +34,12 @@ TABLES: dict[str, tuple[str, str]] = {
         "`mlso bench` (median µs per call; speedup against the original in the same rounds), "
         "beside torch eager and torch.compile (reduce-overhead) on the same module.",
     ),
+    "library_gemm": (
+        "Library GEMMs alone",
+        "`benchmarks/library_gemm.py`: a kernel-level matmul lowered to a cuBLASLt launch against "
+        "the generated matmul and torch.matmul (cuBLAS) on the same fp16 operands, in one process "
+        "(median µs; the launcher's CUDA-graph replay).",
+    ),
     "model_level": (
         "Benchmark models, whole model",
         "`benchmarks/searched_models.py`: `mlso optimize --gpu 0` on the device, `mlso verify`, "

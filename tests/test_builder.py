@@ -275,9 +275,9 @@ def test_smem_is_block_smem_of_the_finished_graph_and_the_budget_refuses_the_fir
 def _relu_matmul(
     rows: int, arch: str = "sm_90", budget: bool = True
 ) -> tuple[BlockBuilder, Node, Node]:
-    """relu(X) @ W for X (rows, 256), W (256, 128) fp16 in one block (the case of
-    test_plan_smem: X, W, the staged relu(X) and C exceed 227 KB at 128 rows)."""
-    x, w = b.input_(0, (rows, 256), F16), b.input_(1, (256, 128), F16)
+    """relu(X) @ W for X (rows, 384), W (384, 128) fp16 in one block (the case of
+    test_plan_smem: X, W and C exceed 227 KB at 128 rows; relu runs in place on X)."""
+    x, w = b.input_(0, (rows, 384), F16), b.input_(1, (384, 128), F16)
     bb = BlockBuilder((1, 1, 1), 1, [InputMap((None, None, None))] * 2, [x, w], arch, budget=budget)
     return bb, bb.unary(Op.RELU, bb.iter(0)), bb.iter(1)
 

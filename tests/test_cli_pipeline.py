@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -140,7 +141,7 @@ def test_a_log_gets_one_summary_line_per_command_without_v(tmp_path):
 
 def test_json_and_progress_stream_while_later_regions_are_searched(tmp_path):
     """The first region's JSON object reaches stdout while the run is still searching (the
-    attention region after it takes tens of seconds), and progress lines reach a non-terminal
+    eight regions after it take seconds more), and progress lines reach a non-terminal
     stderr as they happen. Both used to come only at the end."""
     args = ["optimize", str(TRANSFORMER), *TRANSFORMER_SHAPE, "--dry-run", "--json"]
     proc = subprocess.Popen(
@@ -165,9 +166,9 @@ def test_json_and_progress_stream_while_later_regions_are_searched(tmp_path):
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     lines = err.decode().splitlines()
-    assert "mlso: region 0 (norm-linear) 1/10: searching" in lines
-    assert any(x.startswith("mlso: region 0 (norm-linear) 1/10: searched: states") for x in lines)
-    assert "mlso: region 1 (qk-norm-attention) 2/10: searching" in lines
+    assert any(re.fullmatch(r"mlso: region 0 \(norm-linear\) 1/\d+: searching", x) for x in lines)
+    assert any(re.match(r"mlso: region 0 \(norm-linear\) 1/\d+: searched: states", x) for x in lines)
+    assert any(re.fullmatch(r"mlso: region 1 \(\S+\) 2/\d+: searching", x) for x in lines)
 
 
 def test_plain_progress_lines_come_at_most_every_10_s_per_region(monkeypatch, capsys):
@@ -254,7 +255,7 @@ def test_a_partial_result_is_never_reported_as_cached(tmp_path):
 
 @pytest.mark.parametrize("jobs", [2, 1])
 def test_the_budget_bounds_a_region_checks_included(jobs):
-    """The attention region of transformer_tiny takes tens of seconds at these settings; with
+    """The largest region of transformer_tiny takes tens of seconds at these settings; with
     --budget 4 its search, full-shape checks included, ends within 10% (plus a small constant
     for the lift-side work the budget cannot see). At --jobs 1 it runs in a worker too, so the
     deadline can stop a check in the middle."""
@@ -262,7 +263,8 @@ def test_the_budget_bounds_a_region_checks_included(jobs):
     from mlso_cli.search.run import search
 
     lifted = lift(str(TRANSFORMER), {"hidden": (1, 16, 64)})
-    target = next(lr.graph for lr in lifted.regions if lr.region.label == "qk-norm-attention")
+    # the largest region (the first layer's norm + QKV + RoPE): tens of seconds unbudgeted
+    target = max((lr.graph for lr in lifted.regions), key=lambda g: len(list(g.nodes())))
     budget = 4.0
     t = time.monotonic()
     result = search(target, SearchOptions(budget_s=budget, max_states=200_000, jobs=jobs, seed=0))

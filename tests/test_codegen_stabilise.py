@@ -29,6 +29,9 @@ from tests import test_codegen_graphs as T
 F16, BF16, F32 = DType.F16, DType.BF16, DType.F32
 LIMITS = {F16: 2e-3, BF16: 1e-2, F32: 1e-4}
 SCALES = ("unit", "x20", "pm100")
+FP32_NOISE = 64 * 2.0**-24
+"""Below this relative error an fp32 program's figure is summation-order noise (the library GEMM
+and numpy's matmul sum in different orders), so its model is not held to within 2x there."""
 
 
 class _Blk:
@@ -239,6 +242,8 @@ def test_float32_mode_reports_the_error_codegen_makes(name, graphs, emulator):
         (want,) = interpreter.run(kg, ins, mode="float64")
         emu = _error(emulator.run(name, ins)[0], want)
         model = _error(interpreter.run(kg, ins, mode="float32")[0], want)
+        if max(emu, model) <= FP32_NOISE and CASES[name][1] is F32:
+            continue  # both are fp32 rounding noise, where the summation order decides the figure
         assert model / 2 <= emu <= 2 * model, (
             f"{name} at {scale}: emulator {emu:.2e}, float32 mode {model:.2e}"
         )

@@ -1,0 +1,147 @@
+"""Library GEMM launches against generated matmuls and torch.matmul, on the GPU machine.
+
+Why: issue 31 rests on one claim, that a kernel-level matmul lowered to a cuBLASLt call runs at
+library speed where the generated sm_80 matmul does not. This times, in one process and on the
+same shapes (real layer widths: Qwen2-0.5B and Llama-1B projections at 128 tokens):
+  - the program with library GEMMs (MLSO_LIBRARY_GEMM=1),
+  - the same program with every matmul generated (MLSO_LIBRARY_GEMM=0),
+  - torch.matmul on the same operands (a cuBLAS call: the library-parity reference).
+Each program is timed by the PyCUDA launcher (CUDA-graph replay when it can capture).
+
+    python3 benchmarks/library_gemm.py [--out results.json] [--record]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mlso_cli import knobs  # noqa: E402
+from mlso_cli.ir import DType  # noqa: E402
+from tests import test_libgemm as L  # noqa: E402
+
+CASES = [
+    # name, builder, (m, k, n) of the torch reference
+    ("qwen2-0.5b up 128x896x4864", lambda: L.plain(DType.F16, 1, 128, 896, 4864), (128, 896, 4864)),
+    (
+        "qwen2-0.5b down 128x4864x896",
+        lambda: L.plain(DType.F16, 1, 128, 4864, 896),
+        (128, 4864, 896),
+    ),
+    (
+        "llama-1b up 128x2048x8192",
+        lambda: L.plain(DType.F16, 1, 128, 2048, 8192),
+        (128, 2048, 8192),
+    ),
+    ("llama-1b q 128x2048x2048", lambda: L.plain(DType.F16, 1, 128, 2048, 2048), (128, 2048, 2048)),
+    (
+        "rmsnorm+linear 128x896x4864",
+        lambda: L.norm_linear(DType.F16, 128, 896, 4864),
+        (128, 896, 4864),
+    ),
+    ("decode up 1x2048x8192", lambda: L.plain(DType.F16, 1, 1, 2048, 8192), (1, 2048, 8192)),
+]
+
+
+def _time_program(kg, library: bool) -> dict:
+    from mlso_cli.codegen import compile_program
+    from mlso_cli.runtime import launcher
+
+    os.environ["MLSO_LIBRARY_GEMM"] = "1" if library else "0"
+    knobs.cache_clear()
+    cp = compile_program(kg)
+    with launcher.Program(cp.fatbin, cp.plan) as p:
+        r = p.time(warmup=5, repeats=7, iters=100)
+    kinds = [launch.get("kind", "kernel") for launch in cp.plan["launches"]]
+    return {"us": r.median_us, "method": r.method, "launches": kinds}
+
+
+def _time_torch(m: int, k: int, n: int) -> float:
+    import torch
+
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    w = torch.randn(k, n, device="cuda", dtype=torch.float16)
+    for _ in range(20):
+        a @ w
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(7):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(200):
+            a @ w
+        e1.record()
+        torch.cuda.synchronize()
+        best = min(best, e0.elapsed_time(e1) * 1000 / 200)
+    return best
+
+
+def _gpu_name() -> str:
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
+    )
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout else "GPU"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--record", action="store_true", help="append records to benchmarks/results")
+    ap.add_argument(
+        "--skip-generated-over",
+        type=int,
+        default=10**9,
+        help="skip the generated matmul where m*k*n exceeds this (it can take minutes)",
+    )
+    args = ap.parse_args()
+    rows = []
+    print("| shape (fp16) | library GEMM µs | generated µs | torch.matmul µs | library / torch |")
+    print("|---|---|---|---|---|")
+    for name, build, (m, k, n) in CASES:
+        kg = build()
+        lib = _time_program(kg, True)
+        gen = _time_program(kg, False) if m * k * n <= args.skip_generated_over else None
+        ref = _time_torch(m, k, n)
+        row = {"shape": name, "library": lib, "generated": gen, "torch_us": ref}
+        rows.append(row)
+        g = f"{gen['us']:.1f}" if gen else "skipped"
+        print(
+            f"| {name} | {lib['us']:.1f} ({'+'.join(lib['launches'])}) | {g} | {ref:.1f} | "
+            f"{lib['us'] / ref:.2f} |",
+            flush=True,
+        )
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+    if args.record:
+        from benchmarks import results_table
+
+        results_table.append(
+            "library_gemm",
+            [
+                (
+                    row["shape"],
+                    {
+                        "library µs": round(row["library"]["us"], 1),
+                        "generated µs": round(row["generated"]["us"], 1)
+                        if row["generated"]
+                        else None,
+                        "torch.matmul µs": round(row["torch_us"], 1),
+                        "library / torch": round(row["library"]["us"] / row["torch_us"], 2),
+                    },
+                )
+                for row in rows
+            ],
+            machine=_gpu_name(),
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
