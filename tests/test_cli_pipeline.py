@@ -167,7 +167,9 @@ def test_json_and_progress_stream_while_later_regions_are_searched(tmp_path):
         _, err = proc.communicate(timeout=30)
     lines = err.decode().splitlines()
     assert any(re.fullmatch(r"mlso: region 0 \(norm-linear\) 1/\d+: searching", x) for x in lines)
-    assert any(re.match(r"mlso: region 0 \(norm-linear\) 1/\d+: searched: states", x) for x in lines)
+    assert any(
+        re.match(r"mlso: region 0 \(norm-linear\) 1/\d+: searched: states", x) for x in lines
+    )
     assert any(re.fullmatch(r"mlso: region 1 \(\S+\) 2/\d+: searching", x) for x in lines)
 
 
