@@ -12,6 +12,16 @@ export MLSO_CACHE_DIR="$PWD/.mlso-cache" MLSO_ORT_INCLUDE="$PWD/.device-stage/on
 [ -d .device-stage/cublas_include ] && export MLSO_CUBLAS_INCLUDE="$PWD/.device-stage/cublas_include"
 OUT=${OUT:-/tmp/mlso-out}; mkdir -p "$OUT"
 what=${1:-all}
+if [ "$what" = pycuda ]; then
+  # Without the onnxruntime-gpu parts (a short device budget): PyCUDA and its pure-Python
+  # dependencies only (carry .device-stage/wheels), then the launcher's GPU tests of code
+  # generation and library GEMMs, and the library GEMM benchmark. ORT tests skip.
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mlso-site .device-stage/wheels/*.whl
+  timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu tests/test_libgemm_gpu.py tests/test_codegen_gpu.py \
+    -p no:cacheprovider -rfEs > "$OUT/gpu_tests.log" 2>&1
+  tail -25 "$OUT/gpu_tests.log"
+  what=gemm
+fi
 { date -u; git log -1 --format=%H 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; } > "$OUT/machine.txt" 2>&1
 python3 -m models.build_models > "$OUT/models.log" 2>&1 || echo "models build failed"
 if [ "$what" = all ] || [ "$what" = tests ]; then

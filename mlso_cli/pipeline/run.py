@@ -68,6 +68,12 @@ def _pair_timer(rounds: int, iters: int) -> ModelTimeFn:
     return time_models
 
 
+def _say_lost(choice: Choice, lost: str | None) -> Choice:
+    """A region some of whose GPU timing was lost on the cluster says so in its `why` (decided
+    by the figures that came back, or by the cost model where none did)."""
+    return choice if lost is None else replace(choice, why=f"{choice.why} ({lost})")
+
+
 def run_bound(searched: list[Searched]) -> float:
     """Union bound over every verification behind this run's results (each result's own bound
     already covers all candidates it verified), capped at 1. A result shared by structurally equal
@@ -119,6 +125,7 @@ def optimize(
     )
     builder = Builder(DEFAULT_TARGETS)
     timings = {}
+    lost: dict[int, str] = {}
     if options.gpu is not None:
         timings = measure_top_k(
             lifted.loaded,
@@ -129,11 +136,16 @@ def optimize(
             builder=builder,
             seed=options.seed,
             measure=measure or _time_regions,
+            executor=options.search.executor,
+            lost=lost,
         )
     choices = [
         decided.get(lr.region.id)
-        or choose_bounded(
-            lifted.loaded, lr, s, options.min_speedup, timings.get(lr.region.id), options.serve
+        or _say_lost(
+            choose_bounded(
+                lifted.loaded, lr, s, options.min_speedup, timings.get(lr.region.id), options.serve
+            ),
+            lost.get(lr.region.id),
         )
         for lr, s in zip(lifted.regions, searched)
     ]

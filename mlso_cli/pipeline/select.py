@@ -238,14 +238,21 @@ def measure_top_k(
     builder: Builder,
     seed: int,
     measure: MeasureFn,
+    executor: str = "local",
+    lost: dict[int, str] | None = None,
 ) -> dict[int, list[Timing]]:
     """Time the k best-estimated candidates of every region, and the verified one with the fewest
     launches when it is not among them (the search verifies it for this: whether a launch pays
     is for the GPU to say). Trial model j packages each region's j-th pick (regions with fewer
-    picks sit out), and one timing pass measures them all."""
+    picks sit out), and one timing pass measures them all: on this GPU, or with `executor` ray
+    as one GPU task per trial (pipeline/timing.py). A trial whose timing was lost adds its
+    regions to `lost` (region id -> why), and they go without that trial's figures."""
+    from mlso_cli.pipeline.timing import Lost, run_trials
+
     ranked = {s.region: rank(s.result.candidates) for s in searched}
     picks = {r: _picks(ranked[r], k) for r in ranked}
     out: dict[int, list[Timing]] = {lr.region.id: [] for lr in regions}
+    trials, owners, rounds = [], [], []
     for j in range(max(len(p) for p in picks.values()) if picks else 0):
         members = [lr for lr in regions if j < len(picks[lr.region.id])]
         items = [
@@ -253,8 +260,18 @@ def measure_top_k(
             for lr in members
         ]
         trial = package(loaded, items, targets=builder.targets, seed=seed, bound=0.0)
-        owner = _owners(trial, members)
-        for t in measure(trial, gpu):
+        trials.append(trial)
+        owners.append(_owners(trial, members))
+        rounds.append((j, members))
+    for (j, members), owner, result in zip(
+        rounds, owners, run_trials(trials, measure, gpu, executor)
+    ):
+        if isinstance(result, Lost):
+            for lr in members:
+                if lost is not None:
+                    lost.setdefault(lr.region.id, result.reason)
+            continue
+        for t in result:
             region = owner[t.node]
             out[region].append(_timing(picks[region][j], t))
     return out
