@@ -1,11 +1,20 @@
 """Run a generated program on the CPU (kernels_templates/mlso_host_emu.h), for tests.
 
-Why: CI has nvcc but no GPU. Executing the very source nvcc compiles, with one host thread per
-CUDA thread, checks the index arithmetic, phases, barriers, running-max scaling and the
-tensor-core fragment layouts (as the PTX ISA defines them) against the reference interpreter.
-What it cannot check: cp.async timing (copies are synchronous), real shared-memory races and
-performance. Binaries are cached by content hash like fatbins. Use small shapes: every CUDA
-thread is an OS thread.
+Why: CI has nvcc but no GPU. Executing the very source nvcc compiles checks the index
+arithmetic, phases, barriers, running-max scaling and the tensor-core fragment layouts (as the
+PTX ISA defines them) against the reference interpreter. What it cannot check: cp.async timing
+(copies are synchronous), real shared-memory races and performance. Binaries are cached by
+content hash like fatbins.
+
+Execution model: blocks run one after another on one OS thread; every CUDA thread of a block is
+a user-space fiber that runs until it waits at a barrier (__syncthreads, or a warp's shuffle,
+ldmatrix, mma or __syncwarp) and then switches to the next fiber that can run. It used to be one
+OS thread per CUDA thread, where futex wake-ups at every barrier dominated (a gqa optimize spent
+~17 s in four emulator runs on 2 cores, mostly system time). A barrier that some threads never
+reach makes the binary print who waits where and exit 4 (it used to hang until the timeout); a
+fiber stack overflow (MLSO_EMU_STACK_KIB, 256 KiB) exits 5. `-fstack-clash-protection` makes
+a large frame touch the guard page below its stack before anything past it, so that overflow is
+caught rather than silently writing into the next fiber's stack.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ CXX_FLAGS = (
     "-std=c++20",
     "-O1",
     "-pthread",
+    "-fstack-clash-protection",
     "-DMLSO_HOST_EMU",
     "-Wno-unknown-pragmas",
     "-x",
