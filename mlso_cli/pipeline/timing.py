@@ -58,12 +58,25 @@ def run_trials(
         return [Lost("the Ray cluster has no GPU; decided by the cost model")] * len(trials)
     task = ray.remote(num_gpus=1, max_retries=RAY_RETRIES, retry_exceptions=False)(_time_on_node)
     refs = [task.remote(measure, t.SerializeToString()) for t in trials]
+    settled: set[int] = set()
     try:
-        return [_settle(ray, ref, wait_s) for ref in refs]
+        out = []
+        for i, ref in enumerate(refs):
+            out.append(_settle(ray, ref, wait_s))
+            if not isinstance(out[-1], Lost):  # a lost one may still sit in a queue
+                settled.add(i)
+        return out
     finally:
-        for ref in refs:  # anything still queued or running (Ctrl-C, a lost trial) is cancelled
-            with contextlib.suppress(Exception):  # finished or gone: nothing to cancel
-                ray.cancel(ref, force=True)
+        # what is still queued or running (Ctrl-C, a trial given up on) is cancelled; a task
+        # that has ended is left alone (cancelling one Ray is retrying can abort the driver)
+        unsettled = [ref for i, ref in enumerate(refs) if i not in settled]
+        if unsettled:
+            with contextlib.suppress(Exception):
+                ready, _ = ray.wait(unsettled, num_returns=len(unsettled), timeout=0)
+                for ref in unsettled:
+                    if ref not in ready:
+                        with contextlib.suppress(Exception):  # gone meanwhile: nothing to cancel
+                            ray.cancel(ref, force=True)
 
 
 def _cluster_gpus(ray) -> float:
