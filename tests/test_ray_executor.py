@@ -66,7 +66,9 @@ def _optimize(out: Path, *extra: str, cache: Path) -> subprocess.CompletedProces
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
         "MLSO_CACHE_DIR": str(cache),
     }
+    # --seed fixes the check before writing too (its seed is written into the model)
     args = [str(LORA), "-o", str(out), "--max-states", STATES, "--min-speedup", "0", "--no-cache"]
+    args += ["--seed", "7"]
     return subprocess.run(
         [sys.executable, "-m", "mlso_cli", "optimize", *args, *extra],
         capture_output=True,
@@ -114,6 +116,9 @@ def test_a_worker_killed_mid_search_is_retried_with_the_same_result(
     target = _lora_target()
     opts = SearchOptions(max_states=int(STATES), seed=0, jobs=2)
     want = run_mod.search(target, opts)
+    opts = SearchOptions(
+        max_states=int(STATES), seed=0, jobs=2, executor=f"ray={connected.address}"
+    )
 
     marker = str(tmp_path / "killed")
     made = []
@@ -204,6 +209,7 @@ def test_drivers_sharing_a_cluster_and_a_cache_search_a_region_once(cluster, tmp
         "MLSO_SEARCH_CACHE": f"file://{tmp_path}/shared",
     }
     common = ["--max-states", STATES, "--min-speedup", "0", "--executor", f"ray={cluster.address}"]
+    common += ["--seed", "7"]  # the check before writing writes its seed into the model
 
     def driver(model: Path, out: Path) -> subprocess.Popen:
         return subprocess.Popen(
