@@ -13,7 +13,11 @@ Strategy per construct (details in each module's docstring):
                graph as codegen computes it, for the interpreter's float32 mode
   blockanalysis.py, blockstorage.py, blockmatmul.py, blocklayout.py, barriers.py
                graph-defined kernels' decisions; blocklayout.smem_layout is the shared-memory
-               figure the spec checker uses
+               figure the architecture check uses
+  arch.py      per-arch figures (shared-memory budget)
+  budget.py    the architecture check: ir.spec's rules plus layout and shared-memory budget
+               (check, problems, block_smem); ir/ imports nothing from codegen
+  blockbuilder.py  ir.builder.BlockBuilder with the arch's shared-memory budget
   block.py     graph-defined kernels printed (ITER loads, PRE/LOOP/POST, accumulators, SAVE)
   scoreform.py scores the register-resident online softmax computes (scaled, per-key, two terms)
   emitter.py   fused elementwise evaluation (thread graphs), views as index maps
@@ -25,17 +29,17 @@ Strategy per construct (details in each module's docstring):
 
 from __future__ import annotations
 
+from mlso_cli.codegen.budget import check
 from mlso_cli.codegen.errors import CodegenError, CompileError
 from mlso_cli.codegen.lower import Lowering
 from mlso_cli.codegen.program import GeneratedProgram
 from mlso_cli.ir.graph import KernelGraph
-from mlso_cli.ir.spec import check
 
 DEFAULT_TARGETS: tuple[str, ...] = ("sm_80", "sm_90a")
 
 
 def generate(kg: KernelGraph, arch_targets: tuple[str, ...] = DEFAULT_TARGETS) -> GeneratedProgram:
-    """CUDA source and launch plan of a μGraph that passes mlso_cli.ir.spec.check."""
+    """CUDA source and launch plan of a μGraph that passes mlso_cli.codegen.budget.check."""
     check(kg)
     return Lowering(kg, tuple(arch_targets)).generate()
 

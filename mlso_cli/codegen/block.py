@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mlso_cli.codegen import synthetic
+from mlso_cli.codegen.arch import SMEM_BUDGET
 from mlso_cli.codegen.barriers import emit_with_barriers
 from mlso_cli.codegen.blockanalysis import Group
 from mlso_cli.codegen.blocklayout import CODEGEN_ARCH, BlockLayout
@@ -65,7 +66,7 @@ from mlso_cli.codegen.vectorize import READ, plan_lane, wide_store
 from mlso_cli.codegen.views import Strided, strided
 from mlso_cli.ir.graph import PARTIAL, BlockGraph
 from mlso_cli.ir.node import Node
-from mlso_cli.ir.ops import ACCUMULATORS, SMEM_BUDGET, DType, Op, Phase
+from mlso_cli.ir.ops import ACCUMULATORS, DType, Op, Phase
 
 if TYPE_CHECKING:
     from mlso_cli.codegen.lower import Lowering
@@ -1123,7 +1124,7 @@ class BlockKernel(BlockLayout):
                 f"graph-defined kernel needs {layout.smem} bytes of shared memory "
                 f"(limit {SMEM_BUDGET[CODEGEN_ARCH]})",
                 "Choose smaller tiles (a larger grid or loop) for this block graph; "
-                "mlso_cli.ir.spec.check rejects this graph for the same reason.",
+                "mlso_cli.codegen.budget.check rejects this graph for the same reason.",
             )
         self.proj_storage: dict[int, Storage] = {}
         projs = {

@@ -86,7 +86,7 @@ class LoweringPlan:
 
 
 def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH, library: bool | None = None) -> LoweringPlan:
-    """The lowering plan of kg (which must pass mlso_cli.ir.spec.check) for `arch`.
+    """The lowering plan of kg (which must pass mlso_cli.codegen.budget.check) for `arch`.
 
     A kernel-level matmul that generate lowers to a library GEMM is kind "gemm", preceded by a
     "stage" kernel (root: the value it stores) per operand codegen stages
