@@ -18,7 +18,9 @@ Strategy per construct (details in each module's docstring):
   budget.py    the architecture check: ir.spec's rules plus layout and shared-memory budget
                (check, problems, block_smem); ir/ imports nothing from codegen
   blockbuilder.py  ir.builder.BlockBuilder with the arch's shared-memory budget
-  block.py     graph-defined kernels printed (ITER loads, PRE/LOOP/POST, accumulators, SAVE)
+  block.py     graph-defined kernels framed: the PRE/LOOP/POST skeleton, pipeline, pass order and barriers
+  blockpass/   graph-defined kernels' passes printed by family: elementwise, rowwalk, matmul,
+               flash (online softmax groups), reduce, saving, loading
   scoreform.py scores the register-resident online softmax computes (scaled, per-key, two terms)
   emitter.py   fused elementwise evaluation (thread graphs), views as index maps
   scale.py     values kept relative to a running max (softmax safety at logits of +-100);

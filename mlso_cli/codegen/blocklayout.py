@@ -84,7 +84,7 @@ class BlockLayout(MatmulPlanning):
                     self._alloc(CTYPE[it.dtype], f"{base}_{k}", nbytes)
                 region_end = self.smem
             elif it in self.direct:
-                # read in place from global memory (block.py points `g<arg>` at the tile)
+                # read in place from global memory (blockpass.loading points `g<arg>` at the tile)
                 base, strides = f"g{it.arg}", contiguous(it.shape)
             else:
                 self._alloc(CTYPE[it.dtype], base, nbytes)

@@ -23,6 +23,13 @@ CTYPE: dict[DType, str] = {DType.F16: "__half", DType.BF16: "__nv_bfloat16", DTy
 
 Coords = tuple[str, ...]
 
+XYZ = ("x", "y", "z")
+"""blockIdx's axes, in grid order."""
+
+
+def c_bool(b: bool) -> str:
+    return "true" if b else "false"
+
 
 def c_float(x: float | int | Fraction) -> str:
     """An fp32 literal that parses to exactly float32(x) (shortest round-tripping digits)."""
