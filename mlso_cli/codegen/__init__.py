@@ -5,7 +5,9 @@
 
 Strategy per construct (details in each module's docstring):
   plan.py      plan(kg, arch): kernels, layouts, register paths, before any code is printed
-  lower.py     which kernel-level nodes become kernels, buffers, launch order
+  roots.py     which kernel-level nodes become kernels, output targets, launch order (a frozen
+               KernelRoots, decided from the graph alone)
+  lower.py     buffers, and each root's kernel printed in launch order
   schedule.py  the one dependency-first scheduling loop (kernels, and passes within a block)
   kernels.py   elementwise chains, reductions (incl. the split-KV combine), tiled matmuls
   libgemm.py   kernel-level matmuls as cuBLASLt calls (library GEMM launches), operand staging
