@@ -20,6 +20,8 @@ Strategy per construct (details in each module's docstring):
   budget.py    the architecture check: ir.spec's rules plus layout and shared-memory budget
                (check, problems, block_smem); ir/ imports nothing from codegen
   blockbuilder.py  ir.builder.BlockBuilder with the arch's shared-memory budget
+  blockplan.py plan_block(bg, arch): one frozen BlockPlan per graph-defined kernel (path, threads,
+               pipeline, padding, tiles, buffers, matmul operands and staging)
   block.py     graph-defined kernels framed: the PRE/LOOP/POST skeleton, pipeline, pass order and barriers
   blockpass/   graph-defined kernels' passes printed by family: elementwise, rowwalk, matmul,
                flash (online softmax groups), reduce, saving, loading

@@ -34,17 +34,21 @@ kernel-level REDUCE_SUM uses (kernels.emit_reduce).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from mlso_cli.codegen.arch import SMEM_BUDGET
 from mlso_cli.codegen.barriers import emit_with_barriers
-from mlso_cli.codegen.blocklayout import CODEGEN_ARCH, BlockLayout
+from mlso_cli.codegen.blocklayout import CODEGEN_ARCH
 from mlso_cli.codegen.blockmatmul import MatmulPlan
 from mlso_cli.codegen.blockpass import flash, loading, matmul, reduce, saving
+from mlso_cli.codegen.blockplan import BlockPlan, plan_block
 from mlso_cli.codegen.cfmt import (
     CTYPE,
     Code,
+    Names,
 )
 from mlso_cli.codegen.emitter import Emitter
 from mlso_cli.codegen.errors import CodegenError
@@ -55,20 +59,56 @@ from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import ACCUMULATORS, Op, Phase
 
 if TYPE_CHECKING:
-    from mlso_cli.codegen.lower import Lowering
+    from mlso_cli.codegen.lower import Lowering, Uses
 
 PHASES = (Phase.PRE, Phase.LOOP, Phase.POST)
 
 
-class BlockKernel(BlockLayout):
-    """Emission: prints the planned kernel (blocklayout.BlockLayout), deciding nothing new."""
+@dataclass(frozen=True)
+class KernelContext:
+    """What a block kernel's printer gets from the kernel level, decided before it prints: its
+    name, its parameters so far, where each output goes, and two services (a read-only view of
+    where kernel tensors live, a new fp32 scratch buffer for partial maxima)."""
 
-    def __init__(self, lw: Lowering, gd: Node) -> None:
-        super().__init__(gd.arg)
-        self.lw = lw
-        self.gd = gd
-        self.name = lw.kernel_name()
-        self.uses = lw.uses()
+    gd: Node
+    """The GRAPH_DEF node."""
+    name: str
+    uses: Uses
+    outputs: tuple[Storage, ...]
+    """Where output i of the block graph is stored (its PROJ's storage)."""
+    storage: Mapping[Node, Storage]
+    """Kernel-level tensors' storage (global views of ITER sources, maxima already written)."""
+    scratch: Callable[[Node], Storage]
+    """A new fp32 scratch buffer for a node (a PARTIAL save's per-block maxima)."""
+    emitter: Callable[[Uses, Names], Emitter]
+    """An emitter over kernel-level tensors (an in-place tile's elementwise chain)."""
+
+
+class BlockKernel:
+    """Prints one graph-defined kernel from its BlockPlan (blockplan.py), deciding nothing new;
+    the passes are printed by family in blockpass/."""
+
+    def __init__(self, plan: BlockPlan, ctx: KernelContext) -> None:
+        self.ctx = ctx
+        self.gd = ctx.gd
+        self.name = ctx.name
+        self.uses = ctx.uses
+        self.proj_storage: dict[int, Storage] = dict(enumerate(ctx.outputs))
+        self.bg = plan.bg
+        self.nt, self.nw, self.nstage = plan.threads, plan.warps, plan.stages
+        self.smem, self.ptrs = plan.layout.smem, plan.layout.buffers
+        self.order, self.iters, self.loop_iters = plan.order, plan.iters, plan.loop_iters
+        self.direct, self.stab, self.plans = plan.direct, plan.stab, plan.plans
+        self.groups, self.group_of = plan.groups, plan.group_of
+        self.rows_aligned = plan.rows_aligned
+        self.fused, self.fused_reduce = plan.fused, plan.fused_reduce
+        self.moments, self.moment_firsts = plan.moments, plan.moment_firsts
+        self.reg = plan.register
+        self.flash = plan.register.group if plan.register is not None else None
+        self.flash_alias = plan.register.alias if plan.register is not None else None
+        self.storage: dict[Node, Storage] = dict(plan.storage)
+        """The plan's storage, plus the global view of each in-place tile (`loading.point`)."""
+        self.names = Names.after(plan.names)
         self.hoisted: dict[int, tuple[int, int]] = {}
         """Loop tile -> (chunks per thread, elements per step) where its offsets are hoisted."""
         self.direct_aligned: dict[str, str] = {}
@@ -90,31 +130,10 @@ class BlockKernel(BlockLayout):
         self._writes.update(ptrs)
 
     def kernel_emitter(self) -> Emitter:
-        return self.lw.emitter(self.uses, self.names)
+        return self.ctx.emitter(self.uses, self.names)
 
     # ---- the kernel --------------------------------------------------------------------------
     def build(self) -> Kernel:
-        layout = self.plan()
-        if not layout.fits:
-            raise CodegenError(
-                f"graph-defined kernel needs {layout.smem} bytes of shared memory "
-                f"(limit {SMEM_BUDGET[CODEGEN_ARCH]})",
-                "Choose smaller tiles (a larger grid or loop) for this block graph; "
-                "mlso_cli.codegen.budget.check rejects this graph for the same reason.",
-            )
-        self.proj_storage: dict[int, Storage] = {}
-        projs = {
-            n.arg: n
-            for n in self.lw.order
-            if n.op is Op.PROJ and isinstance(n.arg, int) and n.src[0] == self.gd
-        }
-        for idx, save in enumerate(self.bg.outputs):
-            proj = projs.get(idx)
-            if proj is None:
-                proj = Node(Op.PROJ, (self.gd,), idx, self.bg.output_shape(save), save.dtype)
-            st = self.lw.storage.get(proj) or self.lw.scratch_storage(proj)
-            self.proj_storage[idx] = st
-            self.uses.write(st.buffer)
         body = Code(1)
         self._emit_body(body)
         code = Code()
@@ -161,14 +180,14 @@ class BlockKernel(BlockLayout):
                 g = self.group_of[n]
                 if last_of_group[g.s] is n:
                     plans = [self.plans[w] for w in g.wsums]
-                    if not (g is self.flash and self.flash_f is not None):
+                    if not (g is self.flash and self.reg.f is not None):
                         stage(
                             plans
                         )  # (a scaled weighted operand is read unscaled by the register pass)
                     if g is self.flash:
                         passes[Phase.LOOP].append(lambda c, g=g: flash.pass_flash(self, c, g))
                         continue
-                    if self._rows_aligned(g):
+                    if g.s in self.rows_aligned:
                         passes[Phase.LOOP].append(lambda c, g=g: flash.pass_group_rows(self, c, g))
                     else:
                         passes[Phase.LOOP].append(lambda c, g=g: flash.pass_group(self, c, g))
@@ -193,7 +212,7 @@ class BlockKernel(BlockLayout):
             phase = n.phase or Phase.PRE
             if n in self.plans:
                 stage([self.plans[n]])
-            if self.flash is not None and n in self.flash_form.terms:
+            if self.flash is not None and n in self.reg.form.terms:
                 continue  # computed inside the register pass of its group
             passes[phase].append(lambda c, n=n, rule=rule: rule(self, c, n))
         return passes, saves
@@ -310,4 +329,33 @@ def emit_graph_def(lw: Lowering, gd: Node) -> Kernel:
             f"grid {gd.arg.grid} exceeds CUDA's limits (x < 2^31, y and z <= 65535)",
             "Map the largest grid dimension to x.",
         )
-    return BlockKernel(lw, gd).build()
+    plan = plan_block(gd.arg)
+    if not plan.layout.fits:
+        raise CodegenError(
+            f"graph-defined kernel needs {plan.layout.smem} bytes of shared memory "
+            f"(limit {SMEM_BUDGET[CODEGEN_ARCH]})",
+            "Choose smaller tiles (a larger grid or loop) for this block graph; "
+            "mlso_cli.codegen.budget.check rejects this graph for the same reason.",
+        )
+    name, uses = lw.kernel_name(), lw.uses()
+    outputs = []
+    projs = {
+        n.arg: n for n in lw.order if n.op is Op.PROJ and isinstance(n.arg, int) and n.src[0] == gd
+    }
+    for idx, save in enumerate(plan.bg.outputs):
+        proj = projs.get(idx)
+        if proj is None:
+            proj = Node(Op.PROJ, (gd,), idx, plan.bg.output_shape(save), save.dtype)
+        st = lw.storage.get(proj) or lw.scratch_storage(proj)
+        outputs.append(st)
+        uses.write(st.buffer)
+    ctx = KernelContext(
+        gd,
+        name,
+        uses,
+        tuple(outputs),
+        MappingProxyType(lw.storage),
+        lw.scratch_storage,
+        lw.emitter,
+    )
+    return BlockKernel(plan, ctx).build()

@@ -130,6 +130,17 @@ class Names:
         self._n[prefix] = k + 1
         return f"{prefix}{k}"
 
+    def counts(self) -> tuple[tuple[str, int], ...]:
+        """The identifiers taken so far: (prefix, how many), in first-use order."""
+        return tuple(self._n.items())
+
+    @classmethod
+    def after(cls, counts: tuple[tuple[str, int], ...]) -> Names:
+        """Fresh identifiers that continue after `counts` (Names.counts of another)."""
+        out = cls()
+        out._n = dict(counts)
+        return out
+
 
 class Code:
     """Lines of C++ with indentation handled by `block` context managers."""

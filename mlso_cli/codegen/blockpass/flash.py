@@ -54,28 +54,28 @@ def factor_pass(bk: BlockKernel, code: Code, f: Node, buf: str, what: str) -> No
 
 
 def pass_flash(bk: BlockKernel, code: Code, g: Group) -> None:
-    form = bk.flash_form
+    form = bk.reg.form
     sps = [bk.plans[t] for t in form.terms]
     wp = bk.plans[g.wsums[0]]
-    vop, vk = bk.flash_v
+    vop, vk = bk.reg.v
     bk.note_reads(*(p for sp in sps for p in (sp.a.ptr, sp.b.ptr)), vop.ptr)
     vs = ""
-    if bk.flash_f is not None:
-        factor_pass(bk, code, bk.flash_f, bk.flash_fbuf, "weighted operand")
-        vs = f", {bk.flash_fbuf}"
-    if bk.flash_red is not None:
+    if bk.reg.f is not None:
+        factor_pass(bk, code, bk.reg.f, bk.reg.fbuf, "weighted operand")
+        vs = f", {bk.reg.fbuf}"
+    if bk.reg.red is not None:
         vs = (
-            f"{vs or ', nullptr'}, {bk.flash_red} + (warp % {bk.flash_strips}) * "
-            f"{bk.flash_ksplit * 16 * g.s.shape[-1]}"
+            f"{vs or ', nullptr'}, {bk.reg.red} + (warp % {bk.reg.strips}) * "
+            f"{bk.reg.ksplit * 16 * g.s.shape[-1]}"
         )
-    if bk.flash_kbuf is not None:
-        factor_pass(bk, code, form.key_factor, bk.flash_kbuf, "scores")
+    if bk.reg.kbuf is not None:
+        factor_pass(bk, code, form.key_factor, bk.reg.kbuf, "scores")
     ab = [
         f"{flash_args(bk, sp, sp.a, sp.a_kmajor)}, {flash_args(bk, sp, sp.b, not sp.b_kmajor)}"
         for sp in sps
     ]
     v = flash_args(bk, wp, vop, not vk)
-    if len(sps) == 1 and form.scale == 1 and bk.flash_kbuf is None:
+    if len(sps) == 1 and form.scale == 1 and bk.reg.kbuf is None:
         code(
             "// online softmax in registers: s = matmul, m, l and exp(s - m) @ v per 16-row warp strip"
         )
@@ -84,32 +84,32 @@ def pass_flash(bk: BlockKernel, code: Code, g: Group) -> None:
     second = ab[1] if len(ab) > 1 else "nullptr, 0, nullptr, 0"
     code(
         f"// online softmax in registers: s = {' + '.join('matmul' for _ in sps)} (times "
-        f"{float(form.scale)}{' and a per-key factor' if bk.flash_kbuf else ''}), m, l and exp(s - m) @ v"
+        f"{float(form.scale)}{' and a per-key factor' if bk.reg.kbuf else ''}), m, l and exp(s - m) @ v"
     )
     code(
-        f"flash.step2({ab[0]}, {second}, {c_float(form.scale)}, {bk.flash_kbuf or 'nullptr'}, {v}, "
+        f"flash.step2({ab[0]}, {second}, {c_float(form.scale)}, {bk.reg.kbuf or 'nullptr'}, {v}, "
         f"{flash_rows(bk)}{vs});"
     )
 
 
 def flash_rows(bk: BlockKernel) -> str:
     """This warp's first row and first value column: warps split rows into 16-row strips,
-    then (flash_split > 1) the value columns of a strip."""
-    if bk.flash_split == 1:
+    then (reg.split > 1) the value columns of a strip."""
+    if bk.reg.split == 1:
         return "warp * 16, 0"
-    return f"(warp % {bk.flash_strips}) * 16, (warp / {bk.flash_strips}) * {bk.flash_width}"
+    return f"(warp % {bk.reg.strips}) * 16, (warp / {bk.reg.strips}) * {bk.reg.width}"
 
 
 def flash_decl(bk: BlockKernel) -> str:
     g = bk.flash
-    sps = [bk.plans[t] for t in bk.flash_form.terms]
+    sps = [bk.plans[t] for t in bk.reg.form.terms]
     sp = sps[0]
     second = "".join(
         f", {p.a.shape[-1]}, {c_bool(p.a_kmajor)}, {c_bool(p.b_kmajor)}" for p in sps[1:]
     )
     return (
-        f"mlso::FlashRows<{CTYPE[sp.dtype]}, {g.s.shape[-1]}, {sp.a.shape[-1]}, {bk.flash_width}, "
-        f"{c_bool(sp.a_kmajor)}, {c_bool(sp.b_kmajor)}, {c_bool(bk.flash_v[1])}, {bk.flash_ksplit}{second}> flash;"
+        f"mlso::FlashRows<{CTYPE[sp.dtype]}, {g.s.shape[-1]}, {sp.a.shape[-1]}, {bk.reg.width}, "
+        f"{c_bool(sp.a_kmajor)}, {c_bool(sp.b_kmajor)}, {c_bool(bk.reg.v[1])}, {bk.reg.ksplit}{second}> flash;"
     )
 
 

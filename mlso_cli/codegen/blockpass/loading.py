@@ -36,10 +36,10 @@ def chunked_view(bk: BlockKernel, it: Node) -> Strided | None:
     """The global view tile `it` is copied from in 16-byte chunks, or None when it is not: a
     strided view of a stored tensor of the tile's type, contiguous and 16-byte aligned along
     the last axis, in global and shared memory."""
-    view = strided(bk.gd.src[it.arg], bk.lw.storage)
+    view = strided(bk.gd.src[it.arg], bk.ctx.storage)
     if view is None or not it.shape:
         return None
-    gst = bk.lw.storage[view.leaf]
+    gst = bk.ctx.storage[view.leaf]
     st = bk.storage[it]
     vec = 16 // it.dtype.itemsize
     chunked = (
@@ -125,7 +125,7 @@ def load_tile(
     gcoords = tile_coords(bk, it, step)
     view = chunked_view(bk, it)
     if view is not None:
-        gst = bk.lw.storage[view.leaf]
+        gst = bk.ctx.storage[view.leaf]
         bk.uses.read(view.leaf)
         hoisted = bk.hoisted.get(i)
         if hoisted is not None and step is not None:
@@ -160,8 +160,8 @@ def point(bk: BlockKernel, code: Code, it: Node) -> None:
     computed view) an indexed accessor that computes element e as `_load` would store it."""
     i, name, ctype = it.arg, f"g{it.arg}", CTYPE[it.dtype]
     gcoords = tile_coords(bk, it, None)
-    view = strided(bk.gd.src[i], bk.lw.storage)
-    gst = None if view is None else bk.lw.storage[view.leaf]
+    view = strided(bk.gd.src[i], bk.ctx.storage)
+    gst = None if view is None else bk.ctx.storage[view.leaf]
     if gst is not None and gst.dtype == it.dtype and gst.scale is None:
         bk.uses.read(view.leaf)
         origin = offset(gcoords(tuple("0" for _ in it.shape)), view.strides, view.base)

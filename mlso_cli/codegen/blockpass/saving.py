@@ -55,7 +55,7 @@ def pass_save(bk: BlockKernel, code: Code, save: Node, written: set[Node]) -> No
             written.add(mbuf)
             mt = decompose("e", m_node.shape)
             g2 = global_coords(bk, mt, m_node.shape, om, partial_dims)
-            mst = bk.lw.storage[mbuf]
+            mst = bk.ctx.storage[mbuf]
             with code.block(f"for (int e = threadIdx.x; e < {m_node.numel}; e += {bk.nt})"):
                 code(f"{mst.ptr}[{offset(g2, mst.strides)}] = {bk.storage[m_node].ptr}[e];")
 
@@ -92,7 +92,7 @@ def partial_max(bk: BlockKernel, save: Node, scale, tokens: Coords, partial_dims
         for j in range(len(tile))
     )
     mbuf = synthetic.partial_max(bk.gd, m_node, om, full)
-    mst = bk.lw.scratch_storage(mbuf)
+    mst = bk.ctx.scratch(mbuf)
     bk.uses.write(mst.buffer)
     npart = len(partial_dims)
     mfunc: list[tuple[int, int] | None] = [(p, 1) for p in range(npart)]
