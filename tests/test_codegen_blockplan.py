@@ -79,3 +79,15 @@ def test_the_printers_name_no_lowering():
     init = ast.parse((root / "block.py").read_text())
     cls = next(n for n in init.body if isinstance(n, ast.ClassDef) and n.name == "BlockKernel")
     assert not cls.bases, "BlockKernel prints a plan; it inherits no planner"
+
+
+def test_the_kernel_level_matmul_printer_reads_its_plan_not_the_lowering():
+    from mlso_cli.codegen import matmulkernel
+
+    tree = ast.parse(Path(matmulkernel.__file__).read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "print_matmul")
+    names = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)}
+    names |= {a.arg for a in fn.args.args}
+    assert not names & {"lw", "Lowering"}
+    assert [a.arg for a in fn.args.args] == ["plan", "site"]
+    assert matmulkernel.MatmulKernelPlan.__dataclass_params__.frozen

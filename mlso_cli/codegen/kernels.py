@@ -1,12 +1,15 @@
 """Kernel emitters for predefined kernel-level ops: elementwise chains, reductions, matmuls.
 
 Each emitter takes the Lowering and a root node and returns a Kernel whose source computes the
-root into its storage. Operands are evaluated by the Emitter, so fused elementwise prologues,
+root into its storage. A matmul is decided, then printed from a frozen plan (matmulkernel.py);
+elementwise and reduction kernels still decide as they print (their scale choices are made by
+the emitter that evaluates their operands). Operands are evaluated by the Emitter, so fused elementwise prologues,
 views and scaled (running-max) values work for every kernel kind the same way.
 """
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from mlso_cli.codegen import synthetic
@@ -20,18 +23,16 @@ from mlso_cli.codegen.cfmt import (
     canon,
     decompose,
     mentions,
-    numel,
     offset,
 )
 from mlso_cli.codegen.emitter import TEAM_LANE, Flat
-from mlso_cli.codegen.errors import CodegenError
+from mlso_cli.codegen.matmulkernel import KernelSite, plan_matmul, print_matmul
 from mlso_cli.codegen.program import Kernel
-from mlso_cli.codegen.scale import Scale, Val, matmul_scale, structural
+from mlso_cli.codegen.scale import Scale, Val, structural
 from mlso_cli.codegen.synthetic import Combined, Copy, RowMax, Staged
 from mlso_cli.codegen.teams import LOOP_VAR, Pass, choose_mode, emit_passes
-from mlso_cli.codegen.views import strided
 from mlso_cli.ir.node import Node
-from mlso_cli.ir.ops import REDUCE, DType, Op
+from mlso_cli.ir.ops import REDUCE, Op
 
 if TYPE_CHECKING:
     from mlso_cli.codegen.lower import Lowering
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 ELEMENTWISE_THREADS = 256
 REDUCE_THREADS = 256
 GRID_CAP = 1 << 20
-MMA_TYPES = (DType.F16, DType.BF16)
 
 
 def _ceil(a: int, b: int) -> int:
@@ -239,110 +239,11 @@ def emit_reduce(lw: Lowering, root: Node) -> Kernel:
 # ---- matmul -----------------------------------------------------------------------------------
 
 
-def _operand_layout(lw: Lowering, x: Node, role: str, mma: DType | None) -> tuple[bool, bool]:
-    """(vector loads ok, k is the contiguous index) for operand x of a kernel-level matmul."""
-    view = strided(x, lw.storage)
-    rows, cols = x.shape[-2], x.shape[-1]
-    k_is_col = role == "a"  # A is (M, K): k is the column index; B is (K, N): k is the row index
-    if view is None:
-        return False, k_is_col
-    s = view.strides
-    col_contig = s[-1] == 1 or cols == 1
-    row_contig = s[-2] == 1 or rows == 1
-    contig_col = col_contig if cols > 1 else not row_contig
-    k_major = contig_col if k_is_col else not contig_col
-    st = lw.storage[view.leaf]
-    if mma is None or st.dtype != mma or st.scale is not None:
-        return False, k_major
-    batch_ok = all(v % 8 == 0 for v, d in zip(s[:-2], x.shape[:-2]) if d > 1) and view.base % 8 == 0
-    if contig_col:
-        vec = s[-1] == 1 and cols % 8 == 0 and (rows == 1 or s[-2] % 8 == 0)
-    else:
-        vec = s[-2] == 1 and rows % 8 == 0 and (cols == 1 or s[-1] % 8 == 0)
-    return vec and batch_ok, k_major
-
-
-def _scaled_operands(lw: Lowering, root: Node, scratch: bool) -> set[str]:
-    """Which operands ("a"/"b") the matmul reads as their scaled numbers, leaving C (fp32
-    scratch) scaled by scale.matmul_scale; an output buffer always receives the exact values."""
-    if not scratch:
-        return set()
-    scales = []
-    for x in root.src:
-        tokens = decompose("e", x.shape)
-        v = lw.emitter(lw.uses(), Names()).value(x, tokens).scale
-        scales.append(structural(v, tokens) if v is not None else None)
-    a, b = root.src
-    cs, keep_a, keep_b = matmul_scale(
-        scales[0], scales[1], len(a.shape), len(b.shape), len(root.shape)
-    )
-    if cs is None:
-        return set()
-    lw.storage[root].scale = cs
-    return {"a"} if keep_a else {"b"}
-
-
 def emit_matmul(lw: Lowering, root: Node) -> Kernel:
-    """Tiled matmul: tensor cores (mma.sync) for fp16/bf16 operands, fp32 SIMT otherwise."""
-    name, names, uses = lw.kernel_name(), Names(), lw.uses()
-    out = lw.storage[root]
-    uses.write(out.buffer)
-    a, b = root.src
-    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    batch_shape = root.shape[:-2]
-    batch = numel(batch_shape)
-    if batch > 65535:
-        raise CodegenError(f"matmul with {batch} batch entries exceeds the grid's z limit (65535)")
-    mma = a.dtype if a.dtype == b.dtype and a.dtype in MMA_TYPES else None
-    bt = decompose("b", batch_shape)
-    ctype = CTYPE[mma] if mma else "float"
-    lambdas: list[str] = []
-    flags: list[str] = []
-    keep = _scaled_operands(lw, root, out.buffer.kind == "scratch")
-    for x, role, (r, c) in ((a, "a", ("m", "k")), (b, "b", ("k", "n"))):
-        coords = canon(x.shape, bcast(x.shape[:-2], bt) + (r, c))
-        vec, k_major = _operand_layout(lw, x, role, mma)
-        em = lw.emitter(uses, names)
-        val = em.value(x, coords).code if role in keep else em.plain(x, coords)
-        body = " ".join(em.lines)
-        lambdas.append(
-            f"auto {role}_at = [&](int b, int {r}, int {c}) -> float {{ {body} return {val}; }};"
-        )
-        if vec:
-            view = strided(x, lw.storage)
-            st = lw.storage[view.leaf]
-            uses.read(view.leaf)
-            lambdas.append(
-                f"auto {role}_ptr = [&](int b, int {r}, int {c}) -> const {ctype}* "
-                f"{{ return {st.ptr} + {offset(coords, view.strides, view.base)}; }};"
-            )
-        else:
-            lambdas.append(
-                f"auto {role}_ptr = [&](int, int, int) -> const {ctype}* {{ return nullptr; }};"
-            )
-        flags += ["true" if vec else "false", "true" if k_major else "false"]
-    cst = (
-        f"auto c_st = [&](int b, int m, int n, float v) {{ {out.ptr}[(b * {m} + m) * {n} + n] = "
-        f"mlso::from_f32<{CTYPE[out.dtype]}>(v); }};"
-    )
-    code = Code()
-    with code.block(uses.signature(name, 128 if mma else 256)):
-        code("MLSO_DYNAMIC_SMEM(smem);")
-        code.extend(lambdas)
-        code(cst)
-        if mma:
-            code(
-                f"mlso::gemm_mma_64x64<{ctype}, {m}, {n}, {k}, {', '.join(flags)}>"
-                "(smem, a_ptr, a_at, b_ptr, b_at, c_st);"
-            )
-            ak, bk = flags[1] == "true", flags[3] == "true"
-            elems = 2 * (64 * 40 if ak else 32 * 72) + 2 * (64 * 40 if bk else 32 * 72)
-            smem, threads = elems * 2, 128
-        else:
-            code(
-                f"mlso::gemm_simt_64x64<{m}, {n}, {k}, {flags[1]}, {flags[3]}>(smem, a_at, b_at, c_st);"
-            )
-            smem, threads = 2 * 16 * 64 * 4, 256
-    grid = (_ceil(n, 64), _ceil(m, 64), batch)
-    what = f"matmul {list(a.shape)} x {list(b.shape)} ({'mma.sync ' + mma.value if mma else 'fp32 SIMT'})"
-    return Kernel(name, code.text(), grid, (threads, 1, 1), smem, uses.params(), what)
+    """A generated matmul kernel: decided (matmulkernel.plan_matmul), then printed from the plan
+    (matmulkernel.print_matmul); the scale the plan leaves C with is recorded in its storage."""
+    plan = plan_matmul(lw, root)
+    if plan.c_scale is not None:
+        lw.storage[root].scale = plan.c_scale
+    site = KernelSite(lw.kernel_name(), lw.uses(), MappingProxyType(lw.storage), lw.emitter)
+    return print_matmul(plan, site)
