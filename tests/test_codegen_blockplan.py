@@ -81,13 +81,21 @@ def test_the_printers_name_no_lowering():
     assert not cls.bases, "BlockKernel prints a plan; it inherits no planner"
 
 
-def test_the_kernel_level_matmul_printer_reads_its_plan_not_the_lowering():
-    from mlso_cli.codegen import matmulkernel
+@pytest.mark.parametrize(
+    "module, printer, plan_type",
+    [
+        ("matmulkernel", "print_matmul", "MatmulKernelPlan"),
+        ("reducekernel", "print_reduce", "ReduceKernelPlan"),
+    ],
+)
+def test_kernel_level_printers_read_their_plan_not_the_lowering(module, printer, plan_type):
+    import importlib
 
-    tree = ast.parse(Path(matmulkernel.__file__).read_text())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "print_matmul")
+    mod = importlib.import_module(f"mlso_cli.codegen.{module}")
+    tree = ast.parse(Path(mod.__file__).read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == printer)
     names = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)}
     names |= {a.arg for a in fn.args.args}
     assert not names & {"lw", "Lowering"}
-    assert [a.arg for a in fn.args.args] == ["plan", "site"]
-    assert matmulkernel.MatmulKernelPlan.__dataclass_params__.frozen
+    assert [a.arg for a in fn.args.args][:2] == ["plan", "site"]
+    assert getattr(mod, plan_type).__dataclass_params__.frozen

@@ -9,8 +9,10 @@ Strategy per construct (details in each module's docstring):
                KernelRoots, decided from the graph alone)
   lower.py     buffers, and each root's kernel printed in launch order
   schedule.py  the one dependency-first scheduling loop (kernels, and passes within a block)
-  kernels.py   elementwise chains, reductions (incl. the split-KV combine); tiled matmuls through
-  matmulkernel.py  plan_matmul (a frozen MatmulKernelPlan) then print_matmul
+  kernels.py   elementwise chains; reductions and tiled matmuls through their plan modules:
+  reducekernel.py  plan_reduce (a frozen ReduceKernelPlan, incl. the split-KV combine), print_reduce
+  matmulkernel.py  plan_matmul (a frozen MatmulKernelPlan), print_matmul
+  site.py      KernelSite: what a kernel-level printer gets from the lowering (no Lowering)
   libgemm.py   kernel-level matmuls as cuBLASLt calls (library GEMM launches), operand staging
   normalise.py exact block rewrites (ACC_SUM of exp terms -> rescaling accumulators), and the
                graph as codegen computes it, for the interpreter's float32 mode

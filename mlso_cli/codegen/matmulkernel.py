@@ -5,8 +5,8 @@ is read: wide loads from its buffer or element by element, k-major or not, as it
 numbers or exact, the scale C is left with, grid, threads, shared memory) depend on where its
 operands are stored, which the lowering knows when the kernel's turn comes; the printer needs
 only those decisions. `plan_matmul` reads the lowering's storage and returns a frozen
-MatmulKernelPlan; `print_matmul` prints one from the plan and a KernelSite (name, parameters,
-emitters, storage view), never seeing the Lowering.
+MatmulKernelPlan; `print_matmul` prints one from the plan and a site.KernelSite (name,
+parameters, emitters, storage view), never seeing the Lowering.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from mlso_cli.codegen.cfmt import CTYPE, Code, Names, bcast, canon, decompose, n
 from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.program import Kernel
 from mlso_cli.codegen.scale import BufferScale, Storage, matmul_scale, structural
+from mlso_cli.codegen.site import KernelSite
 from mlso_cli.codegen.views import strided
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import DType
 
 if TYPE_CHECKING:
-    from mlso_cli.codegen.emitter import Emitter
-    from mlso_cli.codegen.lower import Lowering, Uses
+    from mlso_cli.codegen.lower import Lowering
 
 MMA_TYPES = (DType.F16, DType.BF16)
 TILE = 64
@@ -69,17 +69,6 @@ class MatmulKernelPlan:
     grid: tuple[int, int, int]
     threads: int
     smem: int
-
-
-@dataclass(frozen=True)
-class KernelSite:
-    """What a kernel-level printer gets from the lowering: its name and parameters, emitters over
-    kernel tensors, and a read-only view of where they are stored."""
-
-    name: str
-    uses: Uses
-    storage: Mapping[Node, Storage]
-    emitter: Callable[[Uses, Names], Emitter]
 
 
 def plan_matmul(lw: Lowering, root: Node) -> MatmulKernelPlan:

@@ -3,8 +3,9 @@
 Why: code generation is being restructured (decide, then print) and must print byte-identical
 source for every current program. This script is the safety net's recorder: it walks the test
 graphs (tests/test_codegen_graphs.py GRAPHS, tests/fixtures/ugraphs FIXTURES and SMALL_FIXTURES,
-tests/test_codegen_stabilise.py CASES, tests/test_libgemm.py GRAPHS, and seeded random graphs
-from tests/graphgen.py), and for each, with library GEMMs on and off, hashes
+tests/test_codegen_stabilise.py CASES, tests/test_libgemm.py GRAPHS, split-KV partials reduced by
+kernel-level reductions (`combines`: the combine kept scaled or unscaled, a max over partials),
+and seeded random graphs from tests/graphgen.py), and for each, with library GEMMs on and off, hashes
 `generate(kg).source`, the launch plan `generate(kg).plan` and the lowering plan
 `codegen.plan.plan(kg).to_json()`.
 
@@ -51,10 +52,53 @@ def graphs() -> Iterator[tuple[str, Callable]]:
         yield f"stabilise_{k}", (lambda f=f, dt=dt: f(dt))
     for k, f in L.GRAPHS.items():
         yield f"libgemm_{k}", f
+    for k, f in combines().items():
+        yield f"combine_{k}", f
     for i, g in enumerate(graphgen.seeded(RANDOM_SEED, RANDOM_SMALL, small=True)):
         yield f"random_small_{i:03d}_{g.name}", (lambda kg=g.kg: kg)
     for i, g in enumerate(graphgen.seeded(RANDOM_SEED + 1, RANDOM_LARGE, small=False)):
         yield f"random_large_{i:03d}_{g.name}", (lambda kg=g.kg: kg)
+
+
+def combines() -> dict[str, Callable]:
+    """Split-KV attention partials reduced at kernel level (the partial axis longer than
+    lower.INLINE_REDUCE_MAX_LEN, or a reduction that is an output): the combine whose result
+    stays relative to the combined maxima (a scratch read by another kernel), the combine
+    unscaled into an output, a max over partials (exact values), a mean of partials."""
+    from fractions import Fraction
+
+    from mlso_cli.ir import PARTIAL, DType, Op
+    from mlso_cli.ir import build as b
+    from tests import test_codegen_graphs as T
+
+    def build(splits: int, n: int, kind: str, dt: DType):
+        q, k, v = (
+            b.input_(0, (2, 32, 16), dt),
+            b.input_(1, (2, 16, n), dt),
+            b.input_(2, (2, n, 16), dt),
+        )
+        blk = T._Blk((2, 2, splits), 2)
+        bq, bk, bv = blk.it(q, (0, 1, None)), blk.it(k, (0, None, 2), 2), blk.it(v, (0, None, 1), 1)
+        s = b.mul(b.matmul(bq, bk), b.const(Fraction(1, 4)))
+        f32 = DType.F32
+        num = b.save(b.accumulate(Op.ACC_EXP_WSUM, s, bv), 0, (0, 1, PARTIAL), f32)
+        den = b.save(b.accumulate(Op.ACC_EXP_SUM, s), 1, (0, 1, PARTIAL), f32)
+        pnum, pden = blk.launch([num, den])
+        sn, sd = b.reduce(Op.REDUCE_SUM, pnum, 0), b.reduce(Op.REDUCE_SUM, pden, 0)
+        outs = {
+            "scaled": [b.div(sn, sd), sn],
+            "unscaled": [sn],
+            "max": [b.reduce(Op.REDUCE_MAX, pnum, 0)],
+            "mean": [b.div(sn, sd), b.reduce(Op.REDUCE_MEAN, pden, 0)],
+        }[kind]
+        return b.kernel_graph([q, k, v], outs)
+
+    return {
+        f"{splits}_{kind}_{dt.value}": (lambda a=(splits, n, kind, dt): build(*a))
+        for splits, n in ((128, 2048), (2, 128))
+        for kind in ("scaled", "unscaled", "max", "mean")
+        for dt in (DType.F16, DType.F32)
+    }
 
 
 def _sha(text: str) -> str:
