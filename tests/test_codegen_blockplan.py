@@ -86,6 +86,7 @@ def test_the_printers_name_no_lowering():
     [
         ("matmulkernel", "print_matmul", "MatmulKernelPlan"),
         ("reducekernel", "print_reduce", "ReduceKernelPlan"),
+        ("kernels", "print_elementwise", "ElementwiseKernelPlan"),
     ],
 )
 def test_kernel_level_printers_read_their_plan_not_the_lowering(module, printer, plan_type):

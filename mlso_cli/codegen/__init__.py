@@ -9,7 +9,8 @@ Strategy per construct (details in each module's docstring):
                KernelRoots, decided from the graph alone)
   lower.py     buffers, and each root's kernel printed in launch order
   schedule.py  the one dependency-first scheduling loop (kernels, and passes within a block)
-  kernels.py   elementwise chains; reductions and tiled matmuls through their plan modules:
+  kernels.py   the kernel-level emitters: elementwise chains (plan_elementwise, print_elementwise),
+               reductions and tiled matmuls through their plan modules:
   reducekernel.py  plan_reduce (a frozen ReduceKernelPlan, incl. the split-KV combine), print_reduce
   matmulkernel.py  plan_matmul (a frozen MatmulKernelPlan), print_matmul
   site.py      KernelSite: what a kernel-level printer gets from the lowering (no Lowering)
@@ -25,7 +26,8 @@ Strategy per construct (details in each module's docstring):
   blockbuilder.py  ir.builder.BlockBuilder with the arch's shared-memory budget
   blockplan.py plan_block(bg, arch): one frozen BlockPlan per graph-defined kernel (path, threads,
                pipeline, padding, tiles, buffers, matmul operands and staging)
-  block.py     graph-defined kernels framed: the PRE/LOOP/POST skeleton, pipeline, pass order and barriers
+  block.py     graph-defined kernels printed from their BlockPlan: the PRE/LOOP/POST skeleton,
+               pipeline, pass order and barriers
   blockpass/   graph-defined kernels' passes printed by family: elementwise, rowwalk, matmul,
                flash (online softmax groups), reduce, saving, loading
   scoreform.py scores the register-resident online softmax computes (scaled, per-key, two terms)

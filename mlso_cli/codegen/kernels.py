@@ -1,31 +1,36 @@
 """Kernel emitters for predefined kernel-level ops: elementwise chains, reductions, matmuls.
 
 Each emitter takes the Lowering and a root node and returns a Kernel whose source computes the
-root into its storage. Matmuls and reductions are decided, then printed from a frozen plan
-(matmulkernel.py, reducekernel.py); an elementwise kernel still decides as it prints (the scale
-it stores is chosen from the value its emitter computes). Operands are evaluated by the Emitter, so fused elementwise prologues,
+root into its storage. Each is decided, then printed from a frozen plan: matmuls
+(matmulkernel.py), reductions (reducekernel.py) and elementwise chains (here). The printers get a
+site.KernelSite, not the Lowering; an elementwise printer hands back the scale its value is
+stored with (only the chain's evaluation knows it), which emit_elementwise records. Operands are evaluated by the Emitter, so fused elementwise prologues,
 views and scaled (running-max) values work for every kernel kind the same way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mlso_cli.codegen.blocklayout import SM_COUNT_HINT
 from mlso_cli.codegen.cfmt import (
     CTYPE,
     Code,
+    Coords,
     Names,
     decompose,
 )
-from mlso_cli.codegen.emitter import TEAM_LANE, Flat
+from mlso_cli.codegen.emitter import TEAM_LANE, Emitter, Flat
 from mlso_cli.codegen.matmulkernel import plan_matmul, print_matmul
-from mlso_cli.codegen.program import Kernel
+from mlso_cli.codegen.program import Buffer, Kernel
 from mlso_cli.codegen.reducekernel import plan_reduce, print_reduce
-from mlso_cli.codegen.site import site
+from mlso_cli.codegen.scale import BufferScale, Storage, Val, structural
+from mlso_cli.codegen.site import KernelSite, site
 from mlso_cli.codegen.synthetic import Combined, Copy, RowMax, Staged
 from mlso_cli.ir.node import Node
-from mlso_cli.ir.ops import REDUCE, Op
+from mlso_cli.ir.ops import REDUCE, DType, Op
 
 if TYPE_CHECKING:
     from mlso_cli.codegen.lower import Lowering
@@ -52,34 +57,83 @@ def _what(n: Node) -> str:
 # ---- elementwise ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ElementwiseKernelPlan:
+    """An elementwise kernel's decisions: lanes per element, block size, grid."""
+
+    root: Node
+    team: int
+    """Lanes per output element (team_size): 1, or a power of two when the chain folds in place."""
+    threads: int
+    grid: tuple[int, int, int]
+    what: str
+
+
+def plan_elementwise(storage: Mapping[Node, Storage], root: Node) -> ElementwiseKernelPlan:
+    """The decisions of root's elementwise kernel, from where kernel tensors are stored."""
+    n, nt = root.numel, ELEMENTWISE_THREADS
+    team = team_size(n, inplace_reductions(root, storage))
+    grid = (min(_ceil(n * team, nt), GRID_CAP), 1, 1)
+    what = _what(root) + (f" ({team} lanes per element)" if team > 1 else "")
+    return ElementwiseKernelPlan(root, team, nt, grid, what)
+
+
 def emit_elementwise(lw: Lowering, root: Node) -> Kernel:
     """One thread per element (grid-stride), the fused chain evaluated in registers; a team of
-    lanes per element when the chain folds partials in place (`team_size`)."""
-    name, names, uses = lw.kernel_name(), Names(), lw.uses()
-    out = lw.storage[root]
+    lanes per element when the chain folds partials in place (`team_size`). Decided
+    (plan_elementwise), printed (print_elementwise); the scale the printed value is stored with
+    is handed back and recorded in the root's storage."""
+    plan = plan_elementwise(lw.storage, root)
+    kernel, scale = print_elementwise(plan, site(lw))
+    if scale is not None:
+        lw.storage[root].scale = scale
+    return kernel
+
+
+def print_elementwise(
+    plan: ElementwiseKernelPlan, site: KernelSite
+) -> tuple[Kernel, BufferScale | None]:
+    """The kernel, and the scale its stored value keeps (None: exact values). The value is
+    stored as its scaled numbers when the root is fp32 scratch and its scale has a simple layout
+    (scale.structural); only the chain's evaluation knows that scale, so it is found here."""
+    root, names, uses = plan.root, Names(), site.uses
+    out = site.storage[root]
     uses.write(out.buffer)
-    n, nt = root.numel, ELEMENTWISE_THREADS
-    team = team_size(n, inplace_reductions(root, lw.storage))
+    n, nt, team = root.numel, plan.threads, plan.team
     tokens = decompose("i", root.shape)
-    em = lw.emitter(uses, names, Flat(tokens, root.shape, "i"))
+    em = site.emitter(uses, names, Flat(tokens, root.shape, "i"))
     em.team = team
     v = em.compute(root, tokens)
-    val = lw.stored_code(em, root, v, tokens)
+    val, scale = _stored(em, out, v, tokens)
     store = f"{out.ptr}[i] = mlso::from_f32<{CTYPE[out.dtype]}>({val});"
     code = Code()
     first, stride = f"blockIdx.x * {nt} + threadIdx.x", f"gridDim.x * {nt}"
     if team > 1:
         first, stride = f"({first}) / {team}", f"gridDim.x * {nt // team}"
         store = f"if ({TEAM_LANE} == 0) {store}"
-    with code.block(uses.signature(name, nt)):
+    with code.block(uses.signature(site.name, nt)):
         if team > 1:
             code(f"const int {TEAM_LANE} = threadIdx.x & {team - 1};")
         with code.block(f"for (int i = {first}; i < {n}; i += {stride})"):
             code.extend(em.lines)
             code(store)
-    grid = (min(_ceil(n * team, nt), GRID_CAP), 1, 1)
-    what = _what(root) + (f" ({team} lanes per element)" if team > 1 else "")
-    return Kernel(name, code.text(), grid, (nt, 1, 1), 0, uses.params(), what)
+    kernel = Kernel(site.name, code.text(), plan.grid, (nt, 1, 1), 0, uses.params(), plan.what)
+    return kernel, scale
+
+
+def _stored(em: Emitter, st: Storage, v: Val, tokens: Coords) -> tuple[str, BufferScale | None]:
+    """(what to store, its scale): the scaled number when the buffer is fp32 scratch and v's
+    scale has a simple layout (the buffer's scale), else the exact value."""
+    if (
+        v.scale is not None
+        and isinstance(st.buffer, Buffer)
+        and st.buffer.kind == "scratch"
+        and st.dtype is DType.F32
+    ):
+        bs = structural(v.scale, tokens)
+        if bs is not None:
+            return v.code, bs
+    return em.materialise(v), None
 
 
 TEAM_ITEMS = 8

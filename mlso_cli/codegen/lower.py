@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mlso_cli.codegen.block import emit_graph_def
-from mlso_cli.codegen.cfmt import CTYPE, Coords, contiguous
+from mlso_cli.codegen.cfmt import CTYPE, contiguous
 from mlso_cli.codegen.emitter import Emitter
 from mlso_cli.codegen.kernels import emit_elementwise, emit_matmul, emit_reduce
 from mlso_cli.codegen.libgemm import library_matmul
@@ -31,7 +31,7 @@ from mlso_cli.codegen.program import (
 from mlso_cli.codegen.roots import INLINE_REDUCE_MAX_LEN as INLINE_REDUCE_MAX_LEN
 from mlso_cli.codegen.roots import KIND, KernelRoots, kernel_roots
 from mlso_cli.codegen.roots import ROOT_OPS as ROOT_OPS
-from mlso_cli.codegen.scale import Storage, Val, structural
+from mlso_cli.codegen.scale import Storage
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.hashing import graph_hash
 from mlso_cli.ir.node import Node
@@ -109,22 +109,6 @@ class Lowering:
 
     def emitter(self, uses: Uses, names, flat=None) -> Emitter:
         return Emitter(self.storage, self.stab, names, uses.read, flat)
-
-    def stored_code(self, em: Emitter, root: Node, v: Val, tokens: Coords) -> str:
-        """What to store for root at `tokens`: the scaled number when root is fp32 scratch and its
-        scale has a simple layout (root's storage records the scale), else the exact value."""
-        st = self.storage[root]
-        if (
-            v.scale is not None
-            and isinstance(st.buffer, Buffer)
-            and st.buffer.kind == "scratch"
-            and st.dtype is DType.F32
-        ):
-            bs = structural(v.scale, tokens)
-            if bs is not None:
-                st.scale = bs
-                return v.code
-        return em.materialise(v)
 
     def kernel_name(self) -> str:
         return f"mlso_k{len(self.kernels)}"

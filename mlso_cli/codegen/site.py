@@ -17,7 +17,6 @@ from mlso_cli.codegen.scale import Storage
 from mlso_cli.ir.node import Node
 
 if TYPE_CHECKING:
-    from mlso_cli.codegen.cfmt import Names
     from mlso_cli.codegen.emitter import Emitter
     from mlso_cli.codegen.lower import Lowering, Uses
 
@@ -28,8 +27,9 @@ class KernelSite:
     uses: Uses
     """The kernel's parameters, as the printer reads and writes buffers."""
     storage: Mapping[Node, Storage]
-    emitter: Callable[[Uses, Names], Emitter]
-    """An emitter over kernel tensors for this kernel's parameters and names."""
+    emitter: Callable[..., Emitter]
+    """emitter(uses, names[, flat]): an emitter over kernel tensors for this kernel's parameters
+    and names (Lowering.emitter)."""
 
 
 def site(lw: Lowering) -> KernelSite:
