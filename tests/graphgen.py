@@ -1,4 +1,4 @@
-"""Random spec-valid μGraphs, grown through ir.builder.BlockBuilder, for property tests.
+"""Random spec-valid μGraphs, grown through codegen.blockbuilder.BlockBuilder, for property tests.
 
 Why: hand-written test graphs cover the spellings someone thought of; the search writes others.
 Each family below draws one program shape at random and spells it one of several ways a search
@@ -17,7 +17,7 @@ row sums), so the kernel level sums them and divides. Keeping them relative to a
 and rescaling in the combine is code generation's job (block.py, kernels.py), which is part of
 what the property tests check.
 
-Every graph is built through BlockBuilder (sm_90 budget) and passes `mlso_cli.ir.spec.check`
+Every graph is built through BlockBuilder (sm_90 budget) and passes `mlso_cli.codegen.budget.check`
 before it is returned. Outputs stay finite, in their dtype, on unit-normal inputs by
 construction: denominators are row sums of exp terms or squares plus a positive constant, raw
 exp sums are not saved when an exp prologue widened the scores, and random walks end in an RMS
@@ -40,10 +40,10 @@ from typing import Any, TypeVar
 import numpy as np
 from hypothesis import strategies as st
 
+from mlso_cli.codegen.blockbuilder import BlockBuilder, BuildError
+from mlso_cli.codegen.budget import check
 from mlso_cli.ir import PARTIAL, DType, InputMap, KernelGraph, Node, Op, Phase
 from mlso_cli.ir import build as b
-from mlso_cli.ir.builder import BlockBuilder, BuildError
-from mlso_cli.ir.spec import check
 
 F16, BF16, F32 = DType.F16, DType.BF16, DType.F32
 DTYPES = (F16, BF16, F32)

@@ -13,12 +13,14 @@ from fractions import Fraction
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from mlso_cli.ir import PARTIAL, DType, InputMap, Node, Op, check, spec
+from mlso_cli.codegen import budget as spec
+from mlso_cli.codegen.arch import SMEM_BUDGET
+from mlso_cli.codegen.blockbuilder import BlockBuilder, BuildError
+from mlso_cli.codegen.budget import check
+from mlso_cli.ir import PARTIAL, DType, InputMap, Node, Op
 from mlso_cli.ir import build as b
-from mlso_cli.ir.builder import BlockBuilder, BuildError
 from mlso_cli.ir.graph import BlockGraph
 from mlso_cli.ir.node import toposort
-from mlso_cli.ir.ops import SMEM_BUDGET
 from mlso_cli.ir.spec import SpecError
 from tests import graphgen
 from tests.test_ir import split_kv_attention

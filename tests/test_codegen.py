@@ -26,6 +26,7 @@ import pytest
 from mlso_cli import knobs as knobs_mod
 from mlso_cli.codegen import CodegenError, CompileError, compile_program, generate, hostemu
 from mlso_cli.codegen import nvcc as nvcc_mod
+from mlso_cli.codegen.arch import SMEM_BUDGET
 from mlso_cli.codegen.blockstorage import _acc_strides
 from mlso_cli.codegen.cfmt import c_float
 from mlso_cli.codegen.scale import BINARY, Scale
@@ -35,7 +36,6 @@ from mlso_cli.codegen.views import view_strides
 from mlso_cli.errors import EnvironmentProblem, ExitCode
 from mlso_cli.ir import DType, Op
 from mlso_cli.ir import build as b
-from mlso_cli.ir.ops import SMEM_BUDGET
 from tests import test_codegen_graphs as T
 
 ROOT = Path(__file__).resolve().parent.parent

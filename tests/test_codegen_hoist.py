@@ -1,4 +1,4 @@
-"""Hoisted chunk offsets of loop tiles (block.py `_hoist_offsets`, `mlso::copy_offsets`).
+"""Hoisted chunk offsets of loop tiles (blockpass/loading.py `hoist_offsets`, `mlso::copy_offsets`).
 
 A loop tile copied in 16-byte chunks reads the same chunks every step, one step further along
 the loop axis, so codegen computes each thread's offsets once, before the prologue. The rewrite
@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlso_cli.codegen import block, generate, hostemu
+from mlso_cli.codegen import generate, hostemu
+from mlso_cli.codegen.blockpass import loading
 from tests import graphgen
 from tests.test_codegen_properties import emu_cache, mismatch
 from tests.test_codegen_vectorize import groupnorm_linear
@@ -43,7 +44,7 @@ def test_loop_tiles_take_hoisted_offsets():
 def test_hoisted_offsets_change_no_value(emu_cache, monkeypatch, blocks):
     kg = _graph(blocks)
     hoisted = generate(kg)
-    monkeypatch.setattr(block, "HOIST_REGS", 0)
+    monkeypatch.setattr(loading, "HOIST_REGS", 0)
     plain = generate(kg)
     assert "copy_offsets" not in plain.source and "copy_offsets" in hoisted.source
     for seed in (blocks,):
@@ -60,7 +61,7 @@ def test_hoisted_offsets_change_no_value(emu_cache, monkeypatch, blocks):
 
 @pytest.mark.parametrize("regs", [2, 8])
 def test_the_register_budget_limits_what_is_hoisted(regs, monkeypatch):
-    monkeypatch.setattr(block, "HOIST_REGS", regs)
+    monkeypatch.setattr(loading, "HOIST_REGS", regs)
     src = generate(_graph()).source
     # the larger tile (W, 4 chunks a thread) first, if it fits the budget; then the smaller
     assert ("mlso::copy_offsets<true, 4>(" in src) == (regs >= 8)

@@ -15,10 +15,10 @@ import pytest
 
 from mlso_cli import knobs as knobs_mod
 from mlso_cli.codegen import generate, hostemu
+from mlso_cli.codegen.budget import block_smem, problems
 from mlso_cli.ir import DType, KernelGraph, Op
 from mlso_cli.ir import build as b
 from mlso_cli.ir.graph import InputMap
-from mlso_cli.ir.spec import block_smem, problems
 from mlso_cli.verify.interpreter import run
 
 

@@ -32,10 +32,10 @@ from hypothesis import HealthCheck, given, settings
 
 from mlso_cli import knobs as knobs_mod
 from mlso_cli.codegen import CodegenError, generate, hostemu
+from mlso_cli.codegen.arch import SMEM_BUDGET
+from mlso_cli.codegen.budget import block_smem, problems
 from mlso_cli.codegen.plan import plan
 from mlso_cli.ir import DType, KernelGraph, Op, graph_hash
-from mlso_cli.ir.ops import SMEM_BUDGET
-from mlso_cli.ir.spec import block_smem, problems
 from mlso_cli.verify.interpreter import run
 from tests import graphgen
 from tests.test_codegen_graphs import np_dtype, rel_error

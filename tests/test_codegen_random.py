@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 
 from mlso_cli import knobs as knobs_mod
 from mlso_cli.codegen import generate, hostemu
+from mlso_cli.codegen.budget import problems
 from mlso_cli.ir import PARTIAL, DType, InputMap, KernelGraph, Op
 from mlso_cli.ir import build as b
-from mlso_cli.ir.spec import problems, tile_shape
+from mlso_cli.ir.spec import tile_shape
 from mlso_cli.verify.interpreter import run
 from tests import test_codegen_graphs as T
 

@@ -22,8 +22,9 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from mlso_cli.codegen.budget import check
 from mlso_cli.frontend.lift import lift_model
-from mlso_cli.ir import KernelGraph, Op, check
+from mlso_cli.ir import KernelGraph, Op
 from mlso_cli.verify.equivalence import check_equivalent
 from mlso_cli.verify.interpreter import run
 from models.build_models import SPECS

@@ -17,11 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mlso_cli.codegen import CodegenError, generate
+from mlso_cli.codegen.arch import SMEM_BUDGET
 from mlso_cli.codegen.blocklayout import smem_layout
+from mlso_cli.codegen.budget import SpecError, block_smem, check, problems
 from mlso_cli.ir import DType, InputMap, KernelGraph, Op
 from mlso_cli.ir import build as b
-from mlso_cli.ir.ops import SMEM_BUDGET
-from mlso_cli.ir.spec import SpecError, block_smem, check, problems, tile_shape
+from mlso_cli.ir.spec import tile_shape
 from tests import test_codegen_graphs as T
 from tests import test_codegen_stabilise as S
 from tests.fixtures import ugraphs

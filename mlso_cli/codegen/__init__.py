@@ -5,16 +5,31 @@
 
 Strategy per construct (details in each module's docstring):
   plan.py      plan(kg, arch): kernels, layouts, register paths, before any code is printed
-  lower.py     which kernel-level nodes become kernels, buffers, launch order
+  roots.py     which kernel-level nodes become kernels, output targets, launch order (a frozen
+               KernelRoots, decided from the graph alone)
+  lower.py     buffers, and each root's kernel printed in launch order
   schedule.py  the one dependency-first scheduling loop (kernels, and passes within a block)
-  kernels.py   elementwise chains, reductions (incl. the split-KV combine), tiled matmuls
+  kernels.py   the kernel-level emitters: elementwise chains (plan_elementwise, print_elementwise),
+               reductions and tiled matmuls through their plan modules:
+  reducekernel.py  plan_reduce (a frozen ReduceKernelPlan, incl. the split-KV combine), print_reduce
+  matmulkernel.py  plan_matmul (a frozen MatmulKernelPlan), print_matmul
+  site.py      KernelSite: what a kernel-level printer gets from the lowering (no Lowering)
   libgemm.py   kernel-level matmuls as cuBLASLt calls (library GEMM launches), operand staging
   normalise.py exact block rewrites (ACC_SUM of exp terms -> rescaling accumulators), and the
                graph as codegen computes it, for the interpreter's float32 mode
   blockanalysis.py, blockstorage.py, blockmatmul.py, blocklayout.py, barriers.py
                graph-defined kernels' decisions; blocklayout.smem_layout is the shared-memory
-               figure the spec checker uses
-  block.py     graph-defined kernels printed (ITER loads, PRE/LOOP/POST, accumulators, SAVE)
+               figure the architecture check uses
+  arch.py      per-arch figures (shared-memory budget)
+  budget.py    the architecture check: ir.spec's rules plus layout and shared-memory budget
+               (check, problems, block_smem); ir/ imports nothing from codegen
+  blockbuilder.py  ir.builder.BlockBuilder with the arch's shared-memory budget
+  blockplan.py plan_block(bg, arch): one frozen BlockPlan per graph-defined kernel (path, threads,
+               pipeline, padding, tiles, buffers, matmul operands and staging)
+  block.py     graph-defined kernels printed from their BlockPlan: the PRE/LOOP/POST skeleton,
+               pipeline, pass order and barriers
+  blockpass/   graph-defined kernels' passes printed by family: elementwise, rowwalk, matmul,
+               flash (online softmax groups), reduce, saving, loading
   scoreform.py scores the register-resident online softmax computes (scaled, per-key, two terms)
   emitter.py   fused elementwise evaluation (thread graphs), views as index maps
   scale.py     values kept relative to a running max (softmax safety at logits of +-100);
@@ -25,17 +40,17 @@ Strategy per construct (details in each module's docstring):
 
 from __future__ import annotations
 
+from mlso_cli.codegen.budget import check
 from mlso_cli.codegen.errors import CodegenError, CompileError
 from mlso_cli.codegen.lower import Lowering
 from mlso_cli.codegen.program import GeneratedProgram
 from mlso_cli.ir.graph import KernelGraph
-from mlso_cli.ir.spec import check
 
 DEFAULT_TARGETS: tuple[str, ...] = ("sm_80", "sm_90a")
 
 
 def generate(kg: KernelGraph, arch_targets: tuple[str, ...] = DEFAULT_TARGETS) -> GeneratedProgram:
-    """CUDA source and launch plan of a μGraph that passes mlso_cli.ir.spec.check."""
+    """CUDA source and launch plan of a μGraph that passes mlso_cli.codegen.budget.check."""
     check(kg)
     return Lowering(kg, tuple(arch_targets)).generate()
 

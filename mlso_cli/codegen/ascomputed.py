@@ -7,13 +7,14 @@ float32 evaluation follows codegen's decisions, each taken from the function cod
   - every EXP that codegen keeps relative to a row max (stabilise.stabilised) is marked
     (synthetic.Stabilised) with its mask factors as extra sources;
   - the operands of a block matmul that runs on tensor cores are cast to its 16-bit type, as
-    the staging copies (and 16-bit tiles) that ldmatrix reads are (blocklayout's matmul plans).
+    the staging copies (and 16-bit tiles) that ldmatrix reads are (the BlockPlan's matmul plans,
+    blockplan.plan_block).
 """
 
 from __future__ import annotations
 
 from mlso_cli.codegen import synthetic
-from mlso_cli.codegen.blocklayout import BlockLayout
+from mlso_cli.codegen.blockplan import plan_block
 from mlso_cli.codegen.normalise import normalise
 from mlso_cli.codegen.stabilise import consumers_of, stabilised
 from mlso_cli.ir.graph import BlockGraph, KernelGraph
@@ -26,9 +27,8 @@ MMA_OPERANDS = {Op.MATMUL: (0, 1), Op.ACC_EXP_WSUM: (1,)}
 
 def _rounded_operands(bg: BlockGraph) -> dict[Node, DType]:
     """Block node -> the 16-bit type its matmul operands are read in (tensor-core plans only)."""
-    lay = BlockLayout(bg)
-    lay.plan()
-    return {n: p.dtype for n, p in lay.plans.items() if p.kind == "mma" and p.dtype is not None}
+    plans = plan_block(bg).plans
+    return {n: p.dtype for n, p in plans.items() if p.kind == "mma" and p.dtype is not None}
 
 
 def _cast(x: Node, dt: DType) -> Node:

@@ -119,7 +119,7 @@ class BlockAnalysis:
         self.loop_iters = [n for n in self.iters if n.phase is Phase.LOOP]
         self.direct: frozenset[Node] = self._direct_iters()
         self.moments: dict[Node, Moments] = self._moments()
-        """Second reductions computed with their first in one walk (block.py `_pass_moments`)."""
+        """Second reductions computed with their first in one walk (`blockpass.reduce.pass_moments`)."""
         self.moment_firsts: frozenset[Node] = frozenset(m.first for m in self.moments.values())
 
     def _direct_iters(self) -> frozenset[Node]:
@@ -152,7 +152,7 @@ class BlockAnalysis:
         r1 alone (keepdims shape, so constant along the axis), computed in one walk over u:
         with a shift K (the row's first element) it folds r1, S1 = sum(u - K) and
         S2 = sum((u - K)^2), then r2 = S2 - 2 (a - K) S1 + N (a - K)^2, which is exact for any
-        a (block.py `_pass_moments`).
+        a (`blockpass.reduce.pass_moments`).
 
         Why: a LayerNorm's mean and variance read the rows twice, the second walk only after
         the first one's result. In layernorm_linear's batch-8 kernel every one of 128 blocks

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from mlso_cli.codegen import blockanalysis
+from mlso_cli.codegen.arch import SMEM_BUDGET
 from mlso_cli.codegen.blockmatmul import MatmulPlan, MatmulPlanning, Operand, Stage
 from mlso_cli.codegen.blockstorage import _ceil_to
 from mlso_cli.codegen.cfmt import CTYPE, contiguous
 from mlso_cli.codegen.scale import Storage
 from mlso_cli.ir.graph import BlockGraph
 from mlso_cli.ir.node import Node
-from mlso_cli.ir.ops import REDUCE, SMEM_BUDGET, DType, Op, Phase
+from mlso_cli.ir.ops import REDUCE, DType, Op, Phase
 
 PIPELINE_STAGES = 2
 """cp.async pipeline depth of the loop tiles. Why two, always: every searched program was
@@ -83,7 +84,7 @@ class BlockLayout(MatmulPlanning):
                     self._alloc(CTYPE[it.dtype], f"{base}_{k}", nbytes)
                 region_end = self.smem
             elif it in self.direct:
-                # read in place from global memory (block.py points `g<arg>` at the tile)
+                # read in place from global memory (blockpass.loading points `g<arg>` at the tile)
                 base, strides = f"g{it.arg}", contiguous(it.shape)
             else:
                 self._alloc(CTYPE[it.dtype], base, nbytes)

@@ -23,6 +23,13 @@ CTYPE: dict[DType, str] = {DType.F16: "__half", DType.BF16: "__nv_bfloat16", DTy
 
 Coords = tuple[str, ...]
 
+XYZ = ("x", "y", "z")
+"""blockIdx's axes, in grid order."""
+
+
+def c_bool(b: bool) -> str:
+    return "true" if b else "false"
+
 
 def c_float(x: float | int | Fraction) -> str:
     """An fp32 literal that parses to exactly float32(x) (shortest round-tripping digits)."""
@@ -122,6 +129,17 @@ class Names:
         k = self._n.get(prefix, 0)
         self._n[prefix] = k + 1
         return f"{prefix}{k}"
+
+    def counts(self) -> tuple[tuple[str, int], ...]:
+        """The identifiers taken so far: (prefix, how many), in first-use order."""
+        return tuple(self._n.items())
+
+    @classmethod
+    def after(cls, counts: tuple[tuple[str, int], ...]) -> Names:
+        """Fresh identifiers that continue after `counts` (Names.counts of another)."""
+        out = cls()
+        out._n = dict(counts)
+        return out
 
 
 class Code:

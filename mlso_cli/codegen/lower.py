@@ -1,28 +1,23 @@
-"""Kernel-graph lowering: which nodes become kernels, where tensors live, in which order.
+"""Kernel-graph lowering: stores tensors and prints one kernel per root, in launch order.
 
-Rules (thread graphs are built by rules, not search):
-  - MATMUL, REDUCE_*, GRAPH_DEF and the row maxima of stabilised EXPs are kernels ("roots").
-  - Views never launch: consumers index through them.
-  - An elementwise op is inlined into the one kernel that uses it (into an elementwise chain,
-    a matmul's operand loader, a reduction's loop or a graph-defined kernel's tile loader);
-    it becomes a kernel of its own when several kernels need it or when it is a graph output.
+The decisions come first, from the graph alone (roots.kernel_roots: which nodes become kernels,
+what each output slot holds, the launch order); this module then stores and prints:
   - Graph outputs live in output buffers; everything else a kernel writes is fp32 scratch
     (fp16 intermediates would round logits of 100 by 0.03, ruining exp), except a library
     GEMM's staged operand, which is scratch of the operand's own 16-bit dtype.
   - A MATMUL root becomes a library GEMM (cuBLASLt) whenever libgemm.library_matmul allows it,
     else a generated kernel.
-Kernels are emitted in dependency order by the table KERNEL_EMITTERS (op -> emitter).
+Kernels are emitted in launch order by the table KERNEL_EMITTERS (op -> emitter); its keys are
+plan.KIND's (the kinds the lowering plan reports).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from mlso_cli.codegen import synthetic
 from mlso_cli.codegen.block import emit_graph_def
-from mlso_cli.codegen.cfmt import CTYPE, Coords, contiguous
+from mlso_cli.codegen.cfmt import CTYPE, contiguous
 from mlso_cli.codegen.emitter import Emitter
-from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.kernels import emit_elementwise, emit_matmul, emit_reduce
 from mlso_cli.codegen.libgemm import library_matmul
 from mlso_cli.codegen.program import (
@@ -33,20 +28,15 @@ from mlso_cli.codegen.program import (
     Launch,
     build_plan,
 )
-from mlso_cli.codegen.scale import Storage, Val, structural
-from mlso_cli.codegen.schedule import schedule
-from mlso_cli.codegen.stabilise import consumers_of, stabilisers
+from mlso_cli.codegen.roots import INLINE_REDUCE_MAX_LEN as INLINE_REDUCE_MAX_LEN
+from mlso_cli.codegen.roots import KIND, KernelRoots, kernel_roots
+from mlso_cli.codegen.roots import ROOT_OPS as ROOT_OPS
+from mlso_cli.codegen.scale import Storage
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.hashing import graph_hash
-from mlso_cli.ir.node import Node, toposort
-from mlso_cli.ir.ops import REDUCE, VIEW, DType, Op
+from mlso_cli.ir.node import Node
+from mlso_cli.ir.ops import DType, Op
 from mlso_cli.knobs import knobs
-
-ROOT_OPS = frozenset({Op.MATMUL, Op.GRAPH_DEF}) | REDUCE
-INT_LIMIT = 2**31 - 1
-INLINE_REDUCE_MAX_LEN = 64
-"""Reductions over a strided axis up to this long are evaluated inside their one elementwise
-consumer (a loop per element) instead of as a kernel of their own: the split-KV combine."""
 
 
 class Uses:
@@ -95,16 +85,11 @@ class Lowering:
         self.outputs: list[Buffer] = []
         self.scratch: list[Buffer] = []
         self.kernels: list[Launch] = []
-        nodes = kg.nodes()
-        self.stab = stabilisers(nodes, consumers_of(nodes))
-        self.order = toposort(list(kg.outputs) + list(self.stab.values()))
-        self.consumers = consumers_of(self.order)
-        for n in self.order:
-            if n.numel > INT_LIMIT:
-                raise CodegenError(
-                    f"{n.op.value}{list(n.shape)} has more than 2^31-1 elements",
-                    "Split the region: kernels index with 32-bit integers.",
-                )
+        self.decided: KernelRoots = kernel_roots(kg)
+        """Which nodes become kernels, in which order (decided before anything is printed)."""
+        self.stab = dict(self.decided.stab)
+        self.order = list(self.decided.order)
+        self.consumers = self.decided.consumers
 
     # ---- storage -----------------------------------------------------------------------------
     def _store(self, n: Node, buf: Buffer) -> Storage:
@@ -125,104 +110,8 @@ class Lowering:
     def emitter(self, uses: Uses, names, flat=None) -> Emitter:
         return Emitter(self.storage, self.stab, names, uses.read, flat)
 
-    def stored_code(self, em: Emitter, root: Node, v: Val, tokens: Coords) -> str:
-        """What to store for root at `tokens`: the scaled number when root is fp32 scratch and its
-        scale has a simple layout (root's storage records the scale), else the exact value."""
-        st = self.storage[root]
-        if (
-            v.scale is not None
-            and isinstance(st.buffer, Buffer)
-            and st.buffer.kind == "scratch"
-            and st.dtype is DType.F32
-        ):
-            bs = structural(v.scale, tokens)
-            if bs is not None:
-                st.scale = bs
-                return v.code
-        return em.materialise(v)
-
     def kernel_name(self) -> str:
         return f"mlso_k{len(self.kernels)}"
-
-    # ---- roots -------------------------------------------------------------------------------
-    def _roots(self) -> tuple[set[Node], list[Node]]:
-        """(root set, output targets): which nodes get kernels, and what each output slot holds."""
-        roots: set[Node] = {n for n in self.order if n.op in (Op.MATMUL, Op.GRAPH_DEF)} | set(
-            self.stab.values()
-        )
-        outs = set(self.kg.outputs)
-        users: dict[Node, set[Node]] = {}
-        for n in reversed(self.order):
-            if n.op in (Op.INPUT, Op.CONST, Op.PROJ) or n in roots:
-                continue
-            u: set[Node] = set()
-            for c in self.consumers.get(n, []):
-                u |= {c} if c in roots else users.get(c, set())
-            if n.op in REDUCE:
-                if n in outs or not self._inline_reduce(n, u):
-                    roots.add(n)
-                else:
-                    users[n] = u
-            elif n in outs or (n.op not in VIEW and len(u) > 1):
-                roots.add(n)
-            else:
-                users[n] = u
-        targets: list[Node] = []
-        taken: set[Node] = set()
-        taken_proj: set[tuple[Node, int]] = set()
-        for k, n in enumerate(self.kg.outputs):
-            key = (n.src[0], n.arg) if n.op is Op.PROJ else None
-            # An output that other kernels also read goes out through a copy: the node keeps fp32
-            # scratch that may stay scaled (a split-KV partial, a softmax numerator), and only the
-            # copy materialises the exact value, which may overflow where the result does not.
-            used = any(c is not n for c in self.consumers.get(n, []))
-            if n.op is Op.INPUT or n in taken or (key is not None and key in taken_proj) or used:
-                n = synthetic.copy(n, k)
-                roots.add(n)
-            taken.add(n)
-            if key is not None:
-                taken_proj.add(key)
-            targets.append(n)
-        return roots, targets
-
-    @staticmethod
-    def _inline_reduce(n: Node, users: set[Node]) -> bool:
-        """A reduction over a short strided axis with one elementwise kernel using it."""
-        x = n.src[0]
-        strided_axis = any(d > 1 for d in x.shape[n.arg + 1 :])
-        if not strided_axis or x.shape[n.arg] > INLINE_REDUCE_MAX_LEN or len(users) != 1:
-            return False
-        (user,) = users
-        return user.op not in ROOT_OPS
-
-    def _deps(self, root: Node, roots: set[Node]) -> list[Node]:
-        out: list[Node] = []
-        seen: set[Node] = set()
-
-        def walk(s: Node) -> None:
-            if s.op in (Op.INPUT, Op.CONST) or s in seen:
-                return
-            seen.add(s)
-            if s in roots:
-                out.append(s)
-            elif s.op is Op.PROJ:
-                out.append(s.src[0])
-            else:
-                if s in self.stab:
-                    out.append(self.stab[s])
-                for t in s.src:
-                    walk(t)
-
-        if root.op is Op.PROJ:
-            return [root.src[0]]
-        if root in self.stab:
-            out.append(self.stab[root])
-        for s in root.src:
-            walk(s)
-        return out
-
-    def _schedule(self, roots: set[Node], targets: list[Node]) -> list[Node]:
-        return schedule(targets, lambda n: self._deps(n, roots), keep=lambda n: n in roots)
 
     # ---- driver ------------------------------------------------------------------------------
     def generate(self) -> GeneratedProgram:
@@ -230,13 +119,11 @@ class Lowering:
             buf = Buffer("input", i, n.dtype, n.shape)
             self.inputs.append(buf)
             self._store(n, buf)
-        roots, targets = self._roots()
-        for k, n in enumerate(targets):
+        for k, n in enumerate(self.decided.targets):
             buf = Buffer("output", k, self.kg.outputs[k].dtype, self.kg.outputs[k].shape)
             self.outputs.append(buf)
             self._store(n, buf)
-        schedule = self._schedule(roots, targets)
-        for root in schedule:
+        for root in self.decided.schedule:
             if root.op is not Op.GRAPH_DEF:
                 self.scratch_storage(root)
             if root.op is Op.MATMUL and self.library and library_matmul(self, root):
@@ -275,3 +162,4 @@ KERNEL_EMITTERS: dict[Op, Callable[[Lowering, Node], Kernel]] = {
     Op.GRAPH_DEF: emit_graph_def,
 }
 """Root op -> kernel emitter; elementwise and view roots (and output copies) use emit_elementwise."""
+assert set(KERNEL_EMITTERS) == set(KIND), "every kernel kind the plan reports has an emitter"

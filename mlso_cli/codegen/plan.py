@@ -4,8 +4,9 @@ Why: the spec checker, the cost model and the interpreter's float32 mode need co
 decisions (how many kernels in which order, each graph-defined kernel's shared memory, threads,
 pipeline depth and whether its online softmax runs in registers, which exps are kept relative to
 a row max), not its text. Every figure here comes from the same functions `generate` uses
-(Lowering's roots and schedule, blocklayout.smem_layout, stabilise.stabilised, normalise), so a
-plan and a program cannot disagree; `LoweringPlan.to_json` is plain JSON for reports and caches.
+(roots.kernel_roots, blocklayout.smem_layout, stabilise.stabilised, normalise), so a plan and a
+program cannot disagree; `LoweringPlan.to_json` is plain JSON for reports and caches. Nothing
+here prints, except the one fallback `_library_decisions` documents.
 
 What is not here yet: the kernel-level scale decisions (which fp32 scratch buffers hold scaled
 numbers) are still made as each kernel is emitted, in this schedule's order.
@@ -13,28 +14,22 @@ numbers) are still made as each kernel is emitted, in this schedule's order.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlso_cli.codegen.blocklayout import CODEGEN_ARCH, SmemLayout, smem_layout
 from mlso_cli.codegen.cfmt import contiguous
 from mlso_cli.codegen.libgemm import eligible, stagings
-from mlso_cli.codegen.lower import KERNEL_EMITTERS, Lowering
 from mlso_cli.codegen.normalise import normalise
 from mlso_cli.codegen.program import Buffer
+from mlso_cli.codegen.roots import KIND, KernelRoots, kernel_roots
 from mlso_cli.codegen.scale import Storage
 from mlso_cli.codegen.stabilise import consumers_of, stabilised
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.node import Node
-from mlso_cli.ir.ops import REDUCE, DType, Op
-
-KIND: dict[Op, str] = {
-    Op.MATMUL: "matmul",
-    Op.GRAPH_DEF: "graph_def",
-    **{op: "reduce" for op in REDUCE},
-}
-"""Root op -> kernel kind; every other root is an elementwise kernel (KERNEL_EMITTERS' default)."""
-assert set(KIND) == set(KERNEL_EMITTERS)
+from mlso_cli.ir.ops import DType, Op
+from mlso_cli.knobs import knobs
 
 
 @dataclass(frozen=True)
@@ -86,17 +81,17 @@ class LoweringPlan:
 
 
 def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH, library: bool | None = None) -> LoweringPlan:
-    """The lowering plan of kg (which must pass mlso_cli.ir.spec.check) for `arch`.
+    """The lowering plan of kg (which must pass mlso_cli.codegen.budget.check) for `arch`.
 
     A kernel-level matmul that generate lowers to a library GEMM is kind "gemm", preceded by a
     "stage" kernel (root: the value it stores) per operand codegen stages
     (`_library_decisions`)."""
-    lw = Lowering(kg, (), library)
-    roots, targets = lw._roots()
+    if library is None:
+        library = knobs().library_gemm
+    kr = kernel_roots(kg)
     kernels = []
     decided: dict[Node, list[Node]] | None = None
-    schedule = lw._schedule(roots, targets)
-    for root in schedule:
+    for root in kr.schedule:
         if root.op is Op.GRAPH_DEF:
             bg = normalise(root.arg)
             nodes = bg.nodes()
@@ -109,9 +104,9 @@ def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH, library: bool | None = None)
                     root,
                 )
             )
-        elif root.op is Op.MATMUL and lw.library and eligible(root):
+        elif root.op is Op.MATMUL and library and eligible(root):
             if decided is None:
-                decided = _library_decisions(kg, lw, roots, targets, schedule)
+                decided = _library_decisions(kg, kr, library)
             if root not in decided:
                 kernels.append(KernelPlan("matmul", root.shape, root=root))
                 continue
@@ -120,27 +115,27 @@ def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH, library: bool | None = None)
             kernels.append(KernelPlan("gemm", root.shape, root=root))
         else:
             kernels.append(KernelPlan(KIND.get(root.op, "elementwise"), root.shape, root=root))
-    return LoweringPlan(arch, tuple(kernels), len(lw.stab))
+    return LoweringPlan(arch, tuple(kernels), len(kr.stab))
 
 
-def _library_decisions(
-    kg: KernelGraph, lw: Lowering, roots: set[Node], targets: list[Node], schedule: list[Node]
-) -> dict[Node, list[Node]]:
+def _library_decisions(kg: KernelGraph, kr: KernelRoots, library: bool) -> dict[Node, list[Node]]:
     """Library GEMM roots -> the values staged for them, as generate decides. Decided from a
     sketch of generate's storage (dtypes and strides) without emitting anything, except where a
     matmul's operands derive from a softmax numerator kept relative to its row max: whether the
     value reaching the matmul is still scaled (then it stays generated) is only known to the
     emitter, so that rare program is lowered for real and its decisions read back."""
-    matmuls = [r for r in schedule if r.op is Op.MATMUL and eligible(r)]
-    if lw.stab and any(_reaches(r, lw.stab) for r in matmuls):
-        full = Lowering(kg, ("sm_90",), lw.library)
+    matmuls = [r for r in kr.schedule if r.op is Op.MATMUL and eligible(r)]
+    if kr.stab and any(_reaches(r, kr.stab) for r in matmuls):
+        from mlso_cli.codegen.lower import Lowering  # the fallback prints: lower imports this
+
+        full = Lowering(kg, ("sm_90",), library)
         full.generate()
         return full.library_roots
-    storage = _storage_sketch(lw, roots, targets)
+    storage = _storage_sketch(kg, kr)
     return {r: stagings(storage, r) for r in matmuls}
 
 
-def _reaches(root: Node, stabilised: dict[Node, Node]) -> bool:
+def _reaches(root: Node, stabilised: Mapping[Node, Node]) -> bool:
     """Whether a stabilised EXP is among root's transitive sources."""
     seen: set[Node] = set()
     stack = list(root.src)
@@ -155,7 +150,7 @@ def _reaches(root: Node, stabilised: dict[Node, Node]) -> bool:
     return False
 
 
-def _storage_sketch(lw: Lowering, roots: set[Node], targets: list[Node]) -> dict[Node, Storage]:
+def _storage_sketch(kg: KernelGraph, kr: KernelRoots) -> dict[Node, Storage]:
     """Where generate stores each tensor, without emitting anything: inputs and outputs in their
     buffers, every other kernel's result (and a graph-defined kernel's outputs) in fp32 scratch.
     Enough for libgemm.stagings, which reads dtypes and strides only."""
@@ -166,11 +161,11 @@ def _storage_sketch(lw: Lowering, roots: set[Node], targets: list[Node]) -> dict
             buf = Buffer(kind, index, dtype, n.shape)
             out[n] = Storage(buf.name, dtype, n.shape, contiguous(n.shape), buffer=buf)
 
-    for i, n in enumerate(lw.kg.inputs):
+    for i, n in enumerate(kg.inputs):
         put(n, "input", i, n.dtype)
-    for k, n in enumerate(targets):
-        put(n, "output", k, lw.kg.outputs[k].dtype)
-    for i, n in enumerate(lw.order):
-        if n in roots or n.op is Op.PROJ:
+    for k, n in enumerate(kr.targets):
+        put(n, "output", k, kg.outputs[k].dtype)
+    for i, n in enumerate(kr.order):
+        if n in kr.roots or n.op is Op.PROJ:
             put(n, "scratch", i, DType.F32)
     return out

@@ -1,6 +1,6 @@
 """Rewrite one vector lane's statements of an elementwise pass: wide loads, hoisted invariants.
 
-Why: in a vector pass (block.py `_elementwise(vector=True)`) each thread computes `width`
+Why: in a vector pass (`blockpass.elementwise.per_element(vector=True)`) each thread computes `width`
 neighbours along the last axis, lane `vj` = 0..width-1 of vector `ev`. The emitter prints one
 lane's statements, with index expressions in `ev` and `vj`. nvcc does not merge the lanes'
 16-bit shared-memory loads into wide ones, nor does it see that `(ev * 8 + vj) / 128` is the

@@ -10,20 +10,10 @@ with the spec checker's own per-node rules (spec.block_node_problems; SPEC_RULES
 the builder accepts the ops the spec accepts in a finished graph and refuses the others; `finish`
 runs the spec's block checks on the whole graph.
 
-Shared memory: `smem()` is the byte count spec.block_smem reports (the one code generation
-allocates, blocklayout.smem_layout). A graph being built has open values, which nothing reads
-and no SAVE writes yet. Each open pre- or post-loop value gets a temporary fp32 SAVE so that the
-layout can be computed; an open loop tile (ITER) is costed through a loop sum of its row sums (a
-small accumulator: code generation fuses the row sum into it); any other open loop value is not
-costed until an accumulator reads it, because its storage depends on the accumulator (a score
-that the online softmax keeps in registers takes no shared memory). Once every value reaches a
-SAVE the figure is block_smem of the finished graph, exactly. With `budget=True` an op whose
-figure would exceed the arch's budget is refused. A figure before that point can exceed the
-finished one (an open value stored for its temporary SAVE that the finished graph fuses), so
-the search, whose recipes are judged whole, builds with budget=False: then `finish` leaves the
-budget out too (a structure checked at reduced shapes is sized later, and the spec checker holds
-each sized instance to the budget). Figures are computed only when asked or checked, cached per set of roots (and
-smem_layout caches per block graph).
+Shared memory is not checked here: its figure is code generation's, and ir/ imports nothing
+from codegen. mlso_cli.codegen.blockbuilder.BlockBuilder is this builder with the arch's budget
+(`smem()`, the refusal of an op over budget, and the layout checks in `finish`), through the two
+hooks `_admit` and `_block_extra`.
 """
 
 from __future__ import annotations
@@ -35,14 +25,13 @@ from typing import Any
 
 from mlso_cli.ir import build as b
 from mlso_cli.ir import spec
-from mlso_cli.ir.graph import PARTIAL, BlockGraph, InputMap, OutputMap
+from mlso_cli.ir.graph import BlockGraph, InputMap
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import (
     ACCUMULATORS,
     ARITY,
     BINARY,
     REDUCE,
-    SMEM_BUDGET,
     UNARY,
     DType,
     Op,
@@ -63,12 +52,13 @@ class BuildError(ValueError):
     """An op the block builder refuses; the message names the op and the reason."""
 
 
-def _pad3(t: Sequence[Any], fill: Any) -> tuple[Any, Any, Any]:
+def pad3(t: Sequence[Any], fill: Any) -> tuple[Any, Any, Any]:
     return tuple(t) + (fill,) * (3 - len(t))  # type: ignore[return-value]
 
 
 class BlockBuilder:
-    """One block graph under construction over kernel tensors `srcs` read through `inputs`."""
+    """One block graph under construction over kernel tensors `srcs` read through `inputs`,
+    held to the IR's rules (no shared-memory budget: codegen.blockbuilder adds it)."""
 
     def __init__(
         self,
@@ -76,12 +66,7 @@ class BlockBuilder:
         loop: int,
         inputs: Sequence[InputMap],
         srcs: Sequence[Node],
-        arch: str = "sm_90",
-        *,
-        budget: bool = True,
     ) -> None:
-        if arch not in SMEM_BUDGET:
-            raise BuildError(f"block graph: unknown arch {arch}; known: {sorted(SMEM_BUDGET)}")
         if len(grid) > 3 or any(not isinstance(g, int) or g < 1 for g in grid):
             raise BuildError(f"block graph: grid {tuple(grid)} must be up to three positive ints")
         if not isinstance(loop, int) or loop < 1:
@@ -90,12 +75,10 @@ class BlockBuilder:
             raise BuildError(f"block graph: {len(inputs)} input maps for {len(srcs)} sources")
         if any(s.phase is not None for s in srcs):
             raise BuildError("block graph: sources must be kernel-level tensors")
-        self.grid: tuple[int, int, int] = _pad3(grid, 1)
+        self.grid: tuple[int, int, int] = pad3(grid, 1)
         self.loop = loop
         self.inputs = tuple(inputs)
         self.srcs = tuple(srcs)
-        self.arch = arch
-        self.budget = budget
         probs, self.tiles = spec.input_tiles(self.grid, loop, self.inputs, self.srcs)
         if probs:
             raise BuildError("block graph inputs: " + "; ".join(probs))
@@ -103,7 +86,6 @@ class BlockBuilder:
         self._used: set[Node] = set()  # values some built op reads
         self._saves: list[Node] = []
         self._checked: set[Node] = set()  # every node accepted, SAVEs included
-        self._smem: dict[tuple[Node, ...], int] = {}
         self._done: BlockGraph | None = None
 
     # ---- sources --------------------------------------------------------------------------
@@ -200,19 +182,13 @@ class BlockBuilder:
                 f"save: omap {tuple(omap)} must be up to three tensor dims, PARTIAL or None"
             )
         index = len(self._saves)
-        node = self._add("save", lambda: b.save(x, index, _pad3(omap, None), dtype), (x,))
+        node = self._add("save", lambda: b.save(x, index, pad3(omap, None), dtype), (x,))
         self._saves.append(node)
         return node
 
     @property
     def saves(self) -> tuple[Node, ...]:
         return tuple(self._saves)
-
-    def smem(self) -> int:
-        """Bytes of shared memory the graph built so far needs (see the module docstring)."""
-        if self._done is not None:
-            return spec.block_smem(self._done, self.srcs, self.arch)
-        return self._figure("smem", self._roots(None))
 
     def finish(self) -> BlockGraph:
         """The block graph, after the spec checker's block checks (BuildError on a problem).
@@ -221,7 +197,7 @@ class BlockBuilder:
             if not self._saves:
                 raise BuildError("finish: the block graph has no SAVE")
             bg = b.block_graph(self.grid, self.loop, self.inputs, self._saves)
-            probs = spec.block_problems(bg, self.srcs, self.arch, self._checked, budget=self.budget)
+            probs = spec.block_problems(bg, self.srcs, self._checked, extra=self._block_extra)
             if probs:
                 raise BuildError("finish: " + "; ".join(probs))
             self._done = bg
@@ -247,59 +223,20 @@ class BlockBuilder:
             probs = spec.block_node_problems(node, self.grid, self.inputs, self.tiles, self.srcs)
             if probs:
                 raise BuildError(f"{name}: " + "; ".join(probs))
-        if self.budget and node.op is not Op.CONST and node not in self._nodes:
-            need = self._figure(name, self._roots(node))
-            if need > SMEM_BUDGET[self.arch]:
-                raise BuildError(
-                    f"{name}: the block would need {need} bytes of shared memory; "
-                    f"{self.arch} has {SMEM_BUDGET[self.arch]}"
-                )
+        self._admit(name, node)
         self._checked.add(node)
         if node.op is not Op.SAVE:
             self._nodes[node] = None
         self._used.update(node.src)
         return node
 
-    def _roots(self, extra: Node | None) -> tuple[Node, ...]:
-        """The SAVEs so far, then every open value (no op reads it, no SAVE writes it),
-        as if `extra` had been added."""
-        saves = list(self._saves)
-        nodes = list(self._nodes)
-        used = self._used
-        if extra is not None:
-            used = used | set(extra.src)
-            if extra.op is Op.SAVE:
-                saves.append(extra)
-            elif extra not in self._nodes:
-                nodes.append(extra)
-        return tuple(saves) + tuple(n for n in nodes if n not in used and n.op is not Op.CONST)
+    def _admit(self, name: str, node: Node) -> None:
+        """A hook run on each op that holds the IR's rules, before it is accepted: raise
+        BuildError to refuse it (the budgeted builder's shared-memory check)."""
 
-    def _figure(self, name: str, roots: tuple[Node, ...]) -> int:
-        hit = self._smem.get(roots)
-        if hit is not None:
-            return hit
-        saves = [r for r in roots if r.op is Op.SAVE]
-        omap = _pad3([PARTIAL if g > 1 else None for g in self.grid], None)
-        for r in roots[len(saves) :]:
-            x = r
-            if r.phase is Phase.LOOP:
-                if r.op is not Op.ITER:
-                    continue  # costed once an accumulator reads it: how depends on the accumulator
-                x = b.accumulate(Op.ACC_SUM, b.reduce(Op.REDUCE_SUM, r, -1) if r.shape else r)
-            saves.append(
-                Node(Op.SAVE, (x,), OutputMap(len(saves), omap), x.shape, DType.F32, x.phase)
-            )
-        bg = b.block_graph(self.grid, self.loop, self.inputs, saves)
-        from mlso_cli.codegen.errors import CodegenError  # lazily: codegen imports ir
-
-        try:
-            need = spec.block_smem(bg, self.srcs, self.arch)
-        except CodegenError as exc:
-            raise BuildError(
-                f"{name}: code generation cannot lay this block graph out: {exc}"
-            ) from exc
-        self._smem[roots] = need
-        return need
+    def _block_extra(self, bg: BlockGraph, srcs: tuple[Node, ...]) -> list[str]:
+        """A hook adding problems to the finished block graph once the IR's rules hold."""
+        return []
 
 
 _APPLY: dict[Op, Callable[[BlockBuilder, Op, list[Node], Any], Node]] = {

@@ -121,6 +121,3 @@ ARITY: dict[Op, int] = {
 KERNEL_OPS = COMPUTE | {Op.INPUT, Op.GRAPH_DEF, Op.PROJ}
 BLOCK_OPS = COMPUTE | ACCUMULATORS | {Op.ITER, Op.SAVE, Op.THREAD}
 THREAD_OPS = ELEMENTWISE | {Op.CONST, Op.THREAD_IN}
-
-SMEM_BUDGET: dict[str, int] = {"sm_80": 163 * 1024, "sm_90": 227 * 1024}
-"""Usable shared memory per block, by arch (with the opt-in limit raised by the launcher)."""

@@ -2,10 +2,18 @@
 
 It re-derives what the builders compute (shapes, dtypes, phases) and checks what they cannot:
 imap/fmap/omap consistency, divisibility of split dims, accumulator placement, output coverage,
-partial outputs in fp32, and each arch's shared-memory budget.
+partial outputs in fp32.
+
+What is not here: whether code generation can lay a block graph out, and whether its shared
+memory fits an arch's budget. Those figures are code generation's (blocklayout.smem_layout), so
+that check is mlso_cli.codegen.budget, which runs this one and adds its own problems to each
+block graph through the `extra` hook below; ir/ imports nothing from codegen
+(tests/test_layering.py).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from mlso_cli.ir.graph import PARTIAL, BlockGraph, InputMap, KernelGraph, OutputMap, ThreadGraph
 from mlso_cli.ir.node import Node, toposort
@@ -16,7 +24,6 @@ from mlso_cli.ir.ops import (
     ELEMENTWISE,
     KERNEL_OPS,
     REDUCE,
-    SMEM_BUDGET,
     THREAD_OPS,
     VIEW,
     DType,
@@ -34,21 +41,24 @@ class SpecError(ValueError):
         self.problems = problems
 
 
-def check(kg: KernelGraph, arch: str = "sm_90") -> KernelGraph:
-    """Raise SpecError listing every problem; return the graph unchanged when it is valid."""
-    probs = problems(kg, arch)
+BlockExtra = Callable[[BlockGraph, tuple[Node, ...]], list[str]]
+"""More problems of a block graph that holds every IR rule (code generation's layout and budget,
+mlso_cli.codegen.budget); called once per such block graph, after its IR checks."""
+
+
+def check(kg: KernelGraph) -> KernelGraph:
+    """Raise SpecError listing every IR problem; return the graph unchanged when it is valid.
+    (The arch's shared-memory budget is mlso_cli.codegen.budget.check.)"""
+    probs = problems(kg)
     if probs:
         raise SpecError(probs)
     return kg
 
 
-def problems(kg: KernelGraph, arch: str = "sm_90", *, budget: bool = True) -> list[str]:
-    """Every way `kg` breaks the spec on `arch`. `budget=False` leaves out the shared-memory
-    budget only (the layout must still be plannable): the search checks structures at reduced
-    shapes and provisional sizes, where a tile's bytes say nothing about the full-size program."""
+def problems(kg: KernelGraph, *, extra: BlockExtra | None = None) -> list[str]:
+    """Every way `kg` breaks the IR's rules; `extra` adds problems to each block graph that
+    holds them (see BlockExtra)."""
     out: list[str] = []
-    if arch not in SMEM_BUDGET:
-        return [f"unknown arch {arch}; known: {sorted(SMEM_BUDGET)}"]
     if len(kg.input_names) != len(kg.inputs) or len(kg.output_names) != len(kg.outputs):
         out.append("input/output names do not match the inputs/outputs")
     for i, n in enumerate(kg.inputs):
@@ -74,7 +84,7 @@ def problems(kg: KernelGraph, arch: str = "sm_90", *, budget: bool = True) -> li
             if not isinstance(n.arg, BlockGraph):
                 out.append(f"{where}: GRAPH_DEF arg is not a BlockGraph")
             else:
-                out.extend(block_problems(n.arg, n.src, arch, budget=budget))
+                out.extend(block_problems(n.arg, n.src, extra=extra))
         elif n.op is Op.PROJ:
             gd = n.src[0]
             if gd.op is not Op.GRAPH_DEF or not isinstance(gd.arg, BlockGraph):
@@ -179,14 +189,14 @@ def input_tiles(
 def block_problems(
     bg: BlockGraph,
     srcs: tuple[Node, ...],
-    arch: str = "sm_90",
     checked: frozenset[Node] | set[Node] = frozenset(),
     *,
-    budget: bool = True,
+    extra: BlockExtra | None = None,
 ) -> list[str]:
     """Every problem of a block graph over its kernel sources. `checked` holds nodes whose own
     rules (block_node_problems, against these same maps) are already known to hold: the block
-    builder checks each op as it adds it and need not pay for it twice."""
+    builder checks each op as it adds it and need not pay for it twice. `extra` runs only when
+    the IR's rules hold (see BlockExtra)."""
     out: list[str] = []
     if len(bg.grid) != 3 or any((not isinstance(g, int)) or g < 1 for g in bg.grid):
         return [f"grid {bg.grid} must be three positive ints"]
@@ -207,18 +217,9 @@ def block_problems(
     for n in toposort(saves):
         if n not in checked:
             out.extend(block_node_problems(n, bg.grid, bg.inputs, tiles, srcs))
-    if out:
+    if out or extra is None:
         return out
-    from mlso_cli.codegen.errors import CodegenError  # lazily: codegen imports ir
-
-    try:
-        smem = block_smem(bg, srcs, arch)
-    except CodegenError as exc:  # a construct the layout cannot plan: not valid for any arch
-        return [f"code generation cannot lay this block graph out: {exc}"]
-    limit = SMEM_BUDGET[arch]
-    if budget and smem > limit:
-        out.append(f"block graph needs {smem} bytes of shared memory; {arch} has {limit}")
-    return out
+    return extra(bg, tuple(srcs))
 
 
 def block_node_problems(
@@ -282,19 +283,6 @@ def block_node_problems(
     elif phases and n.phase is not max(phases, key=_ORDER.__getitem__):
         out.append(f"{where}: phase should be {max(phases, key=_ORDER.__getitem__).value}")
     return out
-
-
-def block_smem(bg: BlockGraph, srcs: tuple[Node, ...], arch: str = "sm_90") -> int:
-    """Bytes of shared memory one block of `bg` needs on `arch`: the figure the spec checker holds
-    to the arch's budget, and the one the block builder tracks as it grows a graph.
-
-    It is the exact byte count code generation allocates (padding, staging copies, P buffers,
-    pipeline stages included): both read mlso_cli.codegen.blocklayout.smem_layout. `srcs` is
-    kept for callers; the layout depends on the tiles, which the block graph holds.
-    """
-    from mlso_cli.codegen.blocklayout import smem_layout  # lazily: codegen imports ir
-
-    return smem_layout(bg, arch).smem
 
 
 def save_problems(grid: tuple[int, int, int], n: Node) -> list[str]:

@@ -38,9 +38,9 @@ from dataclasses import dataclass, replace
 from threadpoolctl import threadpool_limits
 
 from mlso_cli import interrupt
+from mlso_cli.codegen.budget import problems
 from mlso_cli.ir import serialize
 from mlso_cli.ir.graph import KernelGraph
-from mlso_cli.ir.spec import problems
 from mlso_cli.search import state
 from mlso_cli.search.api import Candidate, ProgressFn, SearchOptions, SearchProgress, SearchResult
 from mlso_cli.search.cost import program_cost

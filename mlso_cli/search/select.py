@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import product
 
+from mlso_cli.codegen.budget import problems
 from mlso_cli.ir.graph import KernelGraph
-from mlso_cli.ir.spec import problems
 from mlso_cli.search.cost import Cost, program_cost
 from mlso_cli.search.dims import DimClasses
 from mlso_cli.search.space import Dims, Recipe, RecipeError, instantiate

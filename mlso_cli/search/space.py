@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
+from mlso_cli.codegen.blockbuilder import BlockBuilder, BuildError
 from mlso_cli.ir import build as b
-from mlso_cli.ir.builder import BlockBuilder, BuildError
 from mlso_cli.ir.graph import PARTIAL, InputMap, KernelGraph
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import ACCUMULATORS, BINARY, ELEMENTWISE, REDUCE, UNARY, DType, Op

@@ -1,0 +1,161 @@
+"""Which kernel-level nodes become kernels, what each output slot holds, and the launch order:
+decided from the μGraph alone, before anything is stored or printed.
+
+Why its own module: generate (lower.Lowering, which stores and prints) and the lowering plan
+(plan.plan, which prints nothing) must make the same decisions; both call `kernel_roots` and
+read the frozen result, where the plan used to reach into the Lowering's private methods.
+
+Rules (thread graphs are built by rules, not search):
+  - MATMUL, REDUCE_*, GRAPH_DEF and the row maxima of stabilised EXPs are kernels ("roots").
+  - Views never launch: consumers index through them.
+  - An elementwise op is inlined into the one kernel that uses it; it becomes a kernel of its own
+    when several kernels need it or when it is a graph output.
+  - A reduction over a short strided axis (the split-KV combine) is evaluated inside its one
+    elementwise consumer (INLINE_REDUCE_MAX_LEN).
+  - An output that is an input, repeats another output slot, or is read by other kernels goes
+    out through a copy (synthetic.copy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from mlso_cli.codegen import synthetic
+from mlso_cli.codegen.errors import CodegenError
+from mlso_cli.codegen.schedule import schedule
+from mlso_cli.codegen.stabilise import consumers_of, stabilisers
+from mlso_cli.ir.graph import KernelGraph
+from mlso_cli.ir.node import Node, toposort
+from mlso_cli.ir.ops import REDUCE, VIEW, Op
+
+ROOT_OPS = frozenset({Op.MATMUL, Op.GRAPH_DEF}) | REDUCE
+KIND: dict[Op, str] = {
+    Op.MATMUL: "matmul",
+    Op.GRAPH_DEF: "graph_def",
+    **{op: "reduce" for op in REDUCE},
+}
+"""Root op -> kernel kind (the lowering plan's names, lower.KERNEL_EMITTERS' keys); every other
+root is an elementwise kernel."""
+INT_LIMIT = 2**31 - 1
+INLINE_REDUCE_MAX_LEN = 64
+"""Reductions over a strided axis up to this long are evaluated inside their one elementwise
+consumer (a loop per element) instead of as a kernel of their own: the split-KV combine."""
+
+
+@dataclass(frozen=True)
+class KernelRoots:
+    """The kernel-level decisions of one μGraph."""
+
+    order: tuple[Node, ...]
+    """Every node the program computes (outputs and stabilisers' maxima), sources first."""
+    consumers: Mapping[Node, list[Node]]
+    stab: Mapping[Node, Node]
+    """Stabilised EXP -> the row max it is kept relative to (stabilise.stabilisers)."""
+    roots: frozenset[Node]
+    """The nodes that get kernels (output copies included)."""
+    targets: tuple[Node, ...]
+    """What output slot k holds: the output node, or its copy."""
+    schedule: tuple[Node, ...]
+    """The roots in launch order (dependencies first)."""
+
+
+def kernel_roots(kg: KernelGraph) -> KernelRoots:
+    """The roots, output targets and launch order of kg (CodegenError past 32-bit indexing)."""
+    nodes = kg.nodes()
+    stab = stabilisers(nodes, consumers_of(nodes))
+    order = toposort(list(kg.outputs) + list(stab.values()))
+    consumers = consumers_of(order)
+    for n in order:
+        if n.numel > INT_LIMIT:
+            raise CodegenError(
+                f"{n.op.value}{list(n.shape)} has more than 2^31-1 elements",
+                "Split the region: kernels index with 32-bit integers.",
+            )
+    roots, targets = _roots(kg, order, consumers, stab)
+    launch = schedule(targets, lambda n: _deps(n, roots, stab), keep=lambda n: n in roots)
+    return KernelRoots(
+        tuple(order), consumers, stab, frozenset(roots), tuple(targets), tuple(launch)
+    )
+
+
+def _roots(
+    kg: KernelGraph,
+    order: list[Node],
+    consumers: Mapping[Node, list[Node]],
+    stab: Mapping[Node, Node],
+) -> tuple[set[Node], list[Node]]:
+    """(root set, output targets): which nodes get kernels, and what each output slot holds."""
+    roots: set[Node] = {n for n in order if n.op in (Op.MATMUL, Op.GRAPH_DEF)} | set(stab.values())
+    outs = set(kg.outputs)
+    users: dict[Node, set[Node]] = {}
+    for n in reversed(order):
+        if n.op in (Op.INPUT, Op.CONST, Op.PROJ) or n in roots:
+            continue
+        u: set[Node] = set()
+        for c in consumers.get(n, []):
+            u |= {c} if c in roots else users.get(c, set())
+        if n.op in REDUCE:
+            if n in outs or not _inline_reduce(n, u):
+                roots.add(n)
+            else:
+                users[n] = u
+        elif n in outs or (n.op not in VIEW and len(u) > 1):
+            roots.add(n)
+        else:
+            users[n] = u
+    targets: list[Node] = []
+    taken: set[Node] = set()
+    taken_proj: set[tuple[Node, int]] = set()
+    for k, n in enumerate(kg.outputs):
+        key = (n.src[0], n.arg) if n.op is Op.PROJ else None
+        # An output that other kernels also read goes out through a copy: the node keeps fp32
+        # scratch that may stay scaled (a split-KV partial, a softmax numerator), and only the
+        # copy materialises the exact value, which may overflow where the result does not.
+        used = any(c is not n for c in consumers.get(n, []))
+        if n.op is Op.INPUT or n in taken or (key is not None and key in taken_proj) or used:
+            n = synthetic.copy(n, k)
+            roots.add(n)
+        taken.add(n)
+        if key is not None:
+            taken_proj.add(key)
+        targets.append(n)
+    return roots, targets
+
+
+def _inline_reduce(n: Node, users: set[Node]) -> bool:
+    """A reduction over a short strided axis with one elementwise kernel using it."""
+    x = n.src[0]
+    strided_axis = any(d > 1 for d in x.shape[n.arg + 1 :])
+    if not strided_axis or x.shape[n.arg] > INLINE_REDUCE_MAX_LEN or len(users) != 1:
+        return False
+    (user,) = users
+    return user.op not in ROOT_OPS
+
+
+def _deps(root: Node, roots: set[Node], stab: Mapping[Node, Node]) -> list[Node]:
+    """The kernels `root`'s kernel reads (through inlined elementwise ops and views)."""
+    out: list[Node] = []
+    seen: set[Node] = set()
+
+    def walk(s: Node) -> None:
+        if s.op in (Op.INPUT, Op.CONST) or s in seen:
+            return
+        seen.add(s)
+        if s in roots:
+            out.append(s)
+        elif s.op is Op.PROJ:
+            out.append(s.src[0])
+        else:
+            if s in stab:
+                out.append(stab[s])
+            for t in s.src:
+                walk(t)
+
+    if root.op is Op.PROJ:
+        return [root.src[0]]
+    if root in stab:
+        out.append(stab[root])
+    for s in root.src:
+        walk(s)
+    return out
