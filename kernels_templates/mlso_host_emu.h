@@ -505,7 +505,10 @@ inline std::vector<unsigned char> poisoned(std::size_t nbytes) { return std::vec
 // the products summed in double and rounded once to fp32, then to C's type. cuBLASLt sums in
 // fp32 in blocked order, whose error is well under one rounding of a 16-bit C; a naive fp32 sum
 // in k order would model a worse GEMM than the library is (and than the interpreter's float32
-// mode assumes), so the emulator stands for the correctly rounded product instead.
+// mode assumes), so the emulator stands for the correctly rounded product instead. A bias
+// epilogue (bias non-null: n elements of C's type from bias_off, the same for every row and
+// batch entry) is added to that fp32 value before the one rounding to C's type, as cuBLASLt's
+// CUBLASLT_EPILOGUE_BIAS adds it to its fp32 result.
 inline float gemm_load(const float* p) { return *p; }
 inline float gemm_load(const __half* p) { return __half2float(*p); }
 inline float gemm_load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
@@ -516,7 +519,8 @@ inline void gemm_store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v);
 template <class TA, class TC>
 void gemm(long m, long n, long k, long batch, const TA* a, long a_off, long lda, long a_stride,
           bool a_trans, const TA* b, long b_off, long ldb, long b_stride, bool b_trans, TC* c,
-          long c_off, long ldc, long c_stride, float alpha, float beta) {
+          long c_off, long ldc, long c_stride, float alpha, float beta,
+          const TC* bias = nullptr, long bias_off = 0) {
   for (long e = 0; e < batch; ++e) {
     for (long i = 0; i < m; ++i) {
       for (long j = 0; j < n; ++j) {
@@ -529,6 +533,7 @@ void gemm(long m, long n, long k, long batch, const TA* a, long a_off, long lda,
         TC* out = c + c_off + e * c_stride + i * ldc + j;
         float v = alpha * float(acc);
         if (beta != 0.0f) v += beta * gemm_load(out);
+        if (bias) v += gemm_load(bias + bias_off + j);
         gemm_store(out, v);
       }
     }

@@ -80,6 +80,37 @@ def broadcast_batch(dt=F32):
     return b.kernel_graph([a, w], [b.matmul(a6, w6)])
 
 
+def biased(dt=F16, batch=2, m=8, k=32, n=24):
+    """x @ W + bias (ONNX MatMul + Add), the sum the output: one GEMM with a bias epilogue that
+    writes the output directly."""
+    x = b.input_(0, (batch, m, k), dt)
+    w = b.input_(1, (k, n), dt)
+    bias = b.input_(2, (n,), dt)
+    mm = b.matmul(x, b.broadcast_to(w, (batch, k, n)))
+    return b.kernel_graph([x, w, bias], [b.add(mm, b.broadcast_to(bias, (batch, m, n)))])
+
+
+def biased_row(dt=F32, m=8, k=32, n=24):
+    """Gemm's C as a [1, n] row broadcast over the rows, added on the left: still a bias."""
+    x = b.input_(0, (m, k), dt)
+    w = b.input_(1, (k, n), dt)
+    bias = b.input_(2, (1, n), dt)
+    return b.kernel_graph([x, w, bias], [b.add(b.broadcast_to(bias, (m, n)), b.matmul(x, w))])
+
+
+def biased_silu(dt=F32, bias_dt=None, m=8, k=32, n=24):
+    """h = x @ W + bias, then h * sigmoid(h): the ADD is inlined into the next kernel, which then
+    reads the GEMM's C (bias included) instead of adding the bias itself."""
+    x = b.input_(0, (m, k), dt)
+    w = b.input_(1, (k, n), dt)
+    bias = b.input_(2, (n,), bias_dt or dt)
+    bb = b.broadcast_to(bias, (m, n))
+    if bias_dt is not None and bias_dt != dt:
+        bb = b.cast(bb, dt)
+    h = b.add(b.matmul(x, w), bb)
+    return b.kernel_graph([x, w, bias], [b.mul(h, b.unary(Op.SIGMOID, h))])
+
+
 GRAPHS = {
     "plain_f16": plain,
     "plain_bf16": lambda: plain(BF16),
@@ -89,6 +120,12 @@ GRAPHS = {
     "norm_linear_bf16": lambda: norm_linear(BF16),
     "linear_sigmoid_f16": linear_then_gelu_like,
     "broadcast_batch_f32": broadcast_batch,
+    "bias_f16": biased,
+    "bias_bf16": lambda: biased(BF16),
+    "bias_f32": lambda: biased(F32),
+    "bias_row_f32": biased_row,
+    "bias_silu_f32": biased_silu,
+    "bias_silu_f16_bias": lambda: biased_silu(F16),
 }
 
 
@@ -183,6 +220,51 @@ def test_a_scaled_softmax_numerator_stays_in_the_generated_matmul():
     assert "gemm" not in kinds and "gemm_simt_64x64" in gp.source
 
 
+def test_a_bias_becomes_the_gemms_epilogue_writing_the_output():
+    gp = generate(biased())
+    (g,) = gemms(gp)
+    assert gp.plan["version"] == 3 and len(gp.plan["launches"]) == 1 and gp.plan["scratch"] == []
+    assert g["bias"] == {"buf": {"kind": "input", "index": 2}, "offset": 0}
+    assert g["c"]["buf"] == {"kind": "output", "index": 0} and g["dtype_c"] == "float16"
+    assert "+ bias" in gp.source
+
+
+def test_a_row_bias_on_the_left_is_a_bias_too():
+    (g,) = gemms(generate(biased_row()))
+    assert g["bias"]["buf"] == {"kind": "input", "index": 2}
+
+
+def test_an_inlined_bias_add_reads_the_gemms_c_instead():
+    gp = generate(biased_silu())
+    g, k = gp.plan["launches"]
+    assert g["bias"]["buf"] == {"kind": "input", "index": 2} and g["dtype_c"] == "float32"
+    assert {"kind": "input", "index": 2} not in k["args"] and g["c"]["buf"] in k["args"]
+    assert "ew::add" not in gp.source
+
+
+def test_a_16bit_bias_into_fp32_scratch_stays_an_add():
+    """cuBLASLt reads the bias in C's type: an fp16 bias with fp32 scratch C would need a staging
+    launch, which costs what the epilogue saves, so the add stays in the next kernel."""
+    gp = generate(biased_silu(F16))
+    assert gp.plan["version"] == 2 and "bias" not in gemms(gp)[0]
+    assert "ew::add" in gp.source
+
+
+def test_no_epilogue_where_the_product_alone_is_read_or_the_addend_is_no_bias():
+    x = b.input_(0, (8, 32), F32)
+    w = b.input_(1, (32, 24), F32)
+    bias = b.input_(2, (24,), F32)
+    full = b.input_(2, (8, 24), F32)
+    mm = b.matmul(x, w)
+    twice = b.kernel_graph([x, w, bias], [b.add(mm, b.broadcast_to(bias, (8, 24))), mm])
+    assert all("bias" not in g for g in gemms(generate(twice)))
+    residual = b.kernel_graph([x, w, full], [b.add(b.matmul(x, w), full)])
+    assert all("bias" not in g for g in gemms(generate(residual)))
+    col = b.input_(2, (8, 1), F32)  # one value per row: cuBLASLt's bias is one per column
+    rows = b.kernel_graph([x, w, col], [b.add(b.matmul(x, w), b.broadcast_to(col, (8, 24)))])
+    assert all("bias" not in g for g in gemms(generate(rows)))
+
+
 # ---- plans: valid in Python and in C++ -----------------------------------------------------------
 
 
@@ -253,6 +335,17 @@ def test_lifted_linear_is_priced_as_one_library_call():
     want = max(flops / H200.library_tensor_flops, moved / H200.library_bytes_per_s)
     assert library_gemm_s(n) == pytest.approx(want + H200.library_call_s)
     assert cost.seconds == pytest.approx(library_gemm_s(n))
+
+
+def test_a_bias_epilogue_is_priced_as_the_gemm_alone():
+    kg = biased(F16, batch=1, m=128, k=896, n=896)
+    kinds = [k.kind for k in lowering_plan(kg).kernels]
+    assert kinds == ["gemm", "elementwise"]  # the lowering plan still lists the ADD
+    cost = program_cost(kg)
+    assert cost.launches == 1 and len(generate(kg).kernels) == 1
+    (add,) = kg.outputs
+    mm = next(s for s in add.src if s.op is Op.MATMUL)
+    assert cost.seconds == pytest.approx(library_gemm_s(mm))
 
 
 def test_a_staged_operand_costs_one_more_kernel_and_the_library_beats_codegen(monkeypatch):

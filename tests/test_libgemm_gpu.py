@@ -42,6 +42,10 @@ SHAPES = {
     "norm_linear_f16": lambda: L.norm_linear(DType.F16, m=128, k=896, n=512),
     "linear_sigmoid_f16": lambda: L.linear_then_gelu_like(DType.F16, m=16, k=64, n=32),
     "broadcast_batch_f32": L.broadcast_batch,
+    "bias_f16": lambda: L.biased(DType.F16, batch=2, m=128, k=256, n=512),
+    "bias_bf16": lambda: L.biased(DType.BF16, batch=1, m=64, k=128, n=256),
+    "bias_row_f32": lambda: L.biased_row(DType.F32, m=32, k=64, n=48),
+    "bias_silu_f32": lambda: L.biased_silu(DType.F32, m=64, k=128, n=96),
 }
 TOL = {DType.F16: 2e-3, DType.BF16: 1.6e-2, DType.F32: 1e-5}
 

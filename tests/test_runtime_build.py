@@ -182,7 +182,7 @@ BAD_PLANS = {
     "nan": plan_json(GOOD).replace('"smem_max":0', '"smem_max":NaN'),
     "float dim": plan_json(GOOD).replace("[2,256,64]", "[2.0,256,64]", 1),
     "deep": "[" * 200 + "]" * 200,
-    "version": _variant(version=3),
+    "version": _variant(version=4),
     "no targets": _variant(targets=[]),
     "target name": _variant(targets=["volta"]),
     "dtype": _variant(inputs__0__dtype="float8"),
@@ -275,8 +275,8 @@ def test_gemm_create_without_a_gpu_fails_with_one_line(monkeypatch, lib):
     lib.mlso_gemm_create.restype = ctypes.c_void_p
     lib.mlso_gemm_create.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
     err = ctypes.create_string_buffer(512)
-    assert lib.mlso_gemm_create(b'{"version": 3}', err, 512) is None
-    assert err.value.decode().startswith("the plan 'version' must be 1 or 2")
+    assert lib.mlso_gemm_create(b'{"version": 4}', err, 512) is None
+    assert err.value.decode().startswith("the plan 'version' must be 1, 2 or 3")
     from mlso_cli.codegen import generate
     from mlso_cli.runtime.gpu import gpu_info
     from tests.test_libgemm import plain

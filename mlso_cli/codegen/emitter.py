@@ -162,7 +162,8 @@ class Emitter:
         for acc, op, _ in folds:
             self.lines.append(f"float {acc} = {FOLD[op][0]};")
         inner = " ".join(
-            body.lines + [f"{acc} = {FOLD[op][1].format(a=acc, b=val)};" for acc, op, val in folds]
+            _one_line(body.lines)
+            + [f"{acc} = {FOLD[op][1].format(a=acc, b=val)};" for acc, op, val in folds]
         )
         # unrolled, so that a thread has 8 loads in flight, not one memory latency per element
         self.lines.append("#pragma unroll 8")
@@ -329,6 +330,13 @@ def _reduce(em: Emitter, n: Node, coords: Coords) -> Val:
     return Val(out, scale)
 
 
+def _one_line(lines: list[str]) -> list[str]:
+    """Loop-body lines joined into one line: a `#pragma` line (a nested fold's unroll) becomes
+    the `_Pragma` operator, since a directive must start its own line (a fold nested in a fold,
+    e.g. a column selection read by RoPE's rotate-half selection, would not compile)."""
+    return [f'_Pragma("{x[len("#pragma ") :]}")' if x.startswith("#pragma ") else x for x in lines]
+
+
 def _combined(em: Emitter, n: Node, coords: Coords) -> Val:
     """Max of a partial-max buffer over its partial dims (nested loops), in place."""
     m = n.src[0]
@@ -344,7 +352,7 @@ def _combined(em: Emitter, n: Node, coords: Coords) -> Val:
     head = " ".join(
         f"for ({em._range(var, m.shape[j], split=k == 0)})" for k, (j, var) in enumerate(loops)
     )
-    em.lines.append(f"{head} {{ {' '.join(body.lines)} {acc} = fmaxf({acc}, {val}); }}")
+    em.lines.append(f"{head} {{ {' '.join(_one_line(body.lines))} {acc} = fmaxf({acc}, {val}); }}")
     em._team_reduce(acc, "max")
     return Val(acc)
 

@@ -109,10 +109,12 @@ def _runner(gp: GeneratedProgram, fn: str) -> str:
                     f"{ptr(o['buf'])}, {o['offset']}, {o['ld']}, {o['stride']}"
                     + ("" if role == "c" else f", {str(o['trans']).lower()}")
                 )
+            bias = launch.get("bias")
+            epilogue = f", {ptr(bias['buf'])}, {bias['offset']}" if bias else ""
             lines.append(
                 f"  mlso_emu::gemm<{ta}, {tc}>({launch['m']}, {launch['n']}, {launch['k']}, "
                 f"{launch['batch']}, {', '.join(ops)}, {float(launch['alpha'])!r}f, "
-                f"{float(launch['beta'])!r}f);"
+                f"{float(launch['beta'])!r}f{epilogue});"
             )
             continue
         args = []

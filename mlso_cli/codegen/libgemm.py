@@ -21,6 +21,20 @@ The rules (a table of conditions, checked in `library_matmul`):
     materialised by a generated elementwise kernel into scratch of the operand's own dtype, which
     rounds exactly where ONNX Runtime's node boundary rounds (and where the interpreter's
     "as codegen computes" mode rounds a kernel-level matmul operand).
+  - Bias epilogue (`epilogue`): when the matmul's one reader is an ADD of a vector that varies
+    along the last axis only (a Linear's bias: ONNX MatMul + Add, or Gemm with C), stored as a
+    program input in C's dtype and read in place, the GEMM adds it inside the call (cuBLASLt's
+    CUBLASLT_EPILOGUE_BIAS) and writes the ADD's value: the ADD gets the GEMM's C as its storage
+    and no kernel of its own (Lowering.epilogues), and a kernel that inlined it reads C instead.
+    The rounding is the one generated code already had: the bias meets the fp32 product and
+    the sum is rounded once to C's type (fp32 scratch, or an output in its dtype), as the
+    add's kernel did from fp32 scratch. ONNX Runtime rounds the MatMul's result to its dtype
+    before its Add; the verifier checks the IR (matmul then add), against the original nodes
+    within their own error, as for every program. Only a bias already in C's dtype qualifies
+    (cuBLASLt reads it in D's type): a 16-bit bias feeding fp32 scratch would need a staging
+    launch that costs what the epilogue saves, so it stays an inlined add. Activation epilogues
+    are not used: cublasLt.h does not say whether its GELU epilogue is the tanh or the erf form,
+    and an erf-GELU graph must not get a tanh one (nor the reverse).
 `MLSO_LIBRARY_GEMM=0` turns the library off (every matmul generated, as before).
 """
 
@@ -32,8 +46,9 @@ from typing import TYPE_CHECKING
 
 from mlso_cli.codegen.cfmt import Names, contiguous, decompose, numel
 from mlso_cli.codegen.kernels import emit_elementwise
-from mlso_cli.codegen.program import Buffer, GemmLaunch, GemmOperand
+from mlso_cli.codegen.program import Buffer, GemmBias, GemmLaunch, GemmOperand
 from mlso_cli.codegen.scale import Storage
+from mlso_cli.codegen.stabilise import consumers_of
 from mlso_cli.codegen.synthetic import stage
 from mlso_cli.codegen.views import strided
 from mlso_cli.ir.node import Node
@@ -69,6 +84,14 @@ def library_matmul(lw: Lowering, root: Node) -> bool:
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     bshape = root.shape[:-2]
     batch = numel(bshape)
+    ep = epilogue(lw, root, out)
+    if ep is not None:
+        add, bias, out = ep
+        if add in lw.storage and lw.scratch and lw.scratch[-1] is lw.storage[root].buffer:
+            lw.scratch.pop()  # C is the ADD's output: the matmul's own scratch goes unused
+            del lw.storage[root]
+        lw.storage[add] = out
+        lw.epilogues.add(add)
     operands = []
     staged: list[Node] = []
     for x in (a, b):
@@ -83,16 +106,110 @@ def library_matmul(lw: Lowering, root: Node) -> bool:
         operands.append(op)
     c = GemmOperand(out.buffer, 0, n, m * n if batch > 1 else 0, False)
     what = (
-        f"library GEMM {list(a.shape)} x {list(b.shape)} -> {out.dtype.value}"
-        f" ({a.dtype.value}, cuBLASLt)"
+        f"library GEMM {list(a.shape)} x {list(b.shape)}"
+        + (" + bias" if ep is not None else "")
+        + f" -> {out.dtype.value} ({a.dtype.value}, cuBLASLt)"
     )
     lw.library_roots[root] = staged
     lw.kernels.append(
         GemmLaunch(
-            lw.kernel_name(), m, n, k, batch, operands[0], operands[1], c, a.dtype, out.dtype, what
+            lw.kernel_name(),
+            m,
+            n,
+            k,
+            batch,
+            operands[0],
+            operands[1],
+            c,
+            a.dtype,
+            out.dtype,
+            what,
+            ep[1] if ep is not None else None,
         )
     )
     return True
+
+
+def epilogue_add(
+    root: Node, consumers: Mapping[Node, list[Node]], outputs: frozenset[Node] | set[Node]
+) -> tuple[Node, Node] | None:
+    """(add, other operand) when matmul root's only reader is an ADD of root's own shape and
+    dtype, root not a program output: the structure a bias epilogue needs (the bias itself is
+    checked against storage by `epilogue`). Why one reader: the GEMM then writes the sum, so
+    nothing may still need the product alone."""
+    users = consumers.get(root, [])
+    if root in outputs or len(users) != 1:
+        return None
+    (add,) = users
+    if add.op is not Op.ADD or add.shape != root.shape or add.dtype != root.dtype:
+        return None
+    bias = add.src[1] if add.src[0] is root else add.src[0]
+    return None if bias is root else (add, bias)
+
+
+def bias_operand(storage: Mapping[Node, Storage], bias: Node, dtype: DType) -> GemmBias | None:
+    """bias read in place as a cuBLASLt bias vector: a view (no cast) of a program input of
+    `dtype`, contiguous along the last axis and broadcast (stride 0) over every other, or None.
+    Why an input: the GEMM runs at the matmul's place in the schedule, which orders it after the
+    producers of A and B only; a bias computed by another kernel might not be written yet."""
+    view = strided(bias, storage)
+    if view is None or not _leaf_plain(bias, view.leaf):
+        return None
+    st = storage[view.leaf]
+    buf = st.buffer
+    if not isinstance(buf, Buffer) or buf.kind != "input" or st.scale is not None:
+        return None
+    if st.dtype != dtype or view.leaf.dtype != dtype:
+        return None
+    *lead, last = view.strides
+    if last != 1 and bias.shape[-1] != 1:
+        return None
+    if any(s != 0 and d > 1 for s, d in zip(lead, bias.shape[:-1], strict=True)):
+        return None
+    return GemmBias(buf, view.base)
+
+
+def epilogue(lw: Lowering, root: Node, out: Storage) -> tuple[Node, GemmBias, Storage] | None:
+    """(add, bias, C's storage) when library GEMM `root` takes its reader's bias as an epilogue
+    (module docstring), else None. C is the ADD's output buffer when the ADD is a program output
+    already given one, else root's fp32 scratch, which then also stores the ADD's value."""
+    ep = epilogue_add(root, lw.consumers, frozenset(lw.kg.outputs))
+    if ep is None:
+        return None
+    add, bias = ep
+    c = lw.storage.get(add, out)
+    if c.scale is not None or not isinstance(c.buffer, Buffer):
+        return None
+    if c.dtype not in (root.src[0].dtype, DType.F32):
+        return None
+    operand = bias_operand(lw.storage, bias, c.dtype)
+    if operand is None:
+        return None
+    return add, operand, c
+
+
+def epilogue_adds(kg_nodes: list[Node], inputs: list[Node], outputs: list[Node]) -> set[Node]:
+    """The ADDs that library GEMMs compute as bias epilogues, decided without lowering (for the
+    cost model): C in an output's dtype when the ADD is an output read by nothing else, else
+    fp32 scratch; inputs stored contiguously."""
+    consumers = consumers_of(kg_nodes)
+    storage: dict[Node, Storage] = {}
+    for i, n in enumerate(inputs):
+        buf = Buffer("input", i, n.dtype, n.shape)
+        storage[n] = Storage(buf.name, n.dtype, n.shape, contiguous(n.shape), buffer=buf)
+    found: set[Node] = set()
+    outs = frozenset(outputs)
+    for n in kg_nodes:
+        if n.op is not Op.MATMUL or not eligible(n):
+            continue
+        ep = epilogue_add(n, consumers, outs)
+        if ep is None:
+            continue
+        add, bias = ep
+        dtype = add.dtype if add in outs and not consumers.get(add) else DType.F32
+        if dtype in (n.src[0].dtype, DType.F32) and bias_operand(storage, bias, dtype):
+            found.add(add)
+    return found
 
 
 def staged_value(x: Node, bshape: tuple[int, ...]) -> Node:

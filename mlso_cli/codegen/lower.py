@@ -80,6 +80,8 @@ class Lowering:
         """Lower matmuls to library GEMMs where libgemm allows (MLSO_LIBRARY_GEMM=0: never)."""
         self.library_roots: dict[Node, list[Node]] = {}
         """Matmuls lowered to library GEMMs -> the values staged for them (codegen/plan.py)."""
+        self.epilogues: set[Node] = set()
+        """Values a library GEMM's epilogue computes (libgemm.epilogue): no kernel of their own."""
         self.storage: dict[Node, Storage] = {}
         self.inputs: list[Buffer] = []
         self.outputs: list[Buffer] = []
@@ -124,6 +126,8 @@ class Lowering:
             self.outputs.append(buf)
             self._store(n, buf)
         for root in self.decided.schedule:
+            if root in self.epilogues:
+                continue
             if root.op is not Op.GRAPH_DEF:
                 self.scratch_storage(root)
             if root.op is Op.MATMUL and self.library and library_matmul(self, root):

@@ -8,7 +8,7 @@ The plan is the contract with the ONNX Runtime op (runtime/csrc) and the PyCUDA 
      "zero": [{"kind", "index"}],
      "launches": [{"kernel", "grid", "block", "smem", "args"}                 # a generated kernel
                   | {"kind": "gemm", "m", "n", "k", "batch", "a", "b", "c",   # a library GEMM
-                     "dtype_ab", "dtype_c", "alpha", "beta"}]}
+                     "dtype_ab", "dtype_c", "alpha", "beta"[, "bias"]}]}
 
 Kernels take only pointers, in `args` order; every shape is a constant in the source. Scratch
 buffers are fp32 unless the entry names a dtype (a library GEMM's 16-bit operand). A launch
@@ -21,6 +21,9 @@ accumulation. Each operand is {"buf": ref, "offset", "ld", "stride", "trans"} in
 dtype: element (e, r, c) of the logical (rows x cols) matrix is at
 offset + e * stride + (trans ? c * ld + r : r * ld + c); C is never transposed. runtime/plan.py
 validates it (bounds included) and both runtimes run it with cuBLASLt (docs/runtime.md).
+A GEMM with a bias epilogue (version 3; a plan without one keeps its version) also names
+"bias": {"buf": ref, "offset"}, n elements of C's dtype added to every row of C in fp32 before C
+is rounded to its dtype (codegen/libgemm.py decides where).
 """
 
 from __future__ import annotations
@@ -94,6 +97,18 @@ class GemmOperand:
         }
 
 
+@dataclass(frozen=True)
+class GemmBias:
+    """A library GEMM's bias epilogue: n elements of C's dtype at `offset` of `buf` (cuBLASLt reads
+    the bias in the output's type), the same for every row and batch entry."""
+
+    buf: Buffer
+    offset: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"buf": self.buf.ref(), "offset": self.offset}
+
+
 @dataclass
 class GemmLaunch:
     """A kernel-level matmul run by the GPU's BLAS library (cuBLASLt) instead of generated code:
@@ -110,6 +125,8 @@ class GemmLaunch:
     dtype_ab: DType
     dtype_c: DType
     what: str = ""
+    bias: GemmBias | None = None
+    """A bias epilogue: C[e] = A[e] @ B[e] + bias, the vector added to every row."""
 
     @property
     def smem(self) -> int:
@@ -117,7 +134,8 @@ class GemmLaunch:
 
     @property
     def params(self) -> list[Buffer]:
-        return [self.a.buf, self.b.buf, self.c.buf]
+        bias = [self.bias.buf] if self.bias is not None else []
+        return [self.a.buf, self.b.buf, self.c.buf, *bias]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -133,6 +151,7 @@ class GemmLaunch:
             "dtype_c": self.dtype_c.value,
             "alpha": 1.0,
             "beta": 0.0,
+            **({"bias": self.bias.to_json()} if self.bias is not None else {}),
         }
 
 
@@ -156,12 +175,14 @@ def build_plan(
     kernels: list[Launch],
     zero: list[Buffer] | None = None,
 ) -> dict[str, Any]:
-    """The launch plan. Version 2 only when a library GEMM is in it, so every plan that could be
-    written before library launches existed is still written identically (same hash, same cache
-    keys), and older runtimes refuse a plan they cannot run with a clear "version" error."""
-    library = any(isinstance(k, GemmLaunch) for k in kernels)
+    """The launch plan. Version 2 only when a library GEMM is in it, 3 only when one has a bias
+    epilogue, so every plan that could be written before those existed is still written
+    identically (same hash, same cache keys), and older runtimes refuse a plan they cannot run
+    with a clear "version" error."""
+    library = [k for k in kernels if isinstance(k, GemmLaunch)]
+    version = 3 if any(k.bias is not None for k in library) else 2 if library else 1
     return {
-        "version": 2 if library else 1,
+        "version": version,
         "targets": list(targets),
         "smem_max": max([k.smem for k in kernels] + [0]),
         "inputs": [{"dtype": b.dtype.value, "shape": list(b.shape)} for b in inputs],

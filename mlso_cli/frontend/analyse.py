@@ -15,9 +15,12 @@ class Analysis:
     lifted: list[LiftedRegion]
 
 
-def analyse(loaded: LoadedModel, bounds: PartitionBounds | None = None) -> Analysis:
+def analyse(
+    loaded: LoadedModel, bounds: PartitionBounds | None = None, merge: bool = True
+) -> Analysis:
+    """merge: lift sibling projections as one matmul (frontend/siblings.py)."""
     part = partition(loaded, bounds)
-    lifted, failed = lift_all(loaded, part.regions)
+    lifted, failed = lift_all(loaded, part.regions, merge)
     if failed:
         nodes = loaded.graph.node
         for region, why in failed:

@@ -29,15 +29,17 @@ from fractions import Fraction
 
 import numpy as np
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from mlso_cli.frontend import selection as sel
+from mlso_cli.frontend import siblings as sib
 from mlso_cli.frontend.load import LoadedModel, load_model, onnx_opset
 from mlso_cli.frontend.partition import Region, constant_values, partition
 from mlso_cli.ir import DType, KernelGraph, Node, Op, check
 from mlso_cli.ir import build as b
 from mlso_cli.ir import canonical as semantics  # the lifting constants, shared with verify/
 from mlso_cli.ir.node import const_value
+from mlso_cli.knobs import knobs
 
 ONNX_TO_DTYPE = {
     TensorProto.FLOAT: DType.F32,
@@ -82,6 +84,10 @@ class _Ctx:
     selection of it (rotate_half's Neg then Concat of two Slices) composes into one."""
     readers: dict[str, set[str]] = field(default_factory=dict)
     """Tensor name -> the op types of the region's nodes that read it ("" for a region output)."""
+    siblings: dict[str, sib.Siblings] = field(default_factory=dict)
+    """Output name of a sibling projection -> its group (frontend/siblings.py)."""
+    sibling_values: dict[str, Node | None] = field(default_factory=dict)
+    """Sibling outputs lifted as columns of one matmul; None where the group stays separate."""
 
     def dtype_of(self, name: str) -> DType:
         code = self.loaded.dtypes.get(name)
@@ -252,6 +258,13 @@ def _gelu(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
 
 
 def _matmul(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    group = ctx.siblings.get(node.output[0])
+    if group is not None:
+        if node.output[0] not in ctx.sibling_values:
+            ctx.sibling_values.update(_merge_siblings(ctx, node, group))
+        merged = ctx.sibling_values[node.output[0]]
+        if merged is not None:
+            return [merged]
     a, c = _x(ctx, node, 0), _x(ctx, node, 1)
     if len(a.shape) == 1 or len(c.shape) == 1:
         a2 = b.reshape(a, (1,) + a.shape) if len(a.shape) == 1 else a
@@ -260,6 +273,50 @@ def _matmul(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
         want = ctx.loaded.shapes[node.output[0]]
         return [b.reshape(out, want)]
     return [b.matmul(a, c)]
+
+
+def _weight(ctx: _Ctx, name: str) -> np.ndarray | None:
+    """A constant weight's value: a Constant node's (lift's constants), else the initializer's,
+    read from external data where it lives there; None when it cannot be read."""
+    v = ctx.consts.get(name)
+    if v is not None:
+        return np.asarray(v)
+    base = ctx.loaded.base_dir
+    for t in ctx.loaded.graph.initializer:
+        if t.name == name:
+            try:
+                return numpy_helper.to_array(t, str(base) if base is not None else "")
+            except Exception:  # unreadable external data: the group stays separate
+                return None
+    return None
+
+
+def _merge_siblings(ctx: _Ctx, node: onnx.NodeProto, group: sib.Siblings) -> dict[str, Node | None]:
+    """Every member of `group` as its columns of one matmul over the concatenated weights
+    (frontend/siblings.py), or every member None (lift each alone) when a weight cannot be read
+    or a member's columns do not factor within the selection bound."""
+    keep: dict[str, Node | None] = {out: None for out, _, _ in group.members}
+    n_all = group.n
+    spans = [np.arange(group.offset(out), group.offset(out) + n) for out, _, n in group.members]
+    if any(sel.problem(sel.plain("y", n_all, 0).take(idx), "MatMul") for idx in spans):
+        return keep
+    ws = [_weight(ctx, w) for _, w, _ in group.members]
+    if any(w is None for w in ws) or len({w.dtype for w in ws}) != 1:
+        return keep
+    dtype = DType.F32 if ws[0].dtype == np.float32 else DType.F16
+    a = _x(ctx, node, 0)
+    if a.dtype is not dtype:
+        return keep
+    cat = np.ascontiguousarray(np.concatenate(ws, axis=1))
+    digest = hashlib.sha256(cat.tobytes() + repr((cat.shape, str(cat.dtype))).encode())
+    name = f"{sib.PREFIX}{digest.hexdigest()[:12]}"
+    ctx.extra[name] = cat
+    y = b.matmul(a, ctx.env.get(name) or ctx.add_input(name, cat.shape, dtype))
+    axis = len(y.shape) - 1
+    for (out, _, _), idx in zip(group.members, spans):
+        s = sel.plain(y, n_all, axis).take(idx)
+        keep[out] = _select(ctx, "MatMul", s, s)
+    return keep
 
 
 def _gemm(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
@@ -754,11 +811,21 @@ RULES: dict[str, Callable[[_Ctx, onnx.NodeProto], list[Node]]] = {
 
 
 def lift_region(
-    loaded: LoadedModel, region: Region, consts: dict[str, np.ndarray] | None = None
+    loaded: LoadedModel,
+    region: Region,
+    consts: dict[str, np.ndarray] | None = None,
+    merge: bool = True,
 ) -> LiftedRegion:
-    """The region's unfused kernel graph; raises LiftError when a node has no rule."""
+    """The region's unfused kernel graph; raises LiftError when a node has no rule.
+
+    merge: lift sibling projections as one matmul (frontend/siblings.py) where the
+    MLSO_MERGE_SIBLINGS knob allows it; verify's algebraic check turns it off for the original
+    model, so the field compares the two forms."""
     ctx = _Ctx(loaded, consts if consts is not None else lift_constants(loaded))
     nodes = loaded.graph.node
+    if merge and knobs().merge_siblings:
+        weights = sib.weight_types(loaded.model, ctx.consts)
+        ctx.siblings = sib.groups(nodes, region.nodes, loaded.shapes, weights)
     for i in region.nodes:
         for name in nodes[i].input:
             ctx.readers.setdefault(name, set()).add(nodes[i].op_type)
@@ -893,14 +960,14 @@ def lift_whole_graph(loaded: LoadedModel) -> LiftedRegion:
 
 
 def lift_all(
-    loaded: LoadedModel, regions: list[Region]
+    loaded: LoadedModel, regions: list[Region], merge: bool = True
 ) -> tuple[list[LiftedRegion], list[tuple[Region, str]]]:
     """Lift every region; regions that fail are returned with the reason instead."""
     consts = lift_constants(loaded)
     ok, failed = [], []
     for r in regions:
         try:
-            ok.append(lift_region(loaded, r, consts))
+            ok.append(lift_region(loaded, r, consts, merge))
         except LiftError as exc:
             failed.append((r, str(exc)))
     return ok, failed

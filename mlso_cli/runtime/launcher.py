@@ -151,6 +151,7 @@ class _LibraryGemms:
             ctypes.c_ulonglong,
             ctypes.c_ulonglong,
             ctypes.c_ulonglong,
+            ctypes.c_ulonglong,
             ctypes.c_void_p,
             ctypes.c_char_p,
             ctypes.c_size_t,
@@ -166,9 +167,18 @@ class _LibraryGemms:
             )
         self._handle = ctypes.c_void_p(handle)
 
-    def run(self, index: int, a: int, b: int, c: int, stream_handle: int) -> None:
+    def run(self, index: int, a: int, b: int, c: int, bias: int, stream_handle: int) -> None:
+        """Enqueue GEMM launch `index`; bias is 0 when it has no bias epilogue."""
         rc = self._lib.mlso_gemm_run(
-            self._handle, index, a, b, c, ctypes.c_void_p(stream_handle), self._err, len(self._err)
+            self._handle,
+            index,
+            a,
+            b,
+            c,
+            bias,
+            ctypes.c_void_p(stream_handle),
+            self._err,
+            len(self._err),
         )
         if rc != 0:
             raise RuntimeError(f"library GEMM launch {index} failed: {self._err.value.decode()}")
@@ -257,9 +267,11 @@ class Program:
                 a, b, c = (
                     table[launch[r]["buf"]["kind"]][launch[r]["buf"]["index"]] for r in "abc"
                 )
+                ref = launch.get("bias", {}).get("buf")
+                bias = table[ref["kind"]][ref["index"]] if ref else 0
                 handle = stream.handle if hasattr(stream, "handle") else stream
                 assert self._gemms is not None
-                self._gemms.run(index, a, b, c, int(handle or 0))
+                self._gemms.run(index, a, b, c, bias, int(handle or 0))
                 continue
             args = [table[a["kind"]][a["index"]] for a in launch["args"]]
             fn = self._funcs[launch["kernel"]]

@@ -13,11 +13,13 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 """The newest plan version. Version 1 plans (generated kernels only) stay valid; version 2 adds
 library GEMM launches ({"kind": "gemm", ...}, codegen/program.py), which a version 1 plan may not
-hold, so a runtime that predates them refuses such a plan by its version."""
-VERSIONS = (1, 2)
+hold, so a runtime that predates them refuses such a plan by its version. Version 3 adds a GEMM's
+bias epilogue ("bias": a vector added to every row of C inside the call), which a version 2
+runtime could not run, so only a plan holding one is version 3."""
+VERSIONS = (1, 2, 3)
 GEMM_TYPES = ("float16", "bfloat16", "float32")
 """Operand dtypes of a library GEMM; C is the operands' dtype or float32."""
 GEMM_DIM_MAX = 2**31 - 1
@@ -88,6 +90,7 @@ _KEY_ORDER = [
     "dtype_c",
     "alpha",
     "beta",
+    "bias",
 ]
 _RANK = {k: i for i, k in enumerate(_KEY_ORDER)}
 # \Z, not $: $ also matches before a final newline, so "sm_90a\n" would pass here and fail in C++.
@@ -118,9 +121,10 @@ _SCRATCH_KEYS = frozenset(("bytes", "dtype", "shape"))
 _REF_KEYS = frozenset(("kind", "index"))
 _LAUNCH_KEYS = frozenset(("kind", "kernel", "grid", "block", "smem", "args"))
 _GEMM_KEYS = frozenset(
-    ("kind", "m", "n", "k", "batch", "a", "b", "c", "dtype_ab", "dtype_c", "alpha", "beta")
+    ("kind", "m", "n", "k", "batch", "a", "b", "c", "dtype_ab", "dtype_c", "alpha", "beta", "bias")
 )
 _OPERAND_KEYS = frozenset(("buf", "offset", "ld", "stride", "trans"))
+_BIAS_KEYS = frozenset(("buf", "offset"))
 
 
 class PlanProblem(ValueError):
@@ -266,7 +270,7 @@ def validate_plan(
         raise PlanProblem("must be a JSON object", "not_object")
     _known_keys(plan, _TOP_KEYS, "the plan")
     if not _is_int(plan.get("version"), VERSIONS[0], VERSIONS[-1]):
-        raise PlanProblem("'version' must be 1 or 2", "version")
+        raise PlanProblem("'version' must be 1, 2 or 3", "version")
     targets = plan.get("targets")
     if (
         not isinstance(targets, list)
@@ -440,6 +444,52 @@ def _gemm(
         refs[role] = (ref["kind"], ref["index"])
     if refs["c"] in (refs["a"], refs["b"]):
         raise PlanProblem(f"{where}.c is the buffer of an operand", "gemm")
+    if "bias" in launch:
+        _gemm_bias(
+            launch["bias"], f"{where}.bias", plan, dims["n"], dc, refs["c"], tensors, scratch
+        )
+
+
+def _gemm_bias(
+    bias: Any,
+    w: str,
+    plan: dict[str, Any],
+    n: int,
+    dtype: str,
+    c_ref: tuple[str, int],
+    tensors: dict[str, list[dict[str, Any]]],
+    scratch: list[dict[str, Any]],
+) -> None:
+    """A GEMM's bias epilogue: n elements of C's dtype (cuBLASLt reads the bias in D's type,
+    cublasLt.h's CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE), added to every row of every batch entry,
+    inside its buffer, and not C's buffer (C is written while the bias is read). Same checks, same
+    order, as csrc/mlso_plan.h's gemm_bias()."""
+    if plan["version"] < 3:
+        raise PlanProblem(f"{w} is a bias epilogue, which needs 'version' 3", "version")
+    if not isinstance(bias, dict):
+        raise PlanProblem(f"{w} must be an object", "gemm")
+    _known_keys(bias, _BIAS_KEYS, w)
+    limits = {"input": len(tensors["input"]), "output": len(tensors["output"])}
+    limits["scratch"] = len(scratch)
+    _buf_ref(bias.get("buf"), f"{w}.buf", limits)
+    if not _is_int(bias.get("offset"), 0, DIM_MAX):
+        raise PlanProblem(f"{w}.offset must be an integer in [0, 2^40]", "gemm")
+    ref = bias["buf"]
+    if ref["kind"] == "scratch":
+        entry = scratch[ref["index"]]
+        have, nbytes = entry.get("dtype", "float32"), entry["bytes"]
+    else:
+        entry = tensors[ref["kind"]][ref["index"]]
+        have, nbytes = entry["dtype"], _shape_bytes(entry, ref["kind"])
+    if have != dtype:
+        raise PlanProblem(f"{w}.buf is {have}, the bias is read as C's {dtype}", "gemm")
+    last = bias["offset"] + n
+    if last * DTYPE_ITEMSIZE[dtype] > nbytes:
+        raise PlanProblem(
+            f"{w} reaches element {last - 1} of a buffer of {nbytes} bytes", "gemm_bounds"
+        )
+    if (ref["kind"], ref["index"]) == c_ref:
+        raise PlanProblem(f"{w} is the buffer of C", "gemm")
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

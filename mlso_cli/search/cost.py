@@ -39,6 +39,7 @@ Calibration (measured, or fitted to measurements) (benchmarks/RESULTS.md, "optim
 - Since library GEMMs (codegen/libgemm.py), a kernel-level matmul whose dtypes cuBLASLt takes
   is a library call, priced by `library_gemm_s` (the `library_*` constants below: estimates
   until calibrated on the H200), plus one elementwise kernel per operand codegen must stage.
+  A bias the GEMM adds as its epilogue is priced as part of that call: no pass of its own.
   The codegen matmul rates above still price the matmuls that stay generated.
 """
 
@@ -224,6 +225,13 @@ def program_cost(kg: KernelGraph, hw: Hardware = H200) -> Cost:
     total = 0.0
     nbytes = flops = launches = 0
     kernels = plan(kg, "sm_90").kernels
+    if any(k.kind == "gemm" for k in kernels):
+        from mlso_cli.codegen.libgemm import epilogue_adds
+
+        # An ADD that a library GEMM computes as its bias epilogue costs nothing more: codegen
+        # emits no kernel for it (the lowering plan still lists one where it is a root).
+        done = epilogue_adds(kg.nodes(), list(kg.inputs), list(kg.outputs))
+        kernels = tuple(k for k in kernels if k.root not in done)
     materialised = {k.root for k in kernels}
     computed = {k.root for k in kernels if k.kind != "stage"}
     """What the other kernels wrote: a staging kernel reads it, or the producers it fuses."""

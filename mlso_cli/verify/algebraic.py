@@ -198,7 +198,10 @@ class FieldModel:
         self.input_names = [i.name for i in g.input if i.name not in inits]
         self.output_names = [o.name for o in g.output]
         self.extra: dict[str, np.ndarray] = {}
-        analysis = analyse(loaded)
+        # Sibling projections stay separate matmuls here (frontend/siblings.py): A is then
+        # evaluated as its own nodes compute, and B's kernels with their concatenated weights,
+        # so the field checks that merge on both models' exact weights.
+        analysis = analyse(loaded, merge=False)
         units: list[_Unit] = []
         for lr in analysis.lifted:
             self.extra.update(lr.extra_inputs)
@@ -235,7 +238,7 @@ class FieldModel:
                 0, (index,), tuple(x for x in node.input if x), produced, "one", (node.op_type,)
             )
             try:
-                lr = lift_region(loaded, region, consts)
+                lr = lift_region(loaded, region, consts, merge=False)
             # LiftError, or a rule tripping on a node it was not written for (a KeyError on an
             # unknown shape): either way this node has no lifted form
             except (LiftError, KeyError, ValueError, IndexError, TypeError) as exc:

@@ -101,7 +101,7 @@ so twice would fail correct kernels at random; a code generation mistake (a wron
 missing barrier, an unstabilised exp) is O(1) or not finite, far beyond. Where the region is
 well conditioned the own errors are ~1e-7 and the dtype's limit is what applies."""
 
-LIFTER_CONSTANTS = ("mlso_mask_", "mlso_causal_tl_", "mlso_select_", "mlso_bias_")
+LIFTER_CONSTANTS = ("mlso_mask_", "mlso_causal_tl_", "mlso_select_", "mlso_bias_", "mlso_concat_")
 """Name prefixes of the constants lifting itself makes (frontend/lift.py): the original model
 has no tensor of that name; their value is what lifting the original nodes derives."""
 

@@ -17,6 +17,16 @@
 // cuBLASLt's OP_T. Compute is CUBLAS_COMPUTE_32F (fp32 accumulation; no TF32 for fp32 GEMMs,
 // as ONNX Runtime's fp32 MatMul).
 //
+// A bias epilogue (plan version 3) is CUBLASLT_EPILOGUE_BIAS: the bias vector is added to the
+// fp32 result before it is rounded to D's type. cuBLASLt's bias has D's rows, which are the
+// plan's columns (n), since its D is the plan's C transposed: one bias element per column of
+// C, the same for every row and (BIAS_BATCH_STRIDE left 0) every batch entry. Its type is D's
+// (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: "the same type as the elements of output
+// matrix (Dtype)" outside IMMA and fp8 kernels), which the plan validators require, so
+// BIAS_DATA_TYPE keeps its default. The bias pointer lives in the descriptor: creation sets one
+// with the real pointer's alignment (the heuristic reads its value for that), and each run sets
+// the real one before cublasLtMatmul, a host-side attribute write that a graph capture allows.
+//
 // Built without the cuBLASLt headers (MLSO_HAVE_CUBLASLT undefined), init fails with a message
 // saying how to get them; everything else of the library works.
 #pragma once
@@ -170,9 +180,11 @@ class Runner {
     return true;
   }
 
-  // Enqueues launch `index` on `stream`; a, b, c are the base pointers of the plan buffers its
-  // operands name (offsets are applied here). Nothing is allocated or synchronised.
-  bool run(size_t index, void* a, void* b, void* c, cu::CUstream stream, std::string* err) const {
+  // Enqueues launch `index` on `stream`; a, b, c (and bias, for a bias epilogue; else ignored)
+  // are the base pointers of the plan buffers its operands name (offsets are applied here).
+  // Nothing is allocated or synchronised.
+  bool run(size_t index, void* a, void* b, void* c, void* bias, cu::CUstream stream,
+           std::string* err) const {
     if (index >= ops_.size() || !ops_[index].g) {
       *err = "launch " + std::to_string(index) + " is not a library GEMM";
       return false;
@@ -183,6 +195,14 @@ class Runner {
     const char* pa = static_cast<const char*>(a) + g.a.offset * sab;
     const char* pb = static_cast<const char*>(b) + g.b.offset * sab;
     char* pc = static_cast<char*>(c) + g.c.offset * sc;
+    if (g.has_bias) {
+      const void* pbias = static_cast<const char*>(bias) + g.bias_offset * sc;
+      if (!check(fns_->desc_set(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &pbias,
+                                sizeof(pbias)),
+                 "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", err)) {
+        return false;
+      }
+    }
     // cuBLASLt's A is the plan's B, its B the plan's A (see the top of this file).
     cublasStatus_t s = fns_->matmul(
         handle_, op.desc, &op.alpha, pb, op.la, pa, op.lb, &op.beta, pc, op.lc, pc, op.lc,
@@ -244,6 +264,21 @@ class Runner {
         !check(fns_->desc_set(op->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
                "cublasLtMatmulDescSetAttribute(TRANSB)", err)) {
       return false;
+    }
+    if (g.has_bias) {
+      // Until the first run: a stand-in with the alignment the real pointer will have (a
+      // 256-byte aligned buffer plus the offset), which the heuristic below depends on.
+      uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      const void* stand_in = reinterpret_cast<const void*>(
+          static_cast<uintptr_t>(256 + uint64_t(g.bias_offset) * itemsize(g.dtype_c)));
+      if (!check(fns_->desc_set(op->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                sizeof(epilogue)),
+                 "cublasLtMatmulDescSetAttribute(EPILOGUE)", err) ||
+          !check(fns_->desc_set(op->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &stand_in,
+                                sizeof(stand_in)),
+                 "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", err)) {
+        return false;
+      }
     }
     if (!layout(&op->la, g.dtype_ab, g.b.trans ? g.k : g.n, g.b.trans ? g.n : g.k, g.b.ld,
                 g.batch, g.b.stride, err) ||
@@ -313,7 +348,7 @@ class Runner {
            "cublasLt.h and rebuild it, or re-run `mlso optimize` with MLSO_LIBRARY_GEMM=0)";
     return false;
   }
-  bool run(size_t, void*, void*, void*, cu::CUstream, std::string* err) const {
+  bool run(size_t, void*, void*, void*, void*, cu::CUstream, std::string* err) const {
     *err = "no cuBLASLt support in this build";
     return false;
   }

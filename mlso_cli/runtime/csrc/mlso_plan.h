@@ -1,5 +1,6 @@
-// The launch plan (versions 1 and 2): what the op checks, allocates, zeroes and launches.
-// Version 2 adds library GEMM launches ({"kind": "gemm", ...}), run with cuBLASLt (mlso_gemm.h).
+// The launch plan (versions 1 to 3): what the op checks, allocates, zeroes and launches.
+// Version 2 adds library GEMM launches ({"kind": "gemm", ...}), run with cuBLASLt (mlso_gemm.h);
+// version 3 a GEMM's bias epilogue ("bias": a vector of C's dtype added to every row of C).
 //
 // Why a separate header: the rules must be identical at kernel creation and in the self-test
 // entry points that CPU tests call through ctypes, and they mirror mlso_cli/runtime/plan.py.
@@ -104,6 +105,11 @@ struct Gemm {
   int dtype_ab = 0;
   int dtype_c = 0;
   double alpha = 1.0, beta = 0.0;
+  // Bias epilogue (version 3): n elements of dtype_c at bias_offset of bias_buf, added to every
+  // row of every batch entry of C inside the call (cuBLASLt's CUBLASLT_EPILOGUE_BIAS).
+  bool has_bias = false;
+  BufRef bias_buf;
+  int64_t bias_offset = 0;
 };
 
 struct Launch {
@@ -333,7 +339,7 @@ inline bool gemm(const json::Value& l, const std::string& where, const Plan& pla
     return p.fail("version", where + " is a library GEMM, which needs 'version' 2");
   }
   if (!known_keys(l, {"kind", "m", "n", "k", "batch", "a", "b", "c", "dtype_ab", "dtype_c",
-                      "alpha", "beta"},
+                      "alpha", "beta", "bias"},
                   where, p)) {
     return false;
   }
@@ -449,6 +455,48 @@ inline bool gemm(const json::Value& l, const std::string& where, const Plan& pla
   if (same(g->c.buf, g->a.buf) || same(g->c.buf, g->b.buf)) {
     return p.fail("gemm", where + ".c is the buffer of an operand");
   }
+  const json::Value* bias = l.get("bias");
+  if (!bias) return true;
+  // The bias epilogue; the checks and their order are runtime/plan.py's _gemm_bias().
+  std::string w = where + ".bias";
+  if (plan.version < 3) return p.fail("version", w + " is a bias epilogue, which needs 'version' 3");
+  if (bias->kind != json::Value::Object) return p.fail("gemm", w + " must be an object");
+  if (!known_keys(*bias, {"buf", "offset"}, w, p)) return false;
+  const json::Value* bbuf = bias->get("buf");
+  if (!bbuf) return p.fail("ref", w + ".buf must be an object");
+  if (!buf_ref(*bbuf, w + ".buf", true, plan, &g->bias_buf, p)) return false;
+  if (!get_int(bias->get("offset"), 0, kDimMax, &g->bias_offset)) {
+    return p.fail("gemm", w + ".offset must be an integer in [0, 2^40]");
+  }
+  int have = 0;
+  uint64_t nbytes = 0;
+  switch (g->bias_buf.kind) {
+    case BufKind::Input:
+      have = plan.inputs[g->bias_buf.index].dtype;
+      nbytes = plan.inputs[g->bias_buf.index].bytes;
+      break;
+    case BufKind::Output:
+      have = plan.outputs[g->bias_buf.index].dtype;
+      nbytes = plan.outputs[g->bias_buf.index].bytes;
+      break;
+    case BufKind::Scratch:
+    default:
+      have = static_cast<int>(scratch_dtype[g->bias_buf.index]);
+      nbytes = plan.scratch[g->bias_buf.index];
+      break;
+  }
+  if (have != g->dtype_c) {
+    return p.fail("gemm", w + ".buf is " + dtype_name(have) + ", the bias is read as C's " +
+                              dtype_name(g->dtype_c));
+  }
+  // offset <= 2^40 and n < 2^31: the sum and the product fit in 64 bits.
+  uint64_t last = uint64_t(g->bias_offset) + uint64_t(g->n);
+  if (last * uint64_t(size_c) > nbytes) {
+    return p.fail("gemm_bounds", w + " reaches element " + std::to_string(last - 1) +
+                                     " of a buffer of " + std::to_string(nbytes) + " bytes");
+  }
+  if (same(g->bias_buf, g->c.buf)) return p.fail("gemm", w + " is the buffer of C");
+  g->has_bias = true;
   return true;
 }
 
@@ -508,8 +556,8 @@ inline bool parse_plan(const std::string& text, long n_inputs, long n_outputs, P
     return false;
   }
   int64_t version = 0;
-  if (!get_int(root.get("version"), 1, 2, &version)) {
-    return p.fail("version", "'version' must be 1 or 2");
+  if (!get_int(root.get("version"), 1, 3, &version)) {
+    return p.fail("version", "'version' must be 1, 2 or 3");
   }
   plan->version = static_cast<int>(version);
   const json::Value* targets = root.get("targets");
