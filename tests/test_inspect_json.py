@@ -190,7 +190,7 @@ def test_layout_only_and_unnamed_nodes(tmp_path):
 def test_a_region_that_cannot_be_lifted_is_left_out_with_the_error(monkeypatch):
     import mlso_cli.frontend.analyse as analyse_mod
 
-    def fail_all(loaded, regions):
+    def fail_all(loaded, regions, *rest):
         return [], [(r, "no rule for this test") for r in regions]
 
     monkeypatch.setattr(analyse_mod, "lift_all", fail_all)
