@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.peers_inprocess import cuda_graph_time  # noqa: E402
 from mlso_cli import knobs  # noqa: E402
 from mlso_cli.ir import DType  # noqa: E402
 from tests import test_libgemm as L  # noqa: E402
@@ -68,19 +69,7 @@ def _time_torch(m: int, k: int, n: int) -> float:
 
     a = torch.randn(m, k, device="cuda", dtype=torch.float16)
     w = torch.randn(k, n, device="cuda", dtype=torch.float16)
-    for _ in range(20):
-        a @ w
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(7):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(200):
-            a @ w
-        e1.record()
-        torch.cuda.synchronize()
-        best = min(best, e0.elapsed_time(e1) * 1000 / 200)
-    return best
+    return cuda_graph_time(torch, lambda: a @ w, iters=200, repeats=7)
 
 
 def _gpu_name() -> str:

@@ -22,7 +22,9 @@ sys.path.insert(0, str(ROOT))
 EPS = 1e-6
 
 
-def _graph_time(torch, fn, iters: int = 200, repeats: int = 5) -> float:
+def cuda_graph_time(torch, fn, iters: int = 200, repeats: int = 5) -> float:
+    """Median µs per call of fn, `iters` calls captured in one CUDA graph and replayed `repeats`
+    times (the benchmarks' one torch timer: peers here, real_decoders.py, library_gemm.py)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -59,27 +61,27 @@ def _peers(torch, row: str) -> dict[str, float]:
         q, k, v = r(g, 256, 64), r(g, 64, 4096), r(g, 4096, 64)
         wq, wv = r(64), r(64)
         if name == "gqa":
-            out["eager"] = _graph_time(torch, lambda: torch.softmax(q @ k, -1) @ v)
+            out["eager"] = cuda_graph_time(torch, lambda: torch.softmax(q @ k, -1) @ v)
             kt = k.transpose(1, 2).contiguous()
-            out["sdpa"] = _graph_time(
+            out["sdpa"] = cuda_graph_time(
                 torch, lambda: F.scaled_dot_product_attention(q, kt, v, scale=1.0)
             )
         else:
-            out["eager"] = _graph_time(
+            out["eager"] = cuda_graph_time(
                 torch, lambda: torch.softmax(rms(q, wq) @ k, -1) @ rms(v, wv)
             )
     elif name == "rmsnorm_linear":
         x, w, gm = r(g, 4096), r(4096, 6144), r(4096)
-        out["eager"] = _graph_time(torch, lambda: rms(x, gm) @ w)
+        out["eager"] = cuda_graph_time(torch, lambda: rms(x, gm) @ w)
     elif name == "lora":
         x, w, a, b = r(16, 256), r(256, 4096), r(256, 16), r(16, 4096)
-        out["eager"] = _graph_time(torch, lambda: x @ w + (x @ a) @ b)
+        out["eager"] = cuda_graph_time(torch, lambda: x @ w + (x @ a) @ b)
     elif name == "gated_mlp":
         x, w1, w2 = r(8, 4096), r(4096, 4096), r(4096, 4096)
-        out["eager"] = _graph_time(torch, lambda: F.silu(x @ w1) * (x @ w2))
+        out["eager"] = cuda_graph_time(torch, lambda: F.silu(x @ w1) * (x @ w2))
     elif name == "ntrans":
         h, x, al, g1, g2 = r(bs, 4096), r(bs, 4096), r(bs, 4096), r(4096), r(4096)
-        out["eager"] = _graph_time(torch, lambda: rms(rms(h, g1) + x * al + x, g2))
+        out["eager"] = cuda_graph_time(torch, lambda: rms(rms(h, g1) + x * al + x, g2))
     return out
 
 

@@ -38,32 +38,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.peers_inprocess import cuda_graph_time  # noqa: E402
+
 LAYERS = 2
 BATCH, SEQ = 1, 128
 DEFAULT_FAMILIES = ("qwen2", "llama", "mistral")
-
-
-def _cuda_graph_time(torch, fn, iters: int = 50, repeats: int = 7) -> float:
-    """Median µs per call of fn replayed from one CUDA graph (what reduce-overhead serves)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(iters):
-            fn()
-    samples = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) * 1e3 / iters)
-    return statistics.median(samples)
 
 
 def _events_time(torch, fn, iters: int = 50, repeats: int = 7) -> float:
@@ -88,7 +67,9 @@ def _torch_peers(torch, module, ids) -> dict[str, float]:
     out = {}
     with torch.no_grad():
         out["torch_eager_us"] = round(_events_time(torch, lambda: dev(x)), 1)
-        out["torch_eager_graph_us"] = round(_cuda_graph_time(torch, lambda: dev(x)), 1)
+        out["torch_eager_graph_us"] = round(
+            cuda_graph_time(torch, lambda: dev(x), iters=50, repeats=7), 1
+        )
         compiled = torch.compile(dev, mode="reduce-overhead", fullgraph=False)
         for _ in range(4):
             compiled(x)

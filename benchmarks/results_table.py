@@ -38,7 +38,7 @@ TABLES: dict[str, tuple[str, str]] = {
         "Library GEMMs alone",
         "`benchmarks/library_gemm.py`: a kernel-level matmul lowered to a cuBLASLt launch against "
         "the generated matmul and torch.matmul (cuBLAS) on the same fp16 operands, in one process "
-        "(median µs; the launcher's CUDA-graph replay).",
+        "(median µs; CUDA-graph replay on both sides).",
     ),
     "model_level": (
         "Benchmark models, whole model",
