@@ -18,13 +18,16 @@ measurement itself raised is not a lost node and propagates as it does locally.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from mlso_cli.search.executor import RAY, RAY_RETRIES, connect_ray, parse_spec
+
+if TYPE_CHECKING:
+    from mlso_cli.pipeline.select import MeasureFn
 
 TIMING_WAIT_S = 1800.0
 """How long the driver waits for one trial's GPU timing on a cluster before it counts the trial
@@ -36,9 +39,6 @@ class Lost:
     """A trial whose GPU timing did not come back: why, in words for the report."""
 
     reason: str
-
-
-MeasureFn = Callable[[onnx.ModelProto, int], list]
 
 
 def run_trials(

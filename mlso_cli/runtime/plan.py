@@ -418,12 +418,7 @@ def _gemm(
                 f"{w}.trans must be {'false' if role == 'c' else 'true or false'}", "gemm"
             )
         ref = op["buf"]
-        if ref["kind"] == "scratch":
-            entry = scratch[ref["index"]]
-            have, nbytes = entry.get("dtype", "float32"), entry["bytes"]
-        else:
-            entry = tensors[ref["kind"]][ref["index"]]
-            have, nbytes = entry["dtype"], _shape_bytes(entry, ref["kind"])
+        have, nbytes = _buffer_dtype_bytes(ref, tensors, scratch)
         if have != dtype:
             raise PlanProblem(f"{w}.buf is {have}, the GEMM reads it as {dtype}", "gemm")
         trans, ld, stride = op["trans"], op["ld"], op["stride"]
@@ -448,6 +443,19 @@ def _gemm(
         _gemm_bias(
             launch["bias"], f"{where}.bias", plan, dims["n"], dc, refs["c"], tensors, scratch
         )
+
+
+def _buffer_dtype_bytes(
+    ref: dict[str, Any],
+    tensors: dict[str, list[dict[str, Any]]],
+    scratch: list[dict[str, Any]],
+) -> tuple[str, int]:
+    """The dtype and byte size of the buffer a (checked) buffer reference names."""
+    if ref["kind"] == "scratch":
+        entry = scratch[ref["index"]]
+        return entry.get("dtype", "float32"), entry["bytes"]
+    entry = tensors[ref["kind"]][ref["index"]]
+    return entry["dtype"], _shape_bytes(entry, ref["kind"])
 
 
 def _gemm_bias(
@@ -475,12 +483,7 @@ def _gemm_bias(
     if not _is_int(bias.get("offset"), 0, DIM_MAX):
         raise PlanProblem(f"{w}.offset must be an integer in [0, 2^40]", "gemm")
     ref = bias["buf"]
-    if ref["kind"] == "scratch":
-        entry = scratch[ref["index"]]
-        have, nbytes = entry.get("dtype", "float32"), entry["bytes"]
-    else:
-        entry = tensors[ref["kind"]][ref["index"]]
-        have, nbytes = entry["dtype"], _shape_bytes(entry, ref["kind"])
+    have, nbytes = _buffer_dtype_bytes(ref, tensors, scratch)
     if have != dtype:
         raise PlanProblem(f"{w}.buf is {have}, the bias is read as C's {dtype}", "gemm")
     last = bias["offset"] + n
