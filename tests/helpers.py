@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
@@ -64,3 +66,22 @@ def attention_model(dynamic: bool = False, extra_unknown: bool = False) -> onnx.
     model = helper.make_model(graph, opset_imports=domains)
     model.ir_version = 10
     return model
+
+
+@contextlib.contextmanager
+def fresh_cache(tmp_path_factory) -> Iterator[None]:
+    """A fresh MLSO_CACHE_DIR for a module's or session's fixtures (compiles and emulator
+    builds land there), unless the environment names one; knobs re-read on entry and exit."""
+    import pytest
+
+    from mlso_cli import knobs
+
+    mp = pytest.MonkeyPatch()
+    if not os.environ.get("MLSO_CACHE_DIR"):
+        mp.setenv("MLSO_CACHE_DIR", str(tmp_path_factory.mktemp("mlso-cache")))
+    knobs.cache_clear()
+    try:
+        yield
+    finally:
+        mp.undo()
+        knobs.cache_clear()

@@ -37,6 +37,7 @@ from mlso_cli.errors import EnvironmentProblem, ExitCode
 from mlso_cli.ir import DType, Op
 from mlso_cli.ir import build as b
 from tests import test_codegen_graphs as T
+from tests.helpers import fresh_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOTS = ROOT / "tests" / "snapshots" / "codegen"
@@ -49,13 +50,8 @@ WORKERS = max(2, os.cpu_count() or 2)
 
 @pytest.fixture(scope="session", autouse=True)
 def _cache_dir(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    if not os.environ.get("MLSO_CACHE_DIR"):
-        mp.setenv("MLSO_CACHE_DIR", str(tmp_path_factory.mktemp("mlso-cache")))
-    knobs_mod.cache_clear()
-    yield
-    mp.undo()
-    knobs_mod.cache_clear()
+    with fresh_cache(tmp_path_factory):
+        yield
 
 
 def _lifted() -> dict[str, object]:

@@ -10,15 +10,13 @@ cancellation at a mean of 100 in any fp32 program, and that is the graph's doing
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-from mlso_cli import knobs as knobs_mod
 from mlso_cli.codegen import generate, hostemu
 from mlso_cli.verify.interpreter import run
 from tests import test_codegen_graphs as T
+from tests.helpers import fresh_cache
 from tests.test_fixtures import MODELS, adversarial, small_fixture, unit_feeds
 
 LIMIT = 1e-4
@@ -44,15 +42,8 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    if not os.environ.get("MLSO_CACHE_DIR"):
-        mp.setenv("MLSO_CACHE_DIR", str(tmp_path_factory.mktemp("mlso-cache")))
-    knobs_mod.cache_clear()
-    try:
+    with fresh_cache(tmp_path_factory):
         yield hostemu.Bundle({n: generate(small_fixture(n)) for n in MODELS}, binaries=2)
-    finally:
-        mp.undo()
-        knobs_mod.cache_clear()
 
 
 @pytest.mark.parametrize(("name", "scale"), CASES)

@@ -8,18 +8,16 @@ which reads the same layout, counts C once.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-from mlso_cli import knobs as knobs_mod
 from mlso_cli.codegen import generate, hostemu
 from mlso_cli.codegen.budget import block_smem, problems
 from mlso_cli.ir import DType, KernelGraph, Op
 from mlso_cli.ir import build as b
 from mlso_cli.ir.graph import InputMap
 from mlso_cli.verify.interpreter import run
+from tests.helpers import fresh_cache
 
 
 def relu_matmul(m: int, k: int, n: int, op: Op | None = Op.RELU) -> KernelGraph:
@@ -51,15 +49,8 @@ def test_the_relu_costs_no_buffer_and_the_block_fits():
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    if not os.environ.get("MLSO_CACHE_DIR"):
-        mp.setenv("MLSO_CACHE_DIR", str(tmp_path_factory.mktemp("mlso-cache")))
-    knobs_mod.cache_clear()
-    try:
+    with fresh_cache(tmp_path_factory):
         yield
-    finally:
-        mp.undo()
-        knobs_mod.cache_clear()
 
 
 @pytest.mark.parametrize("op", [Op.RELU, Op.NEG])

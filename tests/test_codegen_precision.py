@@ -12,19 +12,18 @@ emulator rule of verify/liftcheck.py.
 
 from __future__ import annotations
 
-import os
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
-from mlso_cli import knobs as knobs_mod
 from mlso_cli.codegen import generate, hostemu
 from mlso_cli.ir import DType, KernelGraph, Op
 from mlso_cli.ir import build as b
 from mlso_cli.ir.graph import InputMap
 from mlso_cli.ir.spec import tile_shape
 from mlso_cli.verify.floatcheck import LIMITS
+from tests.helpers import fresh_cache
 
 ROWS, H, COLS = 64, 64, 16
 OFFSETS = (0.0, 100.0, 1000.0)
@@ -113,15 +112,8 @@ GRAPHS = {
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    if not os.environ.get("MLSO_CACHE_DIR"):
-        mp.setenv("MLSO_CACHE_DIR", str(tmp_path_factory.mktemp("mlso-cache")))
-    knobs_mod.cache_clear()
-    try:
+    with fresh_cache(tmp_path_factory):
         yield hostemu.Bundle({n: generate(g()) for n, g in GRAPHS.items()}, binaries=2)
-    finally:
-        mp.undo()
-        knobs_mod.cache_clear()
 
 
 def _rel(got: np.ndarray, want: np.ndarray) -> float:

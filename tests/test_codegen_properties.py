@@ -21,7 +21,6 @@ the slow one (SLOW_COUNT graphs, `make test-slow`) ~6 min.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +29,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from mlso_cli import knobs as knobs_mod
 from mlso_cli.codegen import CodegenError, generate, hostemu
 from mlso_cli.codegen.arch import SMEM_BUDGET
 from mlso_cli.codegen.budget import block_smem, problems
@@ -38,6 +36,7 @@ from mlso_cli.codegen.plan import plan
 from mlso_cli.ir import DType, KernelGraph, Op, graph_hash
 from mlso_cli.verify.interpreter import run
 from tests import graphgen
+from tests.helpers import fresh_cache
 from tests.test_codegen_graphs import np_dtype, rel_error
 
 F16, BF16, F32 = DType.F16, DType.BF16, DType.F32
@@ -114,15 +113,8 @@ def emulate(
 @pytest.fixture(scope="module")
 def emu_cache(tmp_path_factory) -> Iterator[None]:
     """A fresh emulator cache (so timings include the compiles), unless MLSO_CACHE_DIR is set."""
-    mp = pytest.MonkeyPatch()
-    if not os.environ.get("MLSO_CACHE_DIR"):
-        mp.setenv("MLSO_CACHE_DIR", str(tmp_path_factory.mktemp("mlso-cache")))
-    knobs_mod.cache_clear()
-    try:
+    with fresh_cache(tmp_path_factory):
         yield
-    finally:
-        mp.undo()
-        knobs_mod.cache_clear()
 
 
 def _cases(seed: int, count: int) -> list[tuple[graphgen.Generated, int]]:

@@ -11,20 +11,19 @@ bf16 1e-2, fp32 1e-4.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
-from mlso_cli import knobs as knobs_mod
 from mlso_cli.codegen import generate, hostemu
 from mlso_cli.ir import DType, InputMap, KernelGraph, Node, Op
 from mlso_cli.ir import build as b
 from mlso_cli.ir.spec import check, tile_shape
 from mlso_cli.verify import interpreter
 from tests import test_codegen_graphs as T
+from tests.helpers import fresh_cache
 
 F16, BF16, F32 = DType.F16, DType.BF16, DType.F32
 LIMITS = {F16: 2e-3, BF16: 1e-2, F32: 1e-4}
@@ -181,15 +180,8 @@ def graphs() -> dict[str, KernelGraph]:
 
 @pytest.fixture(scope="module")
 def emulator(graphs, tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    if not os.environ.get("MLSO_CACHE_DIR"):
-        mp.setenv("MLSO_CACHE_DIR", str(tmp_path_factory.mktemp("mlso-cache")))
-    knobs_mod.cache_clear()
-    try:
+    with fresh_cache(tmp_path_factory):
         yield hostemu.Bundle({k: generate(kg) for k, kg in graphs.items()}, binaries=2)
-    finally:
-        mp.undo()
-        knobs_mod.cache_clear()
 
 
 def _error(got: np.ndarray, want: np.ndarray) -> float:

@@ -12,14 +12,12 @@ also runs with -DMLSO_EMU_UCONTEXT, the portable switch used off x86-64.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-from mlso_cli import knobs as knobs_mod
 from mlso_cli.codegen import hostemu
 from mlso_cli.codegen.program import GeneratedProgram
+from tests.helpers import fresh_cache
 
 BLOCK = (64, 2, 1)  # 4 warps, threadIdx.y used
 GRID = 3
@@ -122,13 +120,8 @@ PROGRAMS = {
 
 @pytest.fixture(scope="module", autouse=True)
 def _cache_dir(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    if not os.environ.get("MLSO_CACHE_DIR"):
-        mp.setenv("MLSO_CACHE_DIR", str(tmp_path_factory.mktemp("mlso-cache")))
-    knobs_mod.cache_clear()
-    yield
-    mp.undo()
-    knobs_mod.cache_clear()
+    with fresh_cache(tmp_path_factory):
+        yield
 
 
 @pytest.fixture(scope="module")
