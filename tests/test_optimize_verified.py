@@ -124,6 +124,7 @@ def test_an_unbounded_program_is_never_chosen(tmp_path, monkeypatch):
     assert _kernels(out.model) == []
 
 
+@pytest.mark.slow  # 11 s: a whole optimize; CI runs it in test-slow
 def test_kernel_names_are_region_ids_in_model_report_and_table(tmp_path, monkeypatch):
     """The MlsoKernel node of region r is mlso_region_<r> in the model, in optimize's --json
     and in verify's report, even when a region before it is kept original (packaged regions

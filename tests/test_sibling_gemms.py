@@ -182,6 +182,7 @@ def _verify(src: Path, out: Path):
     )
 
 
+@pytest.mark.slow  # 9 s: optimize and verify of a model whose gate/up merge; CI runs it in test-slow
 def test_optimize_merges_gate_and_up_and_verify_accepts_it(tmp_path, monkeypatch):
     use_cache(monkeypatch)
     src = _gated(tmp_path / "gated.onnx")
