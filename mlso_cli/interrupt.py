@@ -44,6 +44,8 @@ def install(hard_exit: bool = True) -> None:
         return
     _state.update(owner=os.getpid(), hard=hard_exit, fired=False, said=False, written=None)
     signal.signal(signal.SIGINT, _on_sigint)
+    if not getattr(sys.unraisablehook, "_mlso", False):
+        sys.unraisablehook = _quiet_unraisable(sys.unraisablehook)
     if hard_exit:
         r, w = os.pipe()
         os.set_blocking(w, False)
@@ -58,6 +60,21 @@ def installed() -> bool:
 def interrupted() -> bool:
     """True once a SIGINT arrived (code that catches BaseException can tell it apart)."""
     return bool(_state["fired"])
+
+
+def _quiet_unraisable(default):
+    """Why: Python swallows an exception raised where it cannot propagate (an at-fork callback,
+    a __del__) and prints "Exception ignored in ... Traceback" to stderr. Our own
+    KeyboardInterrupt raised there is expected, not a fault: drop it quietly (the run still
+    stops, at `check()` or by the watchdog); anything else goes to the previous hook."""
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and _state["fired"]:
+            return
+        default(unraisable)
+
+    hook._mlso = True
+    return hook
 
 
 def _wakeups(fd: int) -> None:
