@@ -22,7 +22,7 @@ if [ "$what" = pycuda ]; then
   tail -25 "$OUT/gpu_tests.log"
   what=gemm
 fi
-{ date -u; git log -1 --format=%H 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; } > "$OUT/machine.txt" 2>&1
+{ date -u; echo "commit ${MLSO_BENCH_COMMIT:-$(git log -1 --format=%H 2>/dev/null)}"; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; } > "$OUT/machine.txt" 2>&1
 python3 -m models.build_models > "$OUT/models.log" 2>&1 || echo "models build failed"
 if [ "$what" = all ] || [ "$what" = tests ]; then
   timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu tests -p no:cacheprovider -rfE > "$OUT/gpu_tests.log" 2>&1

@@ -90,6 +90,8 @@ def newest(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _cell(v: Any) -> str:
+    if v is None:
+        return "not run"
     if isinstance(v, float):
         return f"{v:.3g}" if abs(v) < 100 else f"{v:.1f}"
     return str(v).replace("|", "\\|").replace("\n", " ")
@@ -132,11 +134,9 @@ def render(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def append(table: str, rows: list[tuple[str, dict[str, Any]]], machine: str) -> Path:
-    """Add one record per (row, figures) to benchmarks/results/<table>.json, stamped with the
-    current commit and UTC date, written atomically (temp file, then os.replace)."""
+def _git_head() -> str:
     try:
-        commit = subprocess.run(
+        return subprocess.run(
             ["git", "rev-parse", "--short=7", "HEAD"],
             capture_output=True,
             text=True,
@@ -144,7 +144,16 @@ def append(table: str, rows: list[tuple[str, dict[str, Any]]], machine: str) -> 
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+        return "unknown"
+
+
+def append(table: str, rows: list[tuple[str, dict[str, Any]]], machine: str) -> Path:
+    """Add one record per (row, figures) to benchmarks/results/<table>.json, stamped with the
+    current commit and UTC date, written atomically (temp file, then os.replace).
+
+    The GPU machine's copy of the tree carries a stale .git (the session's base commit), so a
+    run there passes the real commit in MLSO_BENCH_COMMIT."""
+    commit = os.environ.get("MLSO_BENCH_COMMIT", "").strip() or _git_head()
     date = dt.datetime.now(dt.timezone.utc).date().isoformat()
     path = RECORDS / f"{table}.json"
     existing = json.loads(path.read_text()) if path.exists() else []
