@@ -17,7 +17,8 @@ if [ "$what" = pycuda ]; then
   # dependencies only (carry .device-stage/wheels), then the launcher's GPU tests of code
   # generation and library GEMMs, and the library GEMM benchmark. ORT tests skip.
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mlso-site .device-stage/wheels/*.whl
-  timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu tests/test_libgemm_gpu.py tests/test_codegen_gpu.py \
+  # PYCUDA_TESTS: which test files (a short budget can take only tests/test_libgemm_gpu.py)
+  timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu ${PYCUDA_TESTS:-tests/test_libgemm_gpu.py tests/test_codegen_gpu.py} \
     -p no:cacheprovider -rfEs > "$OUT/gpu_tests.log" 2>&1
   tail -25 "$OUT/gpu_tests.log"
   what=gemm

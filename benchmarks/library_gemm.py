@@ -3,7 +3,8 @@
 Why: issue 31 rests on one claim, that a kernel-level matmul lowered to a cuBLASLt call runs at
 library speed where the generated sm_80 matmul does not. This times, in one process and on the
 same shapes (real layer widths: Qwen2-0.5B and Llama-1B projections at 128 tokens):
-  - the program with library GEMMs (MLSO_LIBRARY_GEMM=1),
+  - the program with library GEMMs (MLSO_LIBRARY_GEMM=1), each GEMM's algorithm the cuBLASLt
+    heuristic's first (MLSO_GEMM_ALGO=heuristic) and chosen by timing at creation (the default),
   - the same program with every matmul generated (MLSO_LIBRARY_GEMM=0),
   - torch.matmul on the same operands (a cuBLAS call: the library-parity reference).
 Each program is timed by the PyCUDA launcher (CUDA-graph replay when it can capture).
@@ -51,17 +52,19 @@ CASES = [
 ]
 
 
-def _time_program(kg, library: bool) -> dict:
+def _time_program(kg, library: bool, algo: str = "timed") -> dict:
     from mlso_cli.codegen import compile_program
     from mlso_cli.runtime import launcher
 
     os.environ["MLSO_LIBRARY_GEMM"] = "1" if library else "0"
+    os.environ["MLSO_GEMM_ALGO"] = algo  # read by the runtime library when a program is loaded
     knobs.cache_clear()
     cp = compile_program(kg)
     with launcher.Program(cp.fatbin, cp.plan) as p:
         r = p.time(warmup=5, repeats=7, iters=100)
+        choices = p.library_choices()
     kinds = [launch.get("kind", "kernel") for launch in cp.plan["launches"]]
-    return {"us": r.median_us, "method": r.method, "launches": kinds}
+    return {"us": r.median_us, "method": r.method, "launches": kinds, "algo": choices}
 
 
 def _time_torch(m: int, k: int, n: int) -> float:
@@ -91,21 +94,26 @@ def main() -> int:
     )
     args = ap.parse_args()
     rows = []
-    print("| shape (fp16) | library GEMM µs | generated µs | torch.matmul µs | library / torch |")
-    print("|---|---|---|---|---|")
+    print(
+        "| shape (fp16) | library GEMM µs (timed algo) | heuristic's algo µs | generated µs |"
+        " torch.matmul µs | library / torch |"
+    )
+    print("|---|---|---|---|---|---|")
     for name, build, (m, k, n) in CASES:
         kg = build()
+        heur = _time_program(kg, True, "heuristic")
         lib = _time_program(kg, True)
         gen = _time_program(kg, False) if m * k * n <= args.skip_generated_over else None
         ref = _time_torch(m, k, n)
-        row = {"shape": name, "library": lib, "generated": gen, "torch_us": ref}
+        row = {"shape": name, "library": lib, "heuristic": heur, "generated": gen, "torch_us": ref}
         rows.append(row)
         g = f"{gen['us']:.1f}" if gen else "skipped"
         print(
-            f"| {name} | {lib['us']:.1f} ({'+'.join(lib['launches'])}) | {g} | {ref:.1f} | "
-            f"{lib['us'] / ref:.2f} |",
+            f"| {name} | {lib['us']:.1f} ({'+'.join(lib['launches'])}) | {heur['us']:.1f} | {g} |"
+            f" {ref:.1f} | {lib['us'] / ref:.2f} |",
             flush=True,
         )
+        print(f"  algorithms: {'; '.join(lib['algo'])}", file=sys.stderr, flush=True)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
     if args.record:
@@ -118,6 +126,7 @@ def main() -> int:
                     row["shape"],
                     {
                         "library µs": round(row["library"]["us"], 1),
+                        "heuristic algo µs": round(row["heuristic"]["us"], 1),
                         "generated µs": round(row["generated"]["us"], 1)
                         if row["generated"]
                         else None,

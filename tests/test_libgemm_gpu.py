@@ -69,6 +69,33 @@ def test_pycuda_runs_library_gemms_like_the_reference(cuda, name):
         np.testing.assert_array_equal(again[0], got[0])  # same algorithm, same bits
 
 
+@pytest.mark.parametrize("algo", ["heuristic", "timed"])
+def test_the_algorithm_is_the_heuristics_first_or_the_fastest_timed_once_per_shape(
+    cuda, monkeypatch, algo
+):
+    """MLSO_GEMM_ALGO=heuristic keeps cuBLASLt's first; by default creation times the listed
+    algorithms and caches the winner per shape, so a second program of that shape reuses it."""
+    monkeypatch.setenv("MLSO_GEMM_ALGO", algo)
+    kg = L.plain(DType.F16, batch=1, m=128, k=2048, n=2048)
+    cp = compile_program(kg)
+    rng = np.random.default_rng(5)
+    ins = [rng.standard_normal(n.shape).astype(np.float32) for n in kg.inputs]
+    want = _numpy(kg, ins)[0]
+    with cuda.Program(cp.fatbin, cp.plan) as prog:
+        first = prog.library_choices()
+        got = np.asarray(prog.run(ins)[0], np.float64)
+    assert np.abs(got - want).max() <= TOL[DType.F16] * np.abs(want).max()
+    assert len(first) == 1, first
+    if algo == "heuristic" or first[0] == "heuristic's first of 1":
+        assert first[0].startswith("heuristic's first of "), first
+        return
+    assert first[0].startswith("timed: candidate "), first
+    with cuda.Program(cp.fatbin, cp.plan) as prog:
+        second = prog.library_choices()
+    assert second[0].endswith(" (cached)"), second
+    assert second[0].removesuffix(" (cached)") == first[0].removesuffix(" (cached)")
+
+
 def test_library_gemms_are_captured_in_the_launchers_cuda_graph(cuda):
     kg = SHAPES["norm_linear_f16"]()
     cp = compile_program(kg)

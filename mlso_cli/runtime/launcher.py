@@ -157,6 +157,13 @@ class _LibraryGemms:
             ctypes.c_size_t,
         ]
         lib.mlso_gemm_destroy.argtypes = [ctypes.c_void_p]
+        lib.mlso_gemm_describe.restype = None
+        lib.mlso_gemm_describe.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+        ]
         self._lib = lib
         self._err = ctypes.create_string_buffer(1024)
         handle = lib.mlso_gemm_create(plan_json(plan).encode(), self._err, len(self._err))
@@ -182,6 +189,13 @@ class _LibraryGemms:
         )
         if rc != 0:
             raise RuntimeError(f"library GEMM launch {index} failed: {self._err.value.decode()}")
+
+    def describe(self, index: int) -> str:
+        """How launch `index`'s cuBLASLt algorithm was chosen: the heuristic's first, or timed
+        (MLSO_GEMM_ALGO, runtime/csrc/mlso_gemm.h)."""
+        buf = ctypes.create_string_buffer(256)
+        self._lib.mlso_gemm_describe(self._handle, index, buf, len(buf))
+        return buf.value.decode()
 
     def close(self) -> None:
         if self._handle:
@@ -241,6 +255,17 @@ class Program:
 
         def __exit__(self, *exc: Any) -> None:
             self.prog._cuda.Context.pop()
+
+    def library_choices(self) -> list[str]:
+        """Per library GEMM launch, in plan order: how its algorithm was chosen."""
+        if self._gemms is None:
+            return []
+        gemms = self._gemms
+        return [
+            gemms.describe(i)
+            for i, launch in enumerate(self.plan["launches"])
+            if launch.get("kind") == "gemm"
+        ]
 
     def _current(self) -> Program._Push:
         return Program._Push(self)

@@ -22,6 +22,7 @@ typedef struct CUctx_st* CUcontext;
 typedef struct CUmod_st* CUmodule;
 typedef struct CUfunc_st* CUfunction;
 typedef struct CUstream_st* CUstream;
+typedef struct CUevent_st* CUevent;
 typedef unsigned long long CUdeviceptr;
 
 constexpr CUresult CUDA_SUCCESS = 0;
@@ -53,6 +54,20 @@ struct Driver {
   CUresult (*cuMemAlloc)(CUdeviceptr*, size_t) = nullptr;
   CUresult (*cuMemFree)(CUdeviceptr) = nullptr;
   CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
+  // Optional (only the timed choice of a library GEMM's algorithm uses them; without any of
+  // them the heuristic's first choice is kept).
+  CUresult (*cuStreamCreate)(CUstream*, unsigned) = nullptr;
+  CUresult (*cuStreamDestroy)(CUstream) = nullptr;
+  CUresult (*cuStreamSynchronize)(CUstream) = nullptr;
+  CUresult (*cuEventCreate)(CUevent*, unsigned) = nullptr;
+  CUresult (*cuEventDestroy)(CUevent) = nullptr;
+  CUresult (*cuEventRecord)(CUevent, CUstream) = nullptr;
+  CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent) = nullptr;
+
+  bool can_time() const {
+    return cuStreamCreate && cuStreamDestroy && cuStreamSynchronize && cuEventCreate &&
+           cuEventDestroy && cuEventRecord && cuEventElapsedTime && cuMemAlloc && cuMemFree;
+  }
 
   std::string describe(CUresult r) const {
     const char* name = nullptr;
@@ -106,6 +121,16 @@ inline const Driver* driver(std::string* error) {
     bind(drv.cuGetErrorString, "cuGetErrorString");
     drv.cuMemAlloc = reinterpret_cast<decltype(drv.cuMemAlloc)>(dlsym(lib, "cuMemAlloc_v2"));
     drv.cuMemFree = reinterpret_cast<decltype(drv.cuMemFree)>(dlsym(lib, "cuMemFree_v2"));
+    auto optional = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+    };
+    optional(drv.cuStreamCreate, "cuStreamCreate");
+    optional(drv.cuStreamDestroy, "cuStreamDestroy_v2");
+    optional(drv.cuStreamSynchronize, "cuStreamSynchronize");
+    optional(drv.cuEventCreate, "cuEventCreate");
+    optional(drv.cuEventDestroy, "cuEventDestroy_v2");
+    optional(drv.cuEventRecord, "cuEventRecord");
+    optional(drv.cuEventElapsedTime, "cuEventElapsedTime");
     if (!all) {
       load_error = "libcuda.so.1 lacks " + missing + "; the NVIDIA driver is too old";
       return;

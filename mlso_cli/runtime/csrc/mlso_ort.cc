@@ -801,6 +801,12 @@ MLSO_EXPORT int mlso_gemm_run(void* handle, size_t index, unsigned long long a,
   return 0;
 }
 
+// How launch `index`'s algorithm was chosen (the heuristic's first, or timed), into buf.
+MLSO_EXPORT void mlso_gemm_describe(void* handle, size_t index, char* buf, size_t len) {
+  auto* h = static_cast<GemmHandle*>(handle);
+  copy_message(h ? h->runner.describe(index) : std::string("null handle"), buf, len);
+}
+
 MLSO_EXPORT void mlso_gemm_destroy(void* handle) { delete static_cast<GemmHandle*>(handle); }
 
 // 1 when this build can run library GEMMs (it was compiled against the cuBLASLt headers).
