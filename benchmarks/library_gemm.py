@@ -42,6 +42,16 @@ CASES = [
         lambda: L.plain(DType.F16, 1, 128, 2048, 8192),
         (128, 2048, 8192),
     ),
+    (
+        "llama-1b down 128x8192x2048",
+        lambda: L.plain(DType.F16, 1, 128, 8192, 2048),
+        (128, 8192, 2048),
+    ),
+    (
+        "qwen2-0.5b qkv merged 128x896x1152",
+        lambda: L.plain(DType.F16, 1, 128, 896, 1152),
+        (128, 896, 1152),
+    ),
     ("llama-1b q 128x2048x2048", lambda: L.plain(DType.F16, 1, 128, 2048, 2048), (128, 2048, 2048)),
     (
         "rmsnorm+linear 128x896x4864",
