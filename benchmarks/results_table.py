@@ -38,7 +38,13 @@ TABLES: dict[str, tuple[str, str]] = {
         "Library GEMMs alone",
         "`benchmarks/library_gemm.py`: a kernel-level matmul lowered to a cuBLASLt launch against "
         "the generated matmul and torch.matmul (cuBLAS) on the same fp16 operands, in one process "
-        "(median µs; CUDA-graph replay on both sides).",
+        "(median µs; CUDA-graph replay on both sides). `library µs`: each GEMM's algorithm the "
+        "cuBLASLt heuristic's first (the default); `timed algo µs`: chosen by timing at creation "
+        "(MLSO_GEMM_ALGO=timed). Caveat for the rows of 2026-12-05: the launcher rotated 2-64 "
+        "operand sets to defeat L2 reuse while torch.matmul reused one set: every row's operands "
+        "are under 60 MB, so torch read them "
+        "from a warm L2 and `library / torch` overstates its lead. library_gemm.py now rotates "
+        "torch's operand sets the same way.",
     ),
     "model_level": (
         "Benchmark models, whole model",
@@ -77,14 +83,15 @@ def load_records() -> list[dict[str, Any]]:
 
 
 def newest(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """The newest record of each (table, row): by date, and among equal dates the later one."""
-    best: dict[tuple[str, str], tuple[str, int, dict]] = {}
+    """The newest record of each (table, row, machine): by date, and among equal dates the later
+    one. A row measured on two GPUs keeps both figures (an H100 run does not hide the H200's)."""
+    best: dict[tuple[str, str, str], tuple[str, int, dict]] = {}
     for i, rec in enumerate(records):
-        key = (rec["table"], rec["row"])
+        key = (rec["table"], rec["row"], rec["machine"])
         if key not in best or (rec["date"], i) >= best[key][:2]:
             best[key] = (rec["date"], i, rec)
     tables: dict[str, list[dict[str, Any]]] = {}
-    for (table, _row), (_d, _i, rec) in sorted(best.items(), key=lambda kv: kv[1][1]):
+    for (table, _row, _m), (_d, _i, rec) in sorted(best.items(), key=lambda kv: kv[1][1]):
         tables.setdefault(table, []).append(rec)
     return tables
 
@@ -123,13 +130,16 @@ def render(records: list[dict[str, Any]]) -> str:
         if how:
             lines += [how, ""]
         lines.append("Machine: " + "; ".join(machines) + ".")
-        lines += ["", "| row | commit | date | " + " | ".join(keys) + " |"]
-        lines.append("|---|---|---|" + "---|" * len(keys))
+        several = len(machines) > 1
+        if several:  # one table per GPU would repeat the rows; a column says which GPU
+            recs = sorted(recs, key=lambda r: machines.index(r["machine"]))
+        head = "| row | " + ("machine | " if several else "") + "commit | date | "
+        lines += ["", head + " | ".join(keys) + " |"]
+        lines.append("|---|---|---|" + ("---|" if several else "") + "---|" * len(keys))
         for rec in recs:
             figs = rec["figures"]
-            cells = [rec["row"], rec["commit"], rec["date"]] + [
-                _cell(figs.get(k, "")) for k in keys
-            ]
+            cells = [rec["row"], *([rec["machine"]] if several else []), rec["commit"], rec["date"]]
+            cells += [_cell(figs.get(k, "")) for k in keys]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

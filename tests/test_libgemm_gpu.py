@@ -73,8 +73,8 @@ def test_pycuda_runs_library_gemms_like_the_reference(cuda, name):
 def test_the_algorithm_is_the_heuristics_first_or_the_fastest_timed_once_per_shape(
     cuda, monkeypatch, algo
 ):
-    """MLSO_GEMM_ALGO=heuristic keeps cuBLASLt's first; by default creation times the listed
-    algorithms and caches the winner per shape, so a second program of that shape reuses it."""
+    """MLSO_GEMM_ALGO=heuristic (the default) keeps cuBLASLt's first; =timed makes creation time
+    the listed algorithms and cache the winner per shape, so a second program reuses it."""
     monkeypatch.setenv("MLSO_GEMM_ALGO", algo)
     kg = L.plain(DType.F16, batch=1, m=128, k=2048, n=2048)
     cp = compile_program(kg)

@@ -51,6 +51,15 @@ class TimingResult:
     note: str = ""
 
 
+def operand_sets(total_bytes: int) -> int:
+    """How many copies of a program's inputs timing rotates through: enough that together they
+    overflow L2 twice when one set fits in it (so weights are read from DRAM, as in a model whose
+    layers do not share an L2), else one. benchmarks/ time their peers under the same rule."""
+    if total_bytes >= L2_BYTES:
+        return 1
+    return min(64, max(2, math.ceil(2 * L2_BYTES / max(total_bytes, 1))))
+
+
 def numpy_dtype(name: str) -> np.dtype:
     if name == "bfloat16":
         import ml_dtypes
@@ -381,9 +390,7 @@ class Program:
             ]
         total = sum(_nbytes(t) for t in self.plan["inputs"])
         if rotate_buffers is None:
-            sets = (
-                min(64, max(2, math.ceil(2 * L2_BYTES / max(total, 1)))) if total < L2_BYTES else 1
-            )
+            sets = operand_sets(total)
         else:
             sets = (
                 max(1, int(rotate_buffers))

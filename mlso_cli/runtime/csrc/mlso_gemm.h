@@ -27,16 +27,15 @@
 // with the real pointer's alignment (the heuristic reads its value for that), and each run sets
 // the real one before cublasLtMatmul, a host-side attribute write that a graph capture allows.
 //
-// The algorithm: cublasLtMatmulAlgoGetHeuristic lists up to 8, best first by its model. Unless
-// MLSO_GEMM_ALGO=heuristic, creation then times each listed algorithm on scratch operands of the
-// GEMM's own shape, layout and alignment (on a private stream, 2 warm-up and 10 timed calls
-// each, best of 3 rounds) and keeps the fastest. Why: on the H200 the heuristic's first choice
-// ran 1.14-1.37x torch.matmul's time at real widths (benchmarks/RESULTS.md). The choice is
-// cached per process and context, keyed by everything the heuristic was given, so each shape is
-// timed once; the GEMMs of one session therefore run one algorithm per shape. Different
-// algorithms may sum in a different order (split-K): results agree within the fp32
-// accumulation's rounding, which the verifier's tolerance covers. Timing happens at creation,
-// never during a run or a graph capture.
+// The algorithm: cublasLtMatmulAlgoGetHeuristic lists up to 8, best first by its model, and the
+// first is used. With MLSO_GEMM_ALGO=timed, creation instead times each listed algorithm on
+// scratch operands of the GEMM's own shape, layout and alignment (a private stream, 2 warm-up
+// and 10 timed calls each, best of 3 rounds) and keeps the fastest, cached per process and
+// context, keyed by everything the heuristic was given, so each shape is timed once. Why it is
+// not the default: measured on an H100 (benchmarks/RESULTS.md, library GEMMs), the timed choice
+// ran within 1 us of the heuristic's in CUDA-graph replay on all 8 real-width shapes, although
+// it was up to 17% faster in its own back-to-back timing (a warm L2, which a model's layers do
+// not give); and it makes the choice, hence the summation order, depend on timing noise.
 //
 // Built without the cuBLASLt headers (MLSO_HAVE_CUBLASLT undefined), init fails with a message
 // saying how to get them; everything else of the library works.
@@ -162,11 +161,11 @@ struct Op {
   std::string how;  // how the algorithm was chosen (mlso_gemm_describe)
 };
 
-// Whether creation times the heuristic's candidates (MLSO_GEMM_ALGO unset or "timed") or keeps
-// its first (MLSO_GEMM_ALGO=heuristic).
+// Whether creation times the heuristic's candidates (MLSO_GEMM_ALGO=timed) or keeps its first
+// (unset, or any other value).
 inline bool timed_choice() {
   const char* v = std::getenv("MLSO_GEMM_ALGO");
-  return !(v && std::strcmp(v, "heuristic") == 0);
+  return v && std::strcmp(v, "timed") == 0;
 }
 
 // Chosen algorithms, per process: key (shape, layouts, alignments, epilogue, context) -> algo.
