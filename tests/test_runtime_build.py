@@ -29,6 +29,7 @@ EXPORTS = {
     "mlso_selftest_check_input",
     "mlso_gemm_create",
     "mlso_gemm_run",
+    "mlso_gemm_describe",
     "mlso_gemm_destroy",
     "mlso_gemm_supported",
 }

@@ -516,6 +516,7 @@ class Runner {
     *err = "no cuBLASLt support in this build";
     return false;
   }
+  std::string describe(size_t) const { return std::string(); }
 };
 
 #endif
