@@ -75,7 +75,7 @@ def pass_flash(bk: BlockKernel, code: Code, g: Group) -> None:
         for sp in sps
     ]
     v = flash_args(bk, wp, vop, not vk)
-    if len(sps) == 1 and form.scale == 1 and bk.reg.kbuf is None:
+    if bk.reg.single:
         code(
             "// online softmax in registers: s = matmul, m, l and exp(s - m) @ v per 16-row warp strip"
         )
