@@ -137,7 +137,7 @@ Rule = tuple[str, Callable[[LayoutPlan, Node], bool], Callable[[_Builder, Node],
 RULES: tuple[Rule, ...] = (
     (
         "tiles are loaded, running maxima written by their group: no pass",
-        lambda lp, n: n.op is Op.ITER or any(n is g.m for g in lp.groups.values()),
+        lambda lp, n: n.op is Op.ITER or any(n == g.m for g in lp.groups.values()),
         lambda b, n: None,
     ),
     (
