@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from mlso_cli.codegen.arch import SMEM_BUDGET
 from mlso_cli.codegen.barriers import emit_with_barriers
+from mlso_cli.codegen.blockio import IoPlan, plan_io
 from mlso_cli.codegen.blocklayout import CODEGEN_ARCH
 from mlso_cli.codegen.blockpass import flash, loading, matmul, reduce, saving
 from mlso_cli.codegen.blockplan import BlockPlan, plan_block
@@ -56,6 +57,7 @@ from mlso_cli.codegen.cfmt import (
 )
 from mlso_cli.codegen.emitter import Emitter
 from mlso_cli.codegen.errors import CodegenError
+from mlso_cli.codegen.frozen import FrozenMap
 from mlso_cli.codegen.program import Kernel
 from mlso_cli.codegen.scale import Storage
 from mlso_cli.ir.graph import BlockGraph
@@ -90,8 +92,9 @@ class BlockKernel:
     """Prints one graph-defined kernel from its BlockPlan (blockplan.py), deciding nothing new;
     the passes are printed by family in blockpass/."""
 
-    def __init__(self, plan: BlockPlan, ctx: KernelContext) -> None:
+    def __init__(self, plan: BlockPlan, io: IoPlan, ctx: KernelContext) -> None:
         self.plan = plan
+        self.io = io
         self.ctx = ctx
         self.gd = ctx.gd
         self.name = ctx.name
@@ -109,13 +112,15 @@ class BlockKernel:
         self.reg = plan.register
         self.flash = plan.register.group if plan.register is not None else None
         self.flash_alias = plan.register.alias if plan.register is not None else None
-        self.storage: dict[Node, Storage | SmemStorage] = dict(plan.storage)
-        """The plan's storage, plus the global view of each in-place tile (`loading.point`)."""
+        self.storage: Mapping[Node, SmemStorage] = FrozenMap(
+            dict(plan.storage) | {it: t.storage for it, t in io.in_place.items()}
+        )
+        """The plan's storage, with the global view of each in-place tile (blockio)."""
         self.names = Names.after(plan.names)
-        self.hoisted: dict[int, tuple[int, int]] = {}
-        """Loop tile -> (chunks per thread, elements per step) where its offsets are hoisted."""
-        self.direct_aligned: dict[str, str] = {}
-        """In-place PRE tiles (`loading.point`) whose every block starts 16-byte aligned: C types."""
+        self.direct_aligned: Mapping[str, str] = FrozenMap(
+            (t.storage.ptr, CTYPE[it.dtype]) for it, t in io.in_place.items() if t.aligned
+        )
+        """In-place PRE tiles whose every block starts 16-byte aligned: C types."""
 
     # ---- emission helpers --------------------------------------------------------------------
     def emitter(self) -> Emitter:
@@ -245,9 +250,8 @@ class BlockKernel:
             flash.flash_flush(self, code)
         self._emit_passes(code, Phase.POST)
         code("__syncthreads();")
-        written: set[Node] = set()
         for s in self.plan.schedule.saves:
-            saving.pass_save(self, code, s, written)
+            saving.pass_save(self, code, s)
 
 
 PRINTERS: Mapping[str, Callable[[BlockKernel, Code, Step], None]] = MappingProxyType(
@@ -304,4 +308,8 @@ def emit_graph_def(lw: Lowering, gd: Node) -> Kernel:
         lw.scratch_storage,
         lw.emitter,
     )
-    return BlockKernel(plan, ctx).build()
+    io = plan_io(plan, gd, ctx.storage, ctx.outputs, ctx.scratch, loading.HOIST_REGS)
+    for save, ps in io.partial.items():
+        # the lowering's output storage records the scale its partial is saved with
+        ctx.outputs[save.arg.index].scale = ps.scale
+    return BlockKernel(plan, io, ctx).build()

@@ -159,7 +159,7 @@ def vector_pass(
 def aligned_buffers(bk: BlockKernel) -> dict[str, str]:
     """Shared-memory buffers by name -> C element type, each 128-byte aligned: the allocated
     ones, and the loop tiles' per-step aliases (every stage of which is allocated)."""
-    out = {name: ctype for ctype, name, _ in bk.ptrs} | bk.direct_aligned
+    out = {name: ctype for ctype, name, _ in bk.ptrs} | dict(bk.direct_aligned)
     for it in bk.loop_iters:
         stages = [f"s{it.arg}_{k}" for k in range(bk.nstage)]
         if all(st in out for st in stages):
