@@ -70,9 +70,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class KernelContext:
-    """What a block kernel's printer gets from the kernel level, decided before it prints: its
-    name, its parameters so far, where each output goes, and two services (a read-only view of
-    where kernel tensors live, a new fp32 scratch buffer for partial maxima)."""
+    """What a block kernel's planning of loads and saves (blockio.plan_io) and its printer get
+    from the kernel level, decided before it prints: its name, its parameters so far, where each
+    output goes, and services (a read-only view of where kernel tensors live, a new fp32 scratch
+    buffer for partial maxima, an emitter over kernel tensors)."""
 
     gd: Node
     """The GRAPH_DEF node."""
@@ -99,7 +100,8 @@ class BlockKernel:
         self.gd = ctx.gd
         self.name = ctx.name
         self.uses = ctx.uses
-        self.proj_storage: dict[int, Storage] = dict(enumerate(ctx.outputs))
+        self.proj_storage: tuple[Storage, ...] = ctx.outputs
+        """Output i's kernel-level storage (a scaled partial's scale recorded by emit_graph_def)."""
         self.bg = plan.bg
         self.nt, self.nw, self.nstage = plan.threads, plan.warps, plan.stages
         self.smem, self.ptrs = plan.layout.smem, plan.layout.buffers

@@ -5,7 +5,7 @@ storage -> matmul planning -> layout -> kernel), so the printer could read, and 
 planning state at any time. Now each stage is a function that returns a frozen value:
 blockanalysis.analyse (the graph's facts) -> blocklayout.plan_layout (buffers, scales, matmul
 plans with their staging copies, the register path) -> blockschedule.schedule_passes (which
-passes run, where) -> `BlockPlan`, which block.BlockKernel prints without seeing a planner.
+passes run, where) -> blockloops.loop_shapes (each pass's lanes and teams) -> `BlockPlan`, which block.BlockKernel prints without seeing a planner.
 
 Everything inside is immutable and hashable: tuples, frozensets, FrozenMaps (frozen.py) and
 frozen records (SmemStorage, MatmulPlan, Stage, Group, RegisterPath, Step).
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from mlso_cli.codegen.blockanalysis import Group, Moments, analyse
 from mlso_cli.codegen.blocklayout import CODEGEN_ARCH, SmemLayout, plan_layout
+from mlso_cli.codegen.blockloops import Lanes, LanesKey, Team, TeamKey, loop_shapes
 from mlso_cli.codegen.blockmatmul import MatmulPlan
 from mlso_cli.codegen.blockregister import RegisterPath
 from mlso_cli.codegen.blockschedule import Schedule, Step, schedule_passes
@@ -60,6 +61,10 @@ class BlockPlan:
     register: RegisterPath | None
     schedule: Schedule
     """The passes per phase and the SAVEs (blockschedule.RULES)."""
+    lanes: FrozenMap[LanesKey, Lanes]
+    """(shape, vectorisable) -> the loop of every element pass the schedule prints."""
+    teams: FrozenMap[TeamKey, Team]
+    """(rule, outputs, length) -> the team of every row walk the schedule prints."""
     names: tuple[tuple[str, int], ...]
     """Identifiers the plan took (prefix, count): printing takes fresh ones after them."""
 
@@ -84,6 +89,8 @@ def plan_block(bg: BlockGraph, arch: str = CODEGEN_ARCH) -> BlockPlan:
     """The plan of `bg` for `arch`."""
     lp = plan_layout(analyse(bg), arch)
     an = lp.analysis
+    schedule = schedule_passes(lp)
+    lanes, teams = loop_shapes(schedule, lp.smem.threads, lp.register, an.fused, an.moments)
     return BlockPlan(
         bg=an.bg,
         arch=arch,
@@ -104,6 +111,8 @@ def plan_block(bg: BlockGraph, arch: str = CODEGEN_ARCH) -> BlockPlan:
         moments=an.moments,
         moment_firsts=an.moment_firsts,
         register=lp.register,
-        schedule=schedule_passes(lp),
+        schedule=schedule,
+        lanes=lanes,
+        teams=teams,
         names=lp.names,
     )
