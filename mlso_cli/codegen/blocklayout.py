@@ -188,7 +188,18 @@ def _attempt(
                 m, k, n = g.s.shape[-2], g.s.shape[-1], w.src[1].shape[-1]
                 strip = strip_width(numel(c.shape[:-2]), m, n, k, nt // 32)
                 d.plans[w] = MatmulPlan(
-                    "mma", a, scaled[0], c, True, g.p_dtype, True, scaled[1], (), row_scale, strip
+                    "mma",
+                    a,
+                    scaled[0],
+                    c,
+                    True,
+                    g.p_dtype,
+                    True,
+                    scaled[1],
+                    (),
+                    row_scale,
+                    strip,
+                    _ceil_to(m, 16),
                 )
             else:
                 d.plans[w] = plan_matmul(d, None, w.src[1], w, True, g, row_scale)

@@ -96,6 +96,9 @@ class MatmulPlan:
     """fp32 per-row factor applied to C before accumulating (online-softmax alpha)."""
     strip: int = 0
     """n8 tiles per warp strip of mlso::block_mma (mmawork.strip_width; "mma" only)."""
+    rows: int = 0
+    """A's rows as mlso::block_mma walks them: M padded to the 16-row mma tile ("mma" only;
+    a staged A is allocated with these rows, a direct one is already a multiple of 16)."""
 
 
 def direct_operand(d: Draft, x: Node) -> Operand | None:
@@ -291,7 +294,18 @@ def plan_matmul(
             stages.append(st)
         strip = strip_width(batch, m, n, k, d.nt // 32)
         return MatmulPlan(
-            "mma", a_dir, b_dir, c, accumulate, mma, a_km, b_km, tuple(stages), row_scale, strip
+            "mma",
+            a_dir,
+            b_dir,
+            c,
+            accumulate,
+            mma,
+            a_km,
+            b_km,
+            tuple(stages),
+            row_scale,
+            strip,
+            _ceil_to(m, 16),
         )
     if a_dir is None:
         st = stage(d, a, "A", DType.F32, m, a_scale)

@@ -93,8 +93,7 @@ def pass_matmul(bk: BlockKernel, code: Code, plan: MatmulPlan, what: str) -> Non
         f"// {what}: ({list(a.shape)} x {list(b.shape)}), {plan.kind}{' accumulate' if plan.accumulate else ''}"
     )
     if plan.kind == "mma":
-        mp = -(-m // 16) * 16  # A's rows as ldmatrix reads them (staged copies are padded so)
-        nb = plan.strip
+        mp, nb = plan.rows, plan.strip
         lda, ldb = a.ld(plan.a_kmajor), b.ld(not plan.b_kmajor)
         code(
             f"mlso::block_mma<{CTYPE[plan.dtype]}, {batch}, {mp}, {m}, {n}, {k}, {nb}, {c_bool(plan.a_kmajor)}, "
