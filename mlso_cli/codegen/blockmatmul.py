@@ -321,7 +321,9 @@ def plan_matmul(
     )
 
 
-def _operand_scales(d: Draft, a: Node | None, b: Node, c_rank: int, accumulate: bool):
+def _operand_scales(
+    d: Draft, a: Node | None, b: Node, c_rank: int, accumulate: bool
+) -> tuple[tuple[BufferScale, BufferScale] | None, tuple[BufferScale, BufferScale] | None]:
     """((A's copy scale, C's scale) or None, (B's copy scale, C's scale) or None): the operand
     whose scaled numbers are staged and multiplied, leaving C scaled (scale.matmul_scale).
     Never for an accumulating matmul: its C sums steps whose maxima differ."""

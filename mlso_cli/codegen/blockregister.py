@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlso_cli.codegen.blockanalysis import Group, RegisterCandidate
-from mlso_cli.codegen.blockmatmul import MatmulPlan, Operand, direct_operand, mma_ok
+from mlso_cli.codegen.blockmatmul import Operand, direct_operand, mma_ok
 from mlso_cli.codegen.blockstorage import Draft, alloc
 from mlso_cli.codegen.cfmt import numel
 from mlso_cli.codegen.scoreform import ScoreForm
@@ -83,7 +83,7 @@ def register_path(
     plans do not allow it: every score term and P @ v on tensor cores in P's type, the terms
     not accumulating, 16-row aligned and unscaled. Allocates (in this order) the split warps'
     partial scores, the scores' per-key factors and the weighted operand's per-key factors."""
-    plans: dict[Node, MatmulPlan] = d.plans  # type: ignore[assignment]
+    plans = d.plans
     wp = plans.get(g.wsums[0])
     if wp is None or wp.kind != "mma":
         return None

@@ -14,6 +14,7 @@ the finished layout freezes the rest (blocklayout.LayoutPlan).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from mlso_cli.codegen import synthetic
 from mlso_cli.codegen.blockanalysis import Analysis, Group
@@ -23,6 +24,9 @@ from mlso_cli.codegen.scale import BufferScale, Scale, structural
 from mlso_cli.codegen.teams import LOOP_VAR
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import DType, Op
+
+if TYPE_CHECKING:
+    from mlso_cli.codegen.blockmatmul import MatmulPlan, Stage
 
 
 def _ceil_to(x: int, m: int) -> int:
@@ -85,10 +89,10 @@ class Draft:
     ptrs: list[tuple[str, str, int]] = field(default_factory=list)
     """(C type, name, byte offset) of every pointer into shared memory, in allocation order."""
     storage: dict[Node, SmemStorage] = field(default_factory=dict)
-    stages: dict[tuple[Node, str, DType], object] = field(default_factory=dict)
-    """(operand, role, dtype) -> its blockmatmul.Stage."""
-    plans: dict[Node, object] = field(default_factory=dict)
-    """Node -> its blockmatmul.MatmulPlan."""
+    stages: dict[tuple[Node, str, DType], Stage] = field(default_factory=dict)
+    """(operand, role, dtype) -> its staging copy (blockmatmul.stage)."""
+    plans: dict[Node, MatmulPlan] = field(default_factory=dict)
+    """Node -> its matmul plan (blockmatmul.plan_matmul)."""
 
 
 def unbacked(d: Draft, ctype: str, name: str) -> str:
