@@ -213,3 +213,23 @@ def test_the_printer_holds_no_planner():
         and "storage" in ast.unparse(n.target)
     ]
     assert not dict_calls
+
+
+def test_a_frozen_map_is_read_only_hashable_and_copies():
+    import copy
+    import pickle
+
+    m = FrozenMap({"a": (1, 2), "b": 3})
+    assert (
+        m == {"a": (1, 2), "b": 3}
+        and list(m) == ["a", "b"]
+        and m.pairs == (("a", (1, 2)), ("b", 3))
+    )
+    for twin in (pickle.loads(pickle.dumps(m)), copy.deepcopy(m), copy.copy(m)):
+        assert twin == m and hash(twin) == hash(m)
+    with pytest.raises(TypeError):
+        m["c"] = 4  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        m._d = {}  # type: ignore[misc]
+    p = next(iter(PLANS.values()))
+    assert copy.deepcopy(p).layout == p.layout

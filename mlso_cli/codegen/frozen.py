@@ -49,6 +49,10 @@ class FrozenMap(Mapping[K, V]):
             return self._items == other._items
         return isinstance(other, Mapping) and dict(self._d) == dict(other)
 
+    def __reduce__(self) -> tuple[type, tuple[tuple[tuple[K, V], ...]]]:
+        # rebuilt from its items (pickle and copy would otherwise set the slots directly)
+        return (FrozenMap, (self._items,))
+
     def __repr__(self) -> str:
         return f"FrozenMap({dict(self._d)!r})"
 
