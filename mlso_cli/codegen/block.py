@@ -1,10 +1,13 @@
 """Graph-defined kernels: one CUDA kernel per block graph. This module orders and frames the
 passes (the PRE / LOOP / POST skeleton, the pipeline, barriers); the passes themselves are
 printed by family in blockpass/ (elementwise, rowwalk, matmul, flash, reduce, saving, loading).
-The decisions are made before it runs, by job: blockanalysis.py (what is materialised, groups,
-fusions, the register-path candidate, dependency order), blockstorage.py (buffers and which hold
-scaled numbers), blockmatmul.py (operands, staging copies), blocklayout.py (the layout options;
-the one shared-memory figure, smem_layout), barriers.py (where __syncthreads() is needed).
+The decisions are made before it runs, by functions that each return a frozen value
+(blockplan.plan_block chains them): blockanalysis.analyse (what is materialised, groups, fusions,
+the register-path candidate, dependency order), blocklayout.plan_layout (buffers and which hold
+scaled numbers, blockstorage.py; operands and staging copies, blockmatmul.py; the register path,
+blockregister.py; the one shared-memory figure, smem_layout), blockschedule.schedule_passes
+(which passes run in which phase, a table of rules); barriers.py places __syncthreads() while
+printing (where a pass touches what another wrote).
 
 Layout of a generated kernel (blockIdx.{x,y,z} are the grid coordinates):
 
@@ -23,8 +26,8 @@ Everything elementwise is fused into its consumers (thread graphs by rule) and r
 needed. The architecture check's shared-memory figure (budget.py) is this layout's exact byte
 count.
 
-Each op is a pass over shared memory followed by __syncthreads(). Passes come from the table
-PASSES (op -> a blockpass function). ACC_EXP_SUM / ACC_EXP_WSUM sharing a score tensor s form one group with
+Each op is a pass over shared memory followed by __syncthreads(). The plan's schedule names each
+pass by kind; the table PRINTERS (kind -> a blockpass function) prints it. ACC_EXP_SUM / ACC_EXP_WSUM sharing a score tensor s form one group with
 one running row max m: per step, m' = max(m, rowmax s), alpha = exp(m - m'), sums are rescaled
 by alpha and exp(s - m') terms added (P = exp(s - m') @ v on tensor cores for WSUM). Their
 values are kept relative to m (scale.py); a POST division of two of them cancels the scale, and
@@ -41,10 +44,12 @@ from typing import TYPE_CHECKING
 
 from mlso_cli.codegen.arch import SMEM_BUDGET
 from mlso_cli.codegen.barriers import emit_with_barriers
+from mlso_cli.codegen.blockio import IoPlan, plan_io
 from mlso_cli.codegen.blocklayout import CODEGEN_ARCH
-from mlso_cli.codegen.blockmatmul import MatmulPlan
 from mlso_cli.codegen.blockpass import flash, loading, matmul, reduce, saving
 from mlso_cli.codegen.blockplan import BlockPlan, plan_block
+from mlso_cli.codegen.blockschedule import Step
+from mlso_cli.codegen.blockstorage import SmemStorage
 from mlso_cli.codegen.cfmt import (
     CTYPE,
     Code,
@@ -52,6 +57,7 @@ from mlso_cli.codegen.cfmt import (
 )
 from mlso_cli.codegen.emitter import Emitter
 from mlso_cli.codegen.errors import CodegenError
+from mlso_cli.codegen.frozen import FrozenMap
 from mlso_cli.codegen.program import Kernel
 from mlso_cli.codegen.scale import Storage
 from mlso_cli.ir.graph import BlockGraph
@@ -61,14 +67,13 @@ from mlso_cli.ir.ops import ACCUMULATORS, Op, Phase
 if TYPE_CHECKING:
     from mlso_cli.codegen.lower import Lowering, Uses
 
-PHASES = (Phase.PRE, Phase.LOOP, Phase.POST)
-
 
 @dataclass(frozen=True)
 class KernelContext:
-    """What a block kernel's printer gets from the kernel level, decided before it prints: its
-    name, its parameters so far, where each output goes, and two services (a read-only view of
-    where kernel tensors live, a new fp32 scratch buffer for partial maxima)."""
+    """What a block kernel's planning of loads and saves (blockio.plan_io) and its printer get
+    from the kernel level, decided before it prints: its name, its parameters so far, where each
+    output goes, and services (a read-only view of where kernel tensors live, a new fp32 scratch
+    buffer for partial maxima, an emitter over kernel tensors)."""
 
     gd: Node
     """The GRAPH_DEF node."""
@@ -88,12 +93,15 @@ class BlockKernel:
     """Prints one graph-defined kernel from its BlockPlan (blockplan.py), deciding nothing new;
     the passes are printed by family in blockpass/."""
 
-    def __init__(self, plan: BlockPlan, ctx: KernelContext) -> None:
+    def __init__(self, plan: BlockPlan, io: IoPlan, ctx: KernelContext) -> None:
+        self.plan = plan
+        self.io = io
         self.ctx = ctx
         self.gd = ctx.gd
         self.name = ctx.name
         self.uses = ctx.uses
-        self.proj_storage: dict[int, Storage] = dict(enumerate(ctx.outputs))
+        self.proj_storage: tuple[Storage, ...] = ctx.outputs
+        """Output i's kernel-level storage (a scaled partial's scale recorded by emit_graph_def)."""
         self.bg = plan.bg
         self.nt, self.nw, self.nstage = plan.threads, plan.warps, plan.stages
         self.smem, self.ptrs = plan.layout.smem, plan.layout.buffers
@@ -106,13 +114,15 @@ class BlockKernel:
         self.reg = plan.register
         self.flash = plan.register.group if plan.register is not None else None
         self.flash_alias = plan.register.alias if plan.register is not None else None
-        self.storage: dict[Node, Storage] = dict(plan.storage)
-        """The plan's storage, plus the global view of each in-place tile (`loading.point`)."""
+        self.storage: Mapping[Node, SmemStorage] = FrozenMap(
+            dict(plan.storage) | {it: t.storage for it, t in io.in_place.items()}
+        )
+        """The plan's storage, with the global view of each in-place tile (blockio)."""
         self.names = Names.after(plan.names)
-        self.hoisted: dict[int, tuple[int, int]] = {}
-        """Loop tile -> (chunks per thread, elements per step) where its offsets are hoisted."""
-        self.direct_aligned: dict[str, str] = {}
-        """In-place PRE tiles (`loading.point`) whose every block starts 16-byte aligned: C types."""
+        self.direct_aligned: Mapping[str, str] = FrozenMap(
+            (t.storage.ptr, CTYPE[it.dtype]) for it, t in io.in_place.items() if t.aligned
+        )
+        """In-place PRE tiles whose every block starts 16-byte aligned: C types."""
 
     # ---- emission helpers --------------------------------------------------------------------
     def emitter(self) -> Emitter:
@@ -151,78 +161,17 @@ class BlockKernel:
             what,
         )
 
-    def _pass_list(self) -> tuple[dict[Phase, list[Callable[[Code], None]]], list[Node]]:
-        """Passes per phase in dependency order, and the SAVE nodes. Staging copies go right
-        before their first matmul when in the same phase, else at the end of the operand's phase."""
-        passes: dict[Phase, list[Callable[[Code], None]]] = {p: [] for p in PHASES}
-        saves: list[Node] = []
-        last_of_group = {}
-        for n in self.order:
-            if n in self.group_of:
-                last_of_group[self.group_of[n].s] = n
-
-        staged: set[int] = set()  # each staging copy is written once, before its first matmul
-
-        def stage(plans: list[MatmulPlan]) -> None:
-            for plan in plans:
-                for st in plan.stages:
-                    if id(st) not in staged:
-                        staged.add(id(st))
-                        passes[st.phase].append(lambda c, st=st: matmul.pass_stage(self, c, st))
-
-        for n in self.order:
-            if n.op is Op.ITER or n in (g.m for g in self.groups.values()):
-                continue
-            if n.op is Op.SAVE:
-                saves.append(n)
-                continue
-            if n in self.group_of:
-                g = self.group_of[n]
-                if last_of_group[g.s] is n:
-                    plans = [self.plans[w] for w in g.wsums]
-                    if not (g is self.flash and self.reg.f is not None):
-                        stage(
-                            plans
-                        )  # (a scaled weighted operand is read unscaled by the register pass)
-                    if g is self.flash:
-                        passes[Phase.LOOP].append(lambda c, g=g: flash.pass_flash(self, c, g))
-                        continue
-                    if g.s in self.rows_aligned:
-                        passes[Phase.LOOP].append(lambda c, g=g: flash.pass_group_rows(self, c, g))
-                    else:
-                        passes[Phase.LOOP].append(lambda c, g=g: flash.pass_group(self, c, g))
-                    for plan in plans:
-                        passes[Phase.LOOP].append(
-                            lambda c, plan=plan: matmul.pass_matmul(self, c, plan, "exp(s - m) @ v")
-                        )
-                continue
-            if n.op in ACCUMULATORS:
-                if n.src[0] in self.fused_reduce:
-                    passes[Phase.LOOP].append(lambda c, r=n.src[0]: reduce.pass_reduce(self, c, r))
-                    continue
-                if n.src[0] in self.fused:
-                    stage([self.plans[n.src[0]]])
-                passes[Phase.LOOP].append(lambda c, n=n: reduce.pass_acc_sum(self, c, n))
-                continue
-            if n in self.moment_firsts:
-                continue  # computed by the moments pass of its second reduction
-            rule = MOMENTS if n in self.moments else PASSES.get(n.op)
-            if rule is None:
-                raise CodegenError(f"block op {n.op.value} has no pass")
-            phase = n.phase or Phase.PRE
-            if n in self.plans:
-                stage([self.plans[n]])
-            if self.flash is not None and n in self.reg.form.terms:
-                continue  # computed inside the register pass of its group
-            passes[phase].append(lambda c, n=n, rule=rule: rule(self, c, n))
-        return passes, saves
-
-    def _emit_passes(self, code: Code, passes: list[Callable[[Code], None]]) -> None:
-        """Emit passes with the barriers barriers.emit_with_barriers finds necessary."""
+    def _emit_passes(self, code: Code, phase: Phase) -> None:
+        """Print the plan's passes of `phase` (each by its printer in PRINTERS) with the
+        barriers barriers.emit_with_barriers finds necessary."""
 
         def reset() -> None:
             self._reads, self._writes = set(), set()
 
+        passes = [
+            lambda c, step=step: PRINTERS[step.kind](self, c, step)
+            for step in self.plan.passes(phase)
+        ]
         emit_with_barriers(code, passes, reset, lambda: (self._reads, self._writes))
 
     def _emit_body(self, code: Code) -> None:
@@ -253,8 +202,7 @@ class BlockKernel:
             code(f"mlso::cp_async_wait<{ns - 1}>();", "__syncthreads();")
         else:
             code("mlso::cp_async_commit();", "mlso::cp_async_wait<0>();", "__syncthreads();")
-        passes, saves = self._pass_list()
-        self._emit_passes(code, passes[Phase.PRE])
+        self._emit_passes(code, Phase.PRE)
         code("__syncthreads();")
         inits = [n for n in self.order if n.op in ACCUMULATORS]
         for acc in inits:
@@ -276,7 +224,7 @@ class BlockKernel:
                     self,
                 )
             )
-        if loop_iters or passes[Phase.LOOP]:
+        if loop_iters or self.plan.passes(Phase.LOOP):
             with code.block(f"for (int it = 0; it < {loop}; ++it)"):
                 for it in loop_iters:
                     code(
@@ -298,26 +246,30 @@ class BlockKernel:
                         f"mlso::cp_async_wait<{ns - 1}>();",
                         "__syncthreads();",
                     )
-                self._emit_passes(code, passes[Phase.LOOP])
+                self._emit_passes(code, Phase.LOOP)
                 code("__syncthreads();")
         if self.flash is not None:
             flash.flash_flush(self, code)
-        self._emit_passes(code, passes[Phase.POST])
+        self._emit_passes(code, Phase.POST)
         code("__syncthreads();")
-        written: set[Node] = set()
-        for s in saves:
-            saving.pass_save(self, code, s, written)
+        for s in self.plan.schedule.saves:
+            saving.pass_save(self, code, s)
 
 
-PASSES: dict[Op, Callable[[BlockKernel, Code, Node], None]] = {
-    Op.MATMUL: matmul.pass_node_matmul,
-    Op.REDUCE_SUM: reduce.pass_reduce,
-    Op.REDUCE_MEAN: reduce.pass_reduce,
-    Op.REDUCE_MAX: reduce.pass_reduce,
-}
-"""Block op -> pass emitter (accumulators and SAVE have their own places in the schedule)."""
-MOMENTS = reduce.pass_moments
-"""Pass emitter of a reduction blockanalysis pairs with its first (`moments`)."""
+PRINTERS: Mapping[str, Callable[[BlockKernel, Code, Step], None]] = MappingProxyType(
+    {
+        "stage": lambda bk, c, s: matmul.pass_stage(bk, c, s.subject),
+        "register": lambda bk, c, s: flash.pass_flash(bk, c, s.subject),
+        "group_rows": lambda bk, c, s: flash.pass_group_rows(bk, c, s.subject),
+        "group": lambda bk, c, s: flash.pass_group(bk, c, s.subject),
+        "matmul": lambda bk, c, s: matmul.pass_matmul(bk, c, s.subject, s.note),
+        "matmul_node": lambda bk, c, s: matmul.pass_node_matmul(bk, c, s.subject),
+        "reduce": lambda bk, c, s: reduce.pass_reduce(bk, c, s.subject),
+        "acc_sum": lambda bk, c, s: reduce.pass_acc_sum(bk, c, s.subject),
+        "moments": lambda bk, c, s: reduce.pass_moments(bk, c, s.subject),
+    }
+)
+"""Step kind (blockschedule.Step) -> its printer; which step runs where is the plan's."""
 
 
 def emit_graph_def(lw: Lowering, gd: Node) -> Kernel:
@@ -358,4 +310,8 @@ def emit_graph_def(lw: Lowering, gd: Node) -> Kernel:
         lw.scratch_storage,
         lw.emitter,
     )
-    return BlockKernel(plan, ctx).build()
+    io = plan_io(plan, gd, ctx.storage, ctx.outputs, ctx.scratch, loading.HOIST_REGS)
+    for save, ps in io.partial.items():
+        # the lowering's output storage records the scale its partial is saved with
+        ctx.outputs[save.arg.index].scale = ps.scale
+    return BlockKernel(plan, io, ctx).build()

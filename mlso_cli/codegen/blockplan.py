@@ -2,57 +2,32 @@
 
 Why: a block kernel used to be printed by the last class of a five-level tower (analysis ->
 storage -> matmul planning -> layout -> kernel), so the printer could read, and change, any
-planning state at any time. Now the tower ends at blocklayout.BlockLayout, which decides; this
-module freezes what it decided into a `BlockPlan` (the path chosen, threads and warps, the
-pipeline depth, padding, tile shapes and how each tile is loaded, every buffer, each matmul's
-operands and staging copies, the online-softmax groups and the register path's parameters), and
-block.BlockKernel prints a BlockPlan without seeing the planner.
+planning state at any time. Now each stage is a function that returns a frozen value:
+blockanalysis.analyse (the graph's facts) -> blocklayout.plan_layout (buffers, scales, matmul
+plans with their staging copies, the register path) -> blockschedule.schedule_passes (which
+passes run, where) -> blockloops.loop_shapes (each pass's lanes and teams) -> `BlockPlan`, which block.BlockKernel prints without seeing a planner.
 
-The containers inside are read-only views (MappingProxyType, tuples, frozensets); the records
-they hold (Storage, MatmulPlan, Group) are the planner's own objects, which printing only reads.
+Everything inside is immutable and hashable: tuples, frozensets, FrozenMaps (frozen.py) and
+frozen records (SmemStorage, MatmulPlan, Stage, Group, RegisterPath, Step).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 
-from mlso_cli.codegen.blockanalysis import Group, Moments
-from mlso_cli.codegen.blocklayout import CODEGEN_ARCH, BlockLayout, SmemLayout
-from mlso_cli.codegen.blockmatmul import MatmulPlan, Operand
-from mlso_cli.codegen.scale import Storage
-from mlso_cli.codegen.scoreform import ScoreForm
+from mlso_cli.codegen.blockanalysis import Group, Moments, analyse
+from mlso_cli.codegen.blocklayout import CODEGEN_ARCH, SmemLayout, plan_layout
+from mlso_cli.codegen.blockloops import Lanes, LanesKey, Team, TeamKey, loop_shapes
+from mlso_cli.codegen.blockmatmul import MatmulPlan
+from mlso_cli.codegen.blockregister import RegisterPath
+from mlso_cli.codegen.blockschedule import Schedule, Step, schedule_passes
+from mlso_cli.codegen.blockstorage import SmemStorage
+from mlso_cli.codegen.frozen import FrozenMap
 from mlso_cli.ir.graph import BlockGraph
 from mlso_cli.ir.node import Node
+from mlso_cli.ir.ops import Phase
 
-
-@dataclass(frozen=True)
-class RegisterPath:
-    """The online softmax of one group run in registers (mlso::FlashRows)."""
-
-    group: Group
-    form: ScoreForm
-    """The score's form: scaled matmul terms, a per-key factor (scoreform.py)."""
-    strips: int
-    """16-row warp strips of the scores."""
-    split: int
-    """Warps per strip, splitting the value columns (blockanalysis.column_split)."""
-    width: int
-    """Value columns one warp holds."""
-    ksplit: int
-    """Warps per strip that also split the score's depth (partial scores meet in `red`)."""
-    v: tuple[Operand, bool]
-    """The weighted operand and whether it is k-major."""
-    f: Node | None
-    """A per-key factor of the weighted operand, put on P's columns (x * f read as x)."""
-    fbuf: str | None
-    kbuf: str | None
-    """Shared-memory buffer of the scores' per-key factor."""
-    red: str | None
-    """Shared-memory buffer where split warps add partial scores."""
-    alias: Node | None
-    """The weighted sum kept in the loop tiles' memory (flushed after the loop)."""
+__all__ = ["BlockPlan", "RegisterPath", "Step", "plan_block"]
 
 
 @dataclass(frozen=True)
@@ -71,19 +46,25 @@ class BlockPlan:
     loop_iters: tuple[Node, ...]
     direct: frozenset[Node]
     """PRE tiles read in place from global memory."""
-    stab: Mapping[Node, Node]
-    storage: Mapping[Node, Storage]
-    plans: Mapping[Node, MatmulPlan]
+    stab: FrozenMap[Node, Node]
+    storage: FrozenMap[Node, SmemStorage]
+    plans: FrozenMap[Node, MatmulPlan]
     """Each matmul's operands, staging copies and kind."""
-    groups: Mapping[Node, Group]
-    group_of: Mapping[Node, Group]
+    groups: FrozenMap[Node, Group]
+    group_of: FrozenMap[Node, Group]
     rows_aligned: frozenset[Node]
     """Scores of the groups whose weighted sums are row-aligned with them."""
-    fused: Mapping[Node, Node]
-    fused_reduce: Mapping[Node, Node]
-    moments: Mapping[Node, Moments]
+    fused: FrozenMap[Node, Node]
+    fused_reduce: FrozenMap[Node, Node]
+    moments: FrozenMap[Node, Moments]
     moment_firsts: frozenset[Node]
     register: RegisterPath | None
+    schedule: Schedule
+    """The passes per phase and the SAVEs (blockschedule.RULES)."""
+    lanes: FrozenMap[LanesKey, Lanes]
+    """(shape, vectorisable) -> the loop of every element pass the schedule prints."""
+    teams: FrozenMap[TeamKey, Team]
+    """(rule, outputs, length) -> the team of every row walk the schedule prints."""
     names: tuple[tuple[str, int], ...]
     """Identifiers the plan took (prefix, count): printing takes fresh ones after them."""
 
@@ -100,50 +81,38 @@ class BlockPlan:
     def stages(self) -> int:
         return self.layout.stages
 
+    def passes(self, phase: Phase) -> tuple[Step, ...]:
+        return self.schedule.passes[phase]
+
 
 def plan_block(bg: BlockGraph, arch: str = CODEGEN_ARCH) -> BlockPlan:
-    """The plan of `bg` for `arch` (computed afresh: printing must start from unshared names)."""
-    lay = BlockLayout(bg)
-    layout = lay.plan(arch)
-    return _freeze(lay, layout, arch)
-
-
-def _freeze(lay: BlockLayout, layout: SmemLayout, arch: str) -> BlockPlan:
-    reg = None
-    if lay.flash is not None:
-        reg = RegisterPath(
-            lay.flash,
-            lay.flash_form,
-            lay.flash_strips,
-            lay.flash_split,
-            lay.flash_width,
-            lay.flash_ksplit,
-            lay.flash_v,
-            lay.flash_f,
-            getattr(lay, "flash_fbuf", None) if lay.flash_f is not None else None,
-            lay.flash_kbuf,
-            lay.flash_red,
-            lay.flash_alias,
-        )
+    """The plan of `bg` for `arch`."""
+    lp = plan_layout(analyse(bg), arch)
+    an = lp.analysis
+    schedule = schedule_passes(lp)
+    lanes, teams = loop_shapes(schedule, lp.smem.threads, lp.register, an.fused, an.moments)
     return BlockPlan(
-        bg=lay.bg,
+        bg=an.bg,
         arch=arch,
-        layout=layout,
-        warps=lay.nw,
-        order=tuple(lay.order),
-        iters=tuple(lay.iters),
-        loop_iters=tuple(lay.loop_iters),
-        direct=frozenset(lay.direct),
-        stab=MappingProxyType(dict(lay.stab)),
-        storage=MappingProxyType(dict(lay.storage)),
-        plans=MappingProxyType(dict(lay.plans)),
-        groups=MappingProxyType(dict(lay.groups)),
-        group_of=MappingProxyType(dict(lay.group_of)),
-        rows_aligned=frozenset(g.s for g in lay.groups.values() if lay._rows_aligned(g)),
-        fused=MappingProxyType(dict(lay.fused)),
-        fused_reduce=MappingProxyType(dict(lay.fused_reduce)),
-        moments=MappingProxyType(dict(lay.moments)),
-        moment_firsts=frozenset(lay.moment_firsts),
-        register=reg,
-        names=lay.names.counts(),
+        layout=lp.smem,
+        warps=lp.smem.threads // 32,
+        order=an.order,
+        iters=an.iters,
+        loop_iters=an.loop_iters,
+        direct=an.direct,
+        stab=an.stab,
+        storage=lp.storage,
+        plans=lp.plans,
+        groups=lp.groups,
+        group_of=lp.group_of,
+        rows_aligned=frozenset(g.s for g in lp.groups.values() if an.rows_aligned(g)),
+        fused=an.fused,
+        fused_reduce=an.fused_reduce,
+        moments=an.moments,
+        moment_firsts=an.moment_firsts,
+        register=lp.register,
+        schedule=schedule,
+        lanes=lanes,
+        teams=teams,
+        names=lp.names,
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from mlso_cli.codegen.cfmt import CTYPE, Code, Names, bcast, canon, decompose, numel, offset
@@ -30,14 +31,18 @@ if TYPE_CHECKING:
 MMA_TYPES = (DType.F16, DType.BF16)
 TILE = 64
 """Output tile of mlso::gemm_mma_64x64 / gemm_simt_64x64 (one block each)."""
-PATHS: dict[str, tuple[int, Callable[[bool, bool], int]]] = {
-    # path -> (threads, shared-memory bytes given (A k-major, B k-major))
-    "mma": (
-        128,
-        lambda ak, bk: (2 * (64 * 40 if ak else 32 * 72) + 2 * (64 * 40 if bk else 32 * 72)) * 2,
-    ),
-    "simt": (256, lambda ak, bk: 2 * 16 * 64 * 4),
-}
+PATHS: Mapping[str, tuple[int, Callable[[bool, bool], int]]] = MappingProxyType(
+    {
+        # path -> (threads, shared-memory bytes given (A k-major, B k-major))
+        "mma": (
+            128,
+            lambda ak, bk: (
+                (2 * (64 * 40 if ak else 32 * 72) + 2 * (64 * 40 if bk else 32 * 72)) * 2
+            ),
+        ),
+        "simt": (256, lambda ak, bk: 2 * 16 * 64 * 4),
+    }
+)
 """The two matmul templates: block size and the shared memory their staging tiles take."""
 
 

@@ -15,7 +15,9 @@ maxima, result = sum(stored * exp(M_i - M*)) kept relative to M* (written beside
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from mlso_cli.codegen import synthetic
@@ -141,36 +143,64 @@ def _scratch32(st: Storage) -> bool:
     return isinstance(st.buffer, Buffer) and st.buffer.kind == "scratch" and st.dtype is DType.F32
 
 
+Folded = tuple[list[Pass], Scale | None]
+"""The fold's passes and the scale its result is relative to (None: exact)."""
+
+
+def _fold_masked_max(plan: ReduceKernelPlan, site: KernelSite, names: Names) -> Folded:
+    """A row max skipping the positions whose weight (the second source) is zero."""
+    x, w_node = plan.root.src[0], plan.root.src[1]
+    em = site.emitter(site.uses, names)
+    s = em.plain(x, plan.inner)
+    w = em.plain(w_node, bcast(w_node.shape, plan.inner))
+    return [Pass("acc", "max", em.lines, f"({w} != 0.0f ? {s} : mlso::neg_inf())")], None
+
+
+def _fold_scaled(plan: ReduceKernelPlan, site: KernelSite, names: Names) -> Folded:
+    """The input's stored numbers; the result keeps their scale."""
+    em = site.emitter(site.uses, names)
+    v = em.value(plan.root.src[0], plan.inner)
+    assert v.scale == plan.probe, (v.scale, plan.probe)
+    return [Pass("acc", plan.op, em.lines, v.code)], v.scale
+
+
+def _fold_combine(plan: ReduceKernelPlan, site: KernelSite, names: Names) -> Folded:
+    """The split-KV combine: M* = max of the partial maxima, then the partials rescaled to it."""
+    em1 = site.emitter(site.uses, names)
+    m1 = em1.mvalue(plan.combine.probe)
+    em2 = site.emitter(site.uses, names)
+    v = em2.value(plan.root.src[0], plan.inner)
+    m2 = em2.mvalue(v.scale)
+    return [
+        Pass("mg", "max", em1.lines, m1),
+        Pass("acc", "sum", em2.lines, f"{v.code} * mlso::partial_weight({m2}, mg)"),
+    ], None
+
+
+def _fold_exact(plan: ReduceKernelPlan, site: KernelSite, names: Names) -> Folded:
+    """The exact values."""
+    em = site.emitter(site.uses, names)
+    return [Pass("acc", plan.op, em.lines, em.plain(plan.root.src[0], plan.inner))], None
+
+
+FOLDS: Mapping[str, Callable[[ReduceKernelPlan, KernelSite, Names], Folded]] = MappingProxyType(
+    {
+        "masked_max": _fold_masked_max,
+        "scaled": _fold_scaled,
+        "combine": _fold_combine,
+        "exact": _fold_exact,
+    }
+)
+"""Form (FORMS, decided by plan_reduce) -> how the fold is printed."""
+assert tuple(FOLDS) == FORMS
+
+
 def print_reduce(plan: ReduceKernelPlan, site: KernelSite, what: str) -> Kernel:
     root, names, uses = plan.root, Names(), site.uses
     out = site.storage[root]
     uses.write(out.buffer)
-    x = root.src[0]
-    inner_t, length, nt = plan.inner, plan.length, plan.threads
-    passes: list[Pass] = []
-    result_scale: Scale | None = None
-    if plan.form == "masked_max":
-        em = site.emitter(uses, names)
-        s = em.plain(x, inner_t)
-        w = em.plain(root.src[1], bcast(root.src[1].shape, inner_t))
-        passes.append(Pass("acc", "max", em.lines, f"({w} != 0.0f ? {s} : mlso::neg_inf())"))
-    elif plan.form == "scaled":
-        em = site.emitter(uses, names)
-        v = em.value(x, inner_t)
-        assert v.scale == plan.probe, (v.scale, plan.probe)
-        passes.append(Pass("acc", plan.op, em.lines, v.code))
-        result_scale = v.scale
-    elif plan.form == "combine":
-        em1 = site.emitter(uses, names)
-        m1 = em1.mvalue(plan.combine.probe)
-        passes.append(Pass("mg", "max", em1.lines, m1))
-        em2 = site.emitter(uses, names)
-        v = em2.value(x, inner_t)
-        m2 = em2.mvalue(v.scale)
-        passes.append(Pass("acc", "sum", em2.lines, f"{v.code} * mlso::partial_weight({m2}, mg)"))
-    else:
-        em = site.emitter(uses, names)
-        passes.append(Pass("acc", plan.op, em.lines, em.plain(x, inner_t)))
+    length, nt = plan.length, plan.threads
+    passes, result_scale = FOLDS[plan.form](plan, site, names)
 
     result = f"acc / {c_float(length)}" if root.op is Op.REDUCE_MEAN else "acc"
     fin = site.emitter(uses, names)

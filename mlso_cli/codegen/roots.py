@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from mlso_cli.codegen import synthetic
 from mlso_cli.codegen.errors import CodegenError
+from mlso_cli.codegen.frozen import FrozenMap
 from mlso_cli.codegen.schedule import schedule
 from mlso_cli.codegen.stabilise import consumers_of, stabilisers
 from mlso_cli.ir.graph import KernelGraph
@@ -49,8 +50,8 @@ class KernelRoots:
 
     order: tuple[Node, ...]
     """Every node the program computes (outputs and stabilisers' maxima), sources first."""
-    consumers: Mapping[Node, list[Node]]
-    stab: Mapping[Node, Node]
+    consumers: FrozenMap[Node, tuple[Node, ...]]
+    stab: FrozenMap[Node, Node]
     """Stabilised EXP -> the row max it is kept relative to (stabilise.stabilisers)."""
     roots: frozenset[Node]
     """The nodes that get kernels (output copies included)."""
@@ -75,7 +76,12 @@ def kernel_roots(kg: KernelGraph) -> KernelRoots:
     roots, targets = _roots(kg, order, consumers, stab)
     launch = schedule(targets, lambda n: _deps(n, roots, stab), keep=lambda n: n in roots)
     return KernelRoots(
-        tuple(order), consumers, stab, frozenset(roots), tuple(targets), tuple(launch)
+        tuple(order),
+        FrozenMap((n, tuple(cs)) for n, cs in consumers.items()),
+        FrozenMap(stab),
+        frozenset(roots),
+        tuple(targets),
+        tuple(launch),
     )
 
 

@@ -9,6 +9,6 @@
     loading.py      ITER tiles: cp.async loads, pipeline stages, in-place PRE tiles
 
 Why split: block.py was one class of 51 methods printing every family; each module here prints
-one family from decisions made before (blockanalysis, blockstorage, blockmatmul, blocklayout),
-as functions of the kernel being printed (`bk`).
+one family from decisions made before, as frozen values (blockplan.BlockPlan, blockio.IoPlan),
+as functions of the kernel being printed (`bk`, which holds them).
 """

@@ -3,7 +3,8 @@ thread computing a batch (and, where the shape allows, a vector of neighbours) b
 
 Why its own module: every family of passes (staging, reductions' finishes, the online softmax's
 rescales, factor passes) prints its per-element work through `elementwise`; how that loop is
-batched and vectorised is one decision, made here.
+batched and vectorised is one decision, made before printing (blockloops.lanes) and printed
+here.
 """
 
 from __future__ import annotations
@@ -26,9 +27,6 @@ from mlso_cli.codegen.vectorize import plan_lane, wide_store
 
 if TYPE_CHECKING:
     from mlso_cli.codegen.block import BlockKernel
-
-ELEMENTWISE_BATCH = 8
-"""Most elements one thread of an elementwise pass computes before it stores (see _elementwise)."""
 
 
 @dataclass(frozen=True)
@@ -71,15 +69,17 @@ def per_element(
     Why vectors (`vector`, for bodies whose coordinates may be any C expressions): a thread
     takes `width` neighbours along the last axis (lanes vj), reads and writes them with wide
     shared-memory accesses, and computes what does not depend on the lane (a row's mean, a
-    group's scale) once per vector; vectorize.py decides which, by evaluating the indices."""
-    width = vector_width(bk, shape) if vector else 1
-    if width > 1:
-        vector_pass(bk, code, shape, body, width)
+    group's scale) once per vector; vectorize.py decides which, by evaluating the indices.
+
+    The width and the batch are the plan's (blockloops.lanes, `BlockPlan.lanes`)."""
+    ln = bk.plan.lanes[(shape, vector)]
+    if ln.width > 1:
+        vector_pass(bk, code, shape, body, ln.width, ln.batch)
         return
     count = numel(shape)
     em = bk.emitter()
     stores = body(em, decompose("e", shape))
-    batch = batch_size(bk, count, ELEMENTWISE_BATCH)
+    batch = ln.batch
     if batch == 1:
         with code.block(f"for (int e = threadIdx.x; e < {count}; e += {bk.nt})"):
             code.extend(em.lines)
@@ -104,6 +104,7 @@ def vector_pass(
     shape: tuple[int, ...],
     body: Callable[[Emitter, Coords], list[Store]],
     width: int,
+    batch: int,
 ) -> None:
     """_elementwise with `width` lanes per thread: per batch of vectors, the lane-invariant
     statements and wide loads (vectorize.plan_lane), the lanes' values, then the stores (one
@@ -113,7 +114,6 @@ def vector_pass(
     em = bk.emitter()
     stores = body(em, (*vc[:-1], last))
     count = numel(shape) // width
-    batch = batch_size(bk, count, max(1, ELEMENTWISE_BATCH // width))
     ctypes = aligned_buffers(
         bk,
     )
@@ -159,25 +159,9 @@ def vector_pass(
 def aligned_buffers(bk: BlockKernel) -> dict[str, str]:
     """Shared-memory buffers by name -> C element type, each 128-byte aligned: the allocated
     ones, and the loop tiles' per-step aliases (every stage of which is allocated)."""
-    out = {name: ctype for ctype, name, _ in bk.ptrs} | bk.direct_aligned
+    out = {name: ctype for ctype, name, _ in bk.ptrs} | dict(bk.direct_aligned)
     for it in bk.loop_iters:
         stages = [f"s{it.arg}_{k}" for k in range(bk.nstage)]
         if all(st in out for st in stages):
             out[f"s{it.arg}"] = CTYPE[it.dtype]
     return out
-
-
-def batch_size(bk: BlockKernel, count: int, most: int) -> int:
-    """Items per thread per batch: the most, up to `most`, that divides each thread's share."""
-    per = count // bk.nt if count % bk.nt == 0 else 0
-    return max((u for u in range(1, most + 1) if per and per % u == 0), default=1)
-
-
-def vector_width(bk: BlockKernel, shape: tuple[int, ...]) -> int:
-    """Neighbours per thread along the last axis: 8, 4 or 2 where that divides the axis and
-    still leaves every thread of the block a vector; else 1."""
-    n = numel(shape)
-    for width in (8, 4, 2):
-        if shape and shape[-1] % width == 0 and n // width >= bk.nt:
-            return width
-    return 1

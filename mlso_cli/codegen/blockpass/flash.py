@@ -75,7 +75,7 @@ def pass_flash(bk: BlockKernel, code: Code, g: Group) -> None:
         for sp in sps
     ]
     v = flash_args(bk, wp, vop, not vk)
-    if len(sps) == 1 and form.scale == 1 and bk.reg.kbuf is None:
+    if bk.reg.single:
         code(
             "// online softmax in registers: s = matmul, m, l and exp(s - m) @ v per 16-row warp strip"
         )
@@ -134,10 +134,11 @@ def pass_group_rows(bk: BlockKernel, code: Code, g: Group) -> None:
     (kept in g.alpha) as the P @ v matmul loads them."""
     m, s = bk.storage[g.m], g.s
     length, rows = s.shape[-1], g.m.numel
-    warp_mode = length >= 32
+    t = bk.plan.teams[("rows", rows, length)]
+    warp_mode = t.mode == "warp"
     tokens = decompose("o", g.m.shape)
     sc = canon(s.shape, tokens[:-1] + (LOOP_VAR,))
-    team = rowwalk.team_width(bk, length, rows) if warp_mode else 1
+    team = t.width
     start, step = ("tl", str(team)) if warp_mode else ("0", "1")
     bk.note_reads(m.ptr, *(bk.storage[a].ptr for a in g.sums))
     bk.note_writes(m.ptr, *(bk.storage[a].ptr for a in g.sums))

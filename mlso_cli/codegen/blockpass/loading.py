@@ -3,7 +3,8 @@ chunks, offsets hoisted out of the loop where registers allow), the pipeline's s
 PRE tiles read in place from global memory.
 
 Why its own module: loads are the only global reads of a block kernel besides in-place tiles;
-the pipeline depth and which tiles are direct are decided in blocklayout/blockanalysis.
+the pipeline depth and which tiles are direct are decided in blocklayout/blockanalysis, how
+each tile is copied (chunks, hoisted offsets, pointer or accessor) in blockio.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from mlso_cli.codegen import blockio
 from mlso_cli.codegen.cfmt import (
     CTYPE,
     XYZ,
@@ -21,38 +23,14 @@ from mlso_cli.codegen.cfmt import (
     numel,
     offset,
 )
-from mlso_cli.codegen.scale import Storage
-from mlso_cli.codegen.views import Strided, strided
 from mlso_cli.ir.node import Node
 
 if TYPE_CHECKING:
     from mlso_cli.codegen.block import BlockKernel
 
-HOIST_REGS = 48
-"""Registers per thread the hoisted chunk offsets of the loop tiles may take (two per chunk)."""
-
-
-def chunked_view(bk: BlockKernel, it: Node) -> Strided | None:
-    """The global view tile `it` is copied from in 16-byte chunks, or None when it is not: a
-    strided view of a stored tensor of the tile's type, contiguous and 16-byte aligned along
-    the last axis, in global and shared memory."""
-    view = strided(bk.gd.src[it.arg], bk.ctx.storage)
-    if view is None or not it.shape:
-        return None
-    gst = bk.ctx.storage[view.leaf]
-    st = bk.storage[it]
-    vec = 16 // it.dtype.itemsize
-    chunked = (
-        gst.dtype == it.dtype
-        and gst.scale is None
-        and view.strides[-1] == 1
-        and it.shape[-1] % vec == 0
-        and view.base % vec == 0
-        and all(s % vec == 0 for s in view.strides[:-1])
-        and st.strides[-1] == 1
-        and all(s % vec == 0 for s in st.strides[:-1])
-    )
-    return view if chunked else None
+HOIST_REGS = blockio.HOIST_REGS
+"""The register budget block.emit_graph_def gives blockio.plan_io for hoisted chunk offsets
+(read at each kernel, so a test may lower it here)."""
 
 
 def tile_coords(bk: BlockKernel, it: Node, step: str | None) -> Callable[[Coords], Coords]:
@@ -82,27 +60,12 @@ def chunk_coords(tile: tuple[int, ...], vec: int) -> Coords:
 
 
 def hoist_offsets(bk: BlockKernel, code: Code) -> None:
-    """Per-thread chunk offsets of the loop tiles, computed once before the prologue: every
-    step's copy of a tile reads the same chunks at the same places but one step further along
-    the loop axis, so a step costs one add and one cp.async per chunk instead of each chunk's
-    index arithmetic (a division, a remainder and 64-bit address math: about 19 instructions
-    per chunk, most of what a loop that streams a weight tile issues for its copies). Only
-    tiles whose chunks divide evenly over the block, within HOIST_REGS registers in all."""
-    budget = HOIST_REGS
-    for it in sorted(bk.loop_iters, key=lambda n: -n.numel):
-        view = chunked_view(bk, it)
-        if view is None:
-            continue
-        vec = 16 // it.dtype.itemsize
-        chunks = numel(it.shape) // vec
-        per = chunks // bk.nt
-        if chunks % bk.nt or 2 * per > budget:
-            continue
-        budget -= 2 * per
-        i, im = it.arg, bk.bg.inputs[it.arg]
-        loops = bk.bg.loop > 1 and im.fmap is not None
-        step_elems = it.shape[im.fmap] * view.strides[im.fmap] if loops else 0
-        t = chunk_coords(it.shape, vec)
+    """Per-thread chunk offsets of the loop tiles the plan hoists (blockio `hoisted` says
+    why and which), computed once before the prologue."""
+    for it, (per, _) in bk.io.hoisted.items():
+        view = bk.io.chunked[it]
+        i = it.arg
+        t = chunk_coords(it.shape, 16 // it.dtype.itemsize)
         g = tile_coords(bk, it, None)(t)
         code(f"int go{i}[{per}], so{i}[{per}];", "#pragma unroll")
         with code.block(f"for (int u = 0; u < {per}; ++u)"):
@@ -111,7 +74,6 @@ def hoist_offsets(bk: BlockKernel, code: Code) -> None:
                 f"go{i}[u] = {offset(g, view.strides, view.base)};",
                 f"so{i}[u] = {offset(t, bk.storage[it].strides)};",
             )
-        bk.hoisted[i] = (per, step_elems)
 
 
 def load_tile(
@@ -123,11 +85,11 @@ def load_tile(
     st = bk.storage[it]
     ctype = CTYPE[it.dtype]
     gcoords = tile_coords(bk, it, step)
-    view = chunked_view(bk, it)
+    view = bk.io.chunked.get(it)
     if view is not None:
         gst = bk.ctx.storage[view.leaf]
         bk.uses.read(view.leaf)
-        hoisted = bk.hoisted.get(i)
+        hoisted = bk.io.hoisted.get(it)
         if hoisted is not None and step is not None:
             per, step_elems = hoisted
             code(
@@ -154,21 +116,18 @@ def load_tile(
 
 
 def point(bk: BlockKernel, code: Code, it: Node) -> None:
-    """`g<arg>`: a PRE tile read in place (blockanalysis `direct`). A strided view of a stored
-    tensor of the tile's type is a pointer to the block's first element, with the global
-    strides (16-byte loads where the chunked copy could use them); anything else (a cast, a
-    computed view) an indexed accessor that computes element e as `_load` would store it."""
+    """`g<arg>`: a PRE tile read in place (blockanalysis `direct`), as blockio decided: a
+    pointer to the block's first element of a stored tensor of the tile's type, with the
+    global strides, or an indexed accessor that computes element e as `load_tile` would
+    store it (a cast, a computed view)."""
     i, name, ctype = it.arg, f"g{it.arg}", CTYPE[it.dtype]
     gcoords = tile_coords(bk, it, None)
-    view = strided(bk.gd.src[i], bk.ctx.storage)
-    gst = None if view is None else bk.ctx.storage[view.leaf]
-    if gst is not None and gst.dtype == it.dtype and gst.scale is None:
+    view = bk.io.in_place[it].pointer
+    if view is not None:
+        gst = bk.ctx.storage[view.leaf]
         bk.uses.read(view.leaf)
         origin = offset(gcoords(tuple("0" for _ in it.shape)), view.strides, view.base)
         code(f"const {ctype}* const {name} = {gst.ptr} + {origin};")
-        bk.storage[it] = Storage(name, it.dtype, it.shape, view.strides)
-        if chunked_view(bk, it) is not None:
-            bk.direct_aligned[name] = ctype
         return
     em = bk.kernel_emitter()
     t = decompose("e", it.shape)

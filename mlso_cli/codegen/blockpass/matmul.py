@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 from mlso_cli.codegen.blockmatmul import MatmulPlan, Operand, Stage
 from mlso_cli.codegen.blockpass import elementwise
 from mlso_cli.codegen.blockpass.elementwise import Store
-from mlso_cli.codegen.blockstorage import _ceil_to
 from mlso_cli.codegen.cfmt import (
     CTYPE,
     Code,
@@ -28,7 +27,6 @@ from mlso_cli.codegen.cfmt import (
 )
 from mlso_cli.codegen.emitter import Emitter
 from mlso_cli.codegen.errors import CodegenError
-from mlso_cli.codegen.mmawork import strip_width
 from mlso_cli.codegen.scale import structural
 from mlso_cli.ir.node import Node
 
@@ -95,8 +93,7 @@ def pass_matmul(bk: BlockKernel, code: Code, plan: MatmulPlan, what: str) -> Non
         f"// {what}: ({list(a.shape)} x {list(b.shape)}), {plan.kind}{' accumulate' if plan.accumulate else ''}"
     )
     if plan.kind == "mma":
-        mp = _ceil_to(m, 16)
-        nb = strip_width(batch, m, n, k, bk.nw)
+        mp, nb = plan.rows, plan.strip
         lda, ldb = a.ld(plan.a_kmajor), b.ld(not plan.b_kmajor)
         code(
             f"mlso::block_mma<{CTYPE[plan.dtype]}, {batch}, {mp}, {m}, {n}, {k}, {nb}, {c_bool(plan.a_kmajor)}, "

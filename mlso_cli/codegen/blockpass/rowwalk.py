@@ -2,8 +2,8 @@
 warp or the whole block, folding one or more accumulators in the same walk.
 
 Why its own module: reductions, the moments pass and the shared-memory online softmax
-(flash.pass_group_rows) all walk rows; the team choice, the all-reduce and the vectorised walk
-are printed the same way for each.
+(flash.pass_group_rows) all walk rows; the team (chosen before printing, blockloops.team), the
+all-reduce and the vectorised walk are printed the same way for each.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from mlso_cli.codegen.cfmt import (
     numel,
 )
 from mlso_cli.codegen.emitter import Emitter
-from mlso_cli.codegen.teams import FOLD, LOOP_VAR, choose_mode, loop_header
+from mlso_cli.codegen.teams import FOLD, LOOP_VAR, loop_header
 from mlso_cli.codegen.vectorize import READ, plan_lane
 
 if TYPE_CHECKING:
@@ -69,8 +69,9 @@ def team(
 
 def team_walk(bk: BlockKernel, code: Code, count: int, length: int, walk: Walk) -> None:
     """One walk per output o (of `count`) over its `length` values, by a team whose size
-    teams.choose_mode picks: a thread, lanes of a warp, or the whole block."""
-    mode = choose_mode(length, count, True, bk.nw)
+    the plan chose (blockloops.team): a thread, lanes of a warp, or the whole block."""
+    t = bk.plan.teams[("walk", count, length)]
+    mode = t.mode
     if mode == "thread":
         with code.block(f"for (int o = threadIdx.x; o < {count}; o += {bk.nt})"):
             code.extend(walk.setup)
@@ -78,7 +79,7 @@ def team_walk(bk: BlockKernel, code: Code, count: int, length: int, walk: Walk) 
             all_reduce(code, walk, 1, None)
             code.extend(walk.tail)
     elif mode == "warp":
-        team = team_width(bk, length, count)
+        team = t.width
         per = 32 // team
         with code.block(f"for (int ob = warp * {per}; ob < {count}; ob += {bk.nw * per})"):
             code(f"const int o = ob + (lane / {team}), tl = lane % {team};")
@@ -174,21 +175,6 @@ def vector_team(
                 code.extend(vsteps)
         return True
     return False
-
-
-def team_width(bk: BlockKernel, length: int, rows: int) -> int:
-    """Lanes per row for a row pass: enough teams that every row gets one at once (when the
-    block has that many lanes), at most 16 elements per lane, rows a multiple of 32/width."""
-    t_min = 1
-    while t_min < 32 and -(-length // t_min) > 16:
-        t_min *= 2
-    t_par = 32
-    while t_par > 1 and (32 // t_par) * bk.nw < rows:
-        t_par //= 2
-    t = min(32, max(t_min, t_par))
-    while t < 32 and rows % (32 // t):
-        t *= 2
-    return t
 
 
 def team_loop(code: Code, team: int, length: int) -> tuple[str, list[str]]:
