@@ -2,7 +2,7 @@
 
 Why: a block with X, W and C tiles of 64 KB each and a ReLU on C feeding a matmul was refused
 at 264,320 B on sm_90 (227 KB): the ReLU's result got a staging copy of its own. The plan now
-writes it over C (codegen/blockmatmul.py `_in_place`), and the spec's shared-memory figure,
+writes it over C (codegen/blockmatmul.py `in_place`), and the spec's shared-memory figure,
 which reads the same layout, counts C once.
 """
 

@@ -1,5 +1,5 @@
 """A sum and the sum of squares about a centre derived from it, in one walk (blockanalysis
-`moments`, block.py `_pass_moments`).
+`moments`, blockpass/reduce.py `pass_moments`).
 
 A LayerNorm's mean and variance are two dependent reductions over the same rows: r1 = sum(x),
 then r2 = sum((x - r1 / N)^2). Fused, one walk folds r1, S1 = sum(x - K) and
@@ -28,7 +28,7 @@ from tests.test_codegen_properties import emu_cache, mismatch
 __all__ = ["emu_cache"]  # the fixture, imported for pytest
 
 MARK = "// moments:"
-"""The comment _pass_moments prints."""
+"""The comment pass_moments prints."""
 
 
 def _pre(source: str) -> str:

@@ -17,9 +17,12 @@ Strategy per construct (details in each module's docstring):
   libgemm.py   kernel-level matmuls as cuBLASLt calls (library GEMM launches), operand staging
   normalise.py exact block rewrites (ACC_SUM of exp terms -> rescaling accumulators), and the
                graph as codegen computes it, for the interpreter's float32 mode
-  blockanalysis.py, blockstorage.py, blockmatmul.py, blocklayout.py, barriers.py
-               graph-defined kernels' decisions; blocklayout.smem_layout is the shared-memory
-               figure the architecture check uses
+  blockanalysis.py, blockstorage.py, blockmatmul.py, blockregister.py, blocklayout.py,
+  blockschedule.py, blockloops.py, blockio.py, barriers.py
+               graph-defined kernels' decisions, each a function returning a frozen value
+               (analyse, plan_layout, schedule_passes as a rule table, loop_shapes, plan_io);
+               blocklayout.smem_layout is the shared-memory figure the architecture check uses
+  frozen.py    FrozenMap: the read-only, hashable mapping plans hold
   arch.py      per-arch figures (shared-memory budget)
   budget.py    the architecture check: ir.spec's rules plus layout and shared-memory budget
                (check, problems, block_smem); ir/ imports nothing from codegen
