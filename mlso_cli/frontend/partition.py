@@ -73,7 +73,8 @@ class Cut:
     cause: str
     """"max_ops", "max_contractions" (the partition bounds), "convexity", or one of the model's
     structure: "residual" (a residual add writes the stream, the next branch reads it),
-    "projection" (a projection's output meets the contraction it feeds), "side_input" (a value
+    "projection" (a projection's output meets the contraction it feeds, or a projection reads
+    a contraction of two computed values such as attention's P·V), "side_input" (a value
     computed beside the stream, e.g. a mask, is read by a region, not computed in it) or "branch"
     (two branches meet other than through the stream)."""
     reason: str
@@ -414,7 +415,10 @@ class _Structure:
     """Each node's consumer nodes."""
     explicit: dict[tuple[int, int], int]
     """(producer, consumer) -> the projection node whose output the edge carries into a
-    contraction."""
+    contraction, or (`core_ends`) the contraction of two computed values whose result the edge
+    carries into a projection."""
+    core_ends: frozenset[int] = frozenset()
+    """Contractions of two computed values (attention's P·V) whose result a projection reads."""
 
 
 def _find_structure(
@@ -541,6 +545,7 @@ def _find_structure(
         return len({c for o in nodes[i].output if o for c in consumers[o]})
 
     explicit: dict[tuple[int, int], int] = {}
+    core_ends: set[int] = set()
     for c in sorted(branch):
         if kinds.get(c) is not OpKind.CONTRACTION:
             continue
@@ -555,6 +560,23 @@ def _find_structure(
                 w, nxt = producer.get(nodes[w].input[0]), w
             if w is not None and branch.get(w) == branch[c] and projection_of[w] is not None:
                 explicit[(w, nxt)] = projection_of[w]  # type: ignore[assignment]
+            elif (
+                w is not None
+                and projection_of[c] == c
+                and not independent(t)
+                and branch.get(w) == branch[c]
+                and kinds.get(w) is OpKind.CONTRACTION
+                and projection_of[w] is None
+            ):
+                # a projection (o_proj) reading a contraction of two computed values (P·V),
+                # through views only: the attention core ends at P·V. Why: a fused attention
+                # program saves P·V in its own [batch, heads, seq, d] layout; with the
+                # projection inside, the region's value is a contraction over heads * d of a
+                # re-laid-out tile, which no block program computes, and the search kept the
+                # 10-kernel lifted attention. Apart, the core fuses and the projection is a
+                # library GEMM reading the views.
+                explicit[(w, nxt)] = w
+                core_ends.add(w)
 
     stage: dict[int, int] = {}
     for i in sorted(branch):
@@ -583,7 +605,16 @@ def _find_structure(
         else:
             label[i] = ("side", i)
     node_consumers = {i: tuple(succs[i]) for i in range(n)}
-    return _Structure(label, branch, stage, producers, downstream, node_consumers, explicit)
+    return _Structure(
+        label,
+        branch,
+        stage,
+        producers,
+        downstream,
+        node_consumers,
+        explicit,
+        frozenset(core_ends),
+    )
 
 
 def _structure_cut(s: _Structure, nodes: list[onnx.NodeProto], p: int, i: int) -> Cut:
@@ -601,6 +632,16 @@ def _structure_cut(s: _Structure, nodes: list[onnx.NodeProto], p: int, i: int) -
         )
     if p in s.branch and i in s.branch and s.branch[p] == s.branch[i]:
         proj = s.explicit.get((p, i))
+        if proj is not None and proj in s.core_ends:
+            return Cut(
+                "projection",
+                f"cut at a contraction boundary: {after} takes '{tensor}', the result of "
+                f"{_node_label(nodes, proj)}, a contraction of two computed values (attention's "
+                "P·V); that result is written once in its own layout and the projection that "
+                "reads it starts the next region of the branch",
+                p,
+                i,
+            )
         if proj is not None:
             return Cut(
                 "projection",

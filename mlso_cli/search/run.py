@@ -41,6 +41,8 @@ from mlso_cli import interrupt
 from mlso_cli.codegen.budget import problems
 from mlso_cli.ir import serialize
 from mlso_cli.ir.graph import KernelGraph
+from mlso_cli.ir.node import Node
+from mlso_cli.ir.ops import Op
 from mlso_cli.search import state
 from mlso_cli.search.api import Candidate, ProgressFn, SearchOptions, SearchProgress, SearchResult
 from mlso_cli.search.cost import program_cost
@@ -354,6 +356,55 @@ def _passes(
     return done
 
 
+VIEW_OPS = (Op.TRANSPOSE, Op.RESHAPE)
+
+
+def strip_output_views(
+    target: KernelGraph,
+) -> tuple[KernelGraph, tuple[tuple[tuple[Op, object], ...], ...]]:
+    """The target with each output's trailing views (transposes, reshapes) taken off, and those
+    views per output, innermost first.
+
+    Why: a block saves its tile into an output in the tile's own dim order. Attention exported
+    from a framework computes [batch, heads, seq, d] and hands o_proj a [batch, seq, heads * d]
+    view of it; with that view as the region's output no block tile is ever laid out like the
+    output, so no fused program was found (a causal GQA core of a Llama export: the 10-kernel
+    lifted program only; without the view, a one-kernel program). Searching for the value the
+    views read, then applying the same views at kernel level, computes exactly the target (the
+    views are re-applied to every verified candidate, which was checked against the stripped
+    target). A view of an input, or one whose stripped value is already another output, stays."""
+    outs: list[Node] = []
+    chains: list[tuple[tuple[Op, object], ...]] = []
+    for out in target.outputs:
+        node, chain = out, []
+        while node.op in VIEW_OPS and node.src[0].op is not Op.INPUT:
+            chain.append((node.op, node.arg))
+            node = node.src[0]
+        if chain and (node in outs or node in target.outputs):
+            node, chain = out, []
+        outs.append(node)
+        chains.append(tuple(reversed(chain)))
+    if not any(chains):
+        return target, tuple(chains)
+    return target.replace(outputs=tuple(outs)), tuple(chains)
+
+
+def with_output_views(
+    kg: KernelGraph, views: tuple[tuple[tuple[Op, object], ...], ...], original: KernelGraph
+) -> KernelGraph:
+    """kg's outputs with `views` applied (at kernel level), named and shaped as `original`'s."""
+    from mlso_cli.ir import build as b
+
+    outs = []
+    for node, chain in zip(kg.outputs, views):
+        for op, arg in chain:
+            node = b.transpose(node, arg) if op is Op.TRANSPOSE else b.reshape(node, arg)
+        outs.append(node)
+    return b.kernel_graph(
+        list(kg.inputs), outs, list(original.input_names), list(original.output_names)
+    )
+
+
 EXPLORE_SHARE = 0.6
 """With --budget, exploration stops itself at this share of it (each worker checks the clock
 between states, then checks and sizes what it found); the full-shape checks get what is left.
@@ -562,6 +613,8 @@ def search(
     start = time.time()
     final = None if options.budget_s is None else start + options.budget_s
     deadline = None if final is None else start + EXPLORE_SHARE * options.budget_s
+    original = target
+    target, views = strip_output_views(target)
     _, dcf, sigs = explorable(target)
     total, share = state_budget(options.max_states, len(sigs))
     seed = options.seed if options.seed is not None else 0
@@ -612,8 +665,8 @@ def search(
         # the local pool stops its workers at a budget's deadline and kills stragglers
         pool = _Pool(jobs)
         pool.heartbeat = lambda: record(None)
-    lifted = program_cost(target)
-    candidates: list[Candidate] = [Candidate(target, lifted.us, lifted.launches, 0.0)]
+    lifted = program_cost(original)
+    candidates: list[Candidate] = [Candidate(original, lifted.us, lifted.launches, 0.0)]
     bound, verified = 0.0, 0
     assumes: set[str] = set()
     failed = True
@@ -664,7 +717,12 @@ def search(
         verified += 1
         bound += vbound
         assumes.update(h for _, _, h in mine if h)
-        candidates.append(Candidate(kg, f.estimate_us, f.launches, vbound))
+        if any(views):
+            kg = with_output_views(kg, views, original)
+            cost = program_cost(kg)
+            candidates.append(Candidate(kg, cost.us, cost.launches, vbound))
+        else:
+            candidates.append(Candidate(kg, f.estimate_us, f.launches, vbound))
     candidates.sort(key=lambda c: (c.estimate_us, c.kernels))
     partial = any(ex.partial for ex in done) or bool(getattr(pool, "cut", False))
     notes = (
