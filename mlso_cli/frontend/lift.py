@@ -64,6 +64,11 @@ class LiftedRegion:
     graph: KernelGraph
     extra_inputs: dict[str, np.ndarray] = field(default_factory=dict)
     """Constant tensors lifting created (0/1 masks); packaging adds them as initializers."""
+    columns: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+    """Output of a sibling MatMul lifted as columns of one matmul -> (its concatenated weight,
+    first column, end column): where that MatMul's weight lies in the concatenation. Packaging
+    (package/absorb.py) lets the fallback body read these columns instead of the original
+    weight, so the file does not hold the weights twice (frontend/siblings.py)."""
 
 
 @dataclass
@@ -88,6 +93,8 @@ class _Ctx:
     """Output name of a sibling projection -> its group (frontend/siblings.py)."""
     sibling_values: dict[str, Node | None] = field(default_factory=dict)
     """Sibling outputs lifted as columns of one matmul; None where the group stays separate."""
+    columns: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+    """Sibling output -> (concatenated weight, first column, end column): LiftedRegion.columns."""
 
     def dtype_of(self, name: str) -> DType:
         code = self.loaded.dtypes.get(name)
@@ -316,6 +323,7 @@ def _merge_siblings(ctx: _Ctx, node: onnx.NodeProto, group: sib.Siblings) -> dic
     for (out, _, _), idx in zip(group.members, spans):
         s = sel.plain(y, n_all, axis).take(idx)
         keep[out] = _select(ctx, "MatMul", s, s)
+        ctx.columns[out] = (name, int(idx[0]), int(idx[-1]) + 1)
     return keep
 
 
@@ -858,7 +866,13 @@ def lift_region(
     kg = _prune_inputs(kg)
     check(kg)
     _check_sizes(kg)
-    return LiftedRegion(region, kg, {k: v for k, v in ctx.extra.items() if k in kg.input_names})
+    names = set(kg.input_names)
+    return LiftedRegion(
+        region,
+        kg,
+        {k: v for k, v in ctx.extra.items() if k in names},
+        {out: col for out, col in ctx.columns.items() if col[0] in names},
+    )
 
 
 def lift_constants(loaded: LoadedModel) -> dict[str, np.ndarray]:
