@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -285,17 +285,75 @@ def _matmul(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
 def _weight(ctx: _Ctx, name: str) -> np.ndarray | None:
     """A constant weight's value: a Constant node's (lift's constants), else the initializer's,
     read from external data where it lives there; None when it cannot be read."""
-    v = ctx.consts.get(name)
+    return _constant_array(ctx.loaded, ctx.consts, name)
+
+
+def _constant_array(
+    loaded: LoadedModel, consts: Mapping[str, np.ndarray], name: str
+) -> np.ndarray | None:
+    """_weight's lookup, for callers without a lifting context."""
+    v = consts.get(name)
     if v is not None:
         return np.asarray(v)
-    base = ctx.loaded.base_dir
-    for t in ctx.loaded.graph.initializer:
+    base = loaded.base_dir
+    for t in loaded.graph.initializer:
         if t.name == name:
             try:
                 return numpy_helper.to_array(t, str(base) if base is not None else "")
             except Exception:  # unreadable external data: the group stays separate
                 return None
     return None
+
+
+def column_views(loaded: LoadedModel, consts: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The value of every Slice that takes a range of columns (axis 1, step 1, constant bounds)
+    of a constant matrix and is read only as MatMuls' weight: output name -> those columns.
+
+    Why: a packaged fallback body reads each merged sibling projection's weight this way, as its
+    columns of the concatenation the kernel takes (package/absorb.py). Lifting the body with
+    these as constant weights finds the siblings again and lifts them as the kernel's one matmul
+    over the same concatenation (the same bytes, so the same name) with the same column
+    selections, so verify compares like with like; lifted as selections of the concatenation
+    instead, the body would be separate matmuls whose selection constants differ from the
+    kernel's. Only fallback bodies are lifted with these (`lift_whole_graph`): in a model's own
+    regions a Slice's output is never a kernel input, since the Slice itself is replaced."""
+    from mlso_cli.frontend.fold import constant_node_value
+
+    nodes = loaded.graph.node
+    readers: dict[str, list[tuple[str, int]]] = {}
+    for n in nodes:
+        for k, x in enumerate(n.input):
+            readers.setdefault(x, []).append((n.op_type, k))
+    small = {
+        n.output[0]: constant_node_value(n)
+        for n in nodes
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output
+    }
+    matrices: dict[str, np.ndarray | None] = {}
+    out: dict[str, np.ndarray] = {}
+    for n in nodes:
+        if n.op_type != "Slice" or n.domain not in ("", "ai.onnx") or len(n.input) < 4:
+            continue
+        users = readers.get(n.output[0], [])
+        if not users or any(u != ("MatMul", 1) for u in users):
+            continue
+        args = [consts.get(x, small.get(x)) for x in n.input[1:] if x]
+        if len(args) != len(n.input) - 1 or any(a is None for a in args):
+            continue
+        starts, ends, axes = (np.ravel(a) for a in args[:3])
+        steps = np.ravel(args[3]) if len(args) > 3 else np.array([1])
+        if not len(starts) == len(ends) == len(axes) == len(steps) == 1:
+            continue
+        if int(axes[0]) not in (1, -1) or int(steps[0]) != 1:
+            continue
+        data = n.input[0]
+        if data not in matrices:
+            matrices[data] = _constant_array(loaded, consts, data)
+        w = matrices[data]
+        if w is None or w.ndim != 2:
+            continue
+        out[n.output[0]] = np.ascontiguousarray(w[:, int(starts[0]) : int(ends[0])])
+    return out
 
 
 def _merge_siblings(ctx: _Ctx, node: onnx.NodeProto, group: sib.Siblings) -> dict[str, Node | None]:
@@ -562,6 +620,11 @@ def _slice_indices(
 
 
 def _slice(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    view = ctx.consts.get(node.output[0])
+    if view is not None:  # a column view of a weight (column_views): that constant, by name
+        name = node.output[0]
+        dtype = {np.dtype(np.float32): DType.F32, np.dtype(np.float16): DType.F16}.get(view.dtype)
+        return [ctx.env.get(name) or ctx.add_input(name, view.shape, dtype or ctx.dtype_of(name))]
     x = _x(ctx, node, 0)
     for ax, idx in sorted(_slice_indices(ctx, node, x.shape).items()):
         x = _select(
@@ -970,7 +1033,10 @@ def lift_whole_graph(loaded: LoadedModel) -> LiftedRegion:
     produced = {o for i in idx for o in nodes[i].output}
     inputs = tuple(dict.fromkeys(x for i in idx for x in nodes[i].input if x and x not in produced))
     region = Region(0, idx, inputs, outputs, "body", tuple(nodes[i].op_type for i in idx))
-    return lift_region(loaded, region)
+    consts = lift_constants(loaded)
+    if knobs().merge_siblings:  # merged siblings' weights, as the body reads them
+        consts.update(column_views(loaded, consts))
+    return lift_region(loaded, region, consts)
 
 
 def lift_all(

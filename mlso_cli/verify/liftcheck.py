@@ -426,7 +426,8 @@ def _concat_problems(
     tampered with together with the body would pass. Instead every reader of it in the body must
     be a Slice of columns start:end with constant bounds, each Slice read only as the weight
     (second input) of MatMuls, and those columns must be, bit for bit, the constant weight of
-    the MatMul in A that produces the same output; every column must be covered so."""
+    the MatMul in A that produces the same output; and every column must be read so (the kernel
+    may read a column that the body does not, and nothing would tie it to A)."""
     from mlso_cli.frontend.fold import constant_node_value
 
     label = f"constant '{name}'"
@@ -466,9 +467,8 @@ def _concat_problems(
         start, end, _ = slice(int(starts[0]), int(ends[0])).indices(value.shape[1])
         slices.add(i)
         users = readers.get(s.output[0], [])
-        if not users:
-            continue  # its columns are not read: they cover nothing
-        ok = True
+        if users:  # columns nothing reads cover nothing
+            covered[start:end] = True
         for j, pos in users:
             mm = nodes[j]
             out = mm.output[0] if mm.output else ""
@@ -478,19 +478,16 @@ def _concat_problems(
                     f"{label}: columns {start}:{end} feed a node that is not a MatMul of the "
                     f"original model with a constant weight ('{out or mm.op_type}')"
                 )
-                ok = False
                 continue
             diff = _difference(value[:, start:end], want)
             if diff is not None:
                 problems.append(f"{label}: columns {start}:{end} (the weight of '{out}'): {diff}")
-                ok = False
-        if ok:
-            covered[start:end] = True
     if not covered.all():
         first = int(np.argmin(covered))
         problems.append(
             f"{label}: {int((~covered).sum())} of its {covered.size} columns (from column "
-            f"{first}) are not the weight of any MatMul of the original model"
+            f"{first}) are read by no MatMul of its fallback body, so nothing ties them to "
+            "the original model's weights"
         )
     bounds = {
         x
