@@ -190,12 +190,14 @@ def _packaged(
     return onnx.load(src), assemble(loaded.model, [(lr, built)], meta)
 
 
-@pytest.mark.parametrize("rows", [("n", 64), (1,)])
-def test_the_fallback_body_lifts_to_the_kernels_form(tmp_path, rows):
+@pytest.mark.parametrize("rows,merge", [(("n", 64), "1"), ((1,), "1"), ((1,), "0")])
+def test_the_fallback_body_lifts_to_the_kernels_form(tmp_path, monkeypatch, rows, merge):
     """Lifting the body (as verify's field check does) sees its column Slices as the sibling
     weights and merges them again: the same concatenation and column selections as the kernel,
-    input for input. Why both shapes: lifted as selections of the concatenation instead, the
-    selection constants of a (1, 256) input differ from the kernel's and the field check broke."""
+    input for input, also when verify runs with MLSO_MERGE_SIBLINGS=0. Why both shapes: lifted
+    as selections of the concatenation instead, the selection constants of a (1, 256) input
+    differ from the kernel's and the field check broke."""
+    from mlso_cli import knobs
     from mlso_cli.frontend.lift import lift_whole_graph
     from mlso_cli.frontend.load import loaded_from_proto
     from mlso_cli.ir import loads
@@ -205,6 +207,8 @@ def test_the_fallback_body_lifts_to_the_kernels_form(tmp_path, rows):
     _, b = _packaged(_gated(tmp_path / "gated.onnx", rows), x)
     (node,) = [n for n in b.graph.node if n.domain == "ai.mlso"]
     program = loads(next(a.s for a in node.attribute if a.name == "ugraph").decode())
+    monkeypatch.setenv("MLSO_MERGE_SIBLINGS", merge)
+    knobs.cache_clear()
     lifted = lift_whole_graph(loaded_from_proto(region_model(b, node), "body"))
     assert sorted(lifted.graph.input_names) == sorted(program.input_names)
     assert _gemms(lifted.graph) == 1

@@ -316,7 +316,10 @@ def column_views(loaded: LoadedModel, consts: Mapping[str, np.ndarray]) -> dict[
     selections, so verify compares like with like; lifted as selections of the concatenation
     instead, the body would be separate matmuls whose selection constants differ from the
     kernel's. Only fallback bodies are lifted with these (`lift_whole_graph`): in a model's own
-    regions a Slice's output is never a kernel input, since the Slice itself is replaced."""
+    regions a Slice's output must never be a kernel input, since the Slice itself is replaced.
+    And only Slices of a concatenation lifting made (named `mlso_concat_<digest>`): a model's
+    own Slice of a weight was lifted as a selection of that weight in the kernel, and its body
+    must lift the same way."""
     from mlso_cli.frontend.fold import constant_node_value
 
     nodes = loaded.graph.node
@@ -347,6 +350,8 @@ def column_views(loaded: LoadedModel, consts: Mapping[str, np.ndarray]) -> dict[
         if int(axes[0]) not in (1, -1) or int(steps[0]) != 1:
             continue
         data = n.input[0]
+        if not data.startswith(sib.PREFIX):
+            continue
         if data not in matrices:
             matrices[data] = _constant_array(loaded, consts, data)
         w = matrices[data]
@@ -886,15 +891,20 @@ def lift_region(
     region: Region,
     consts: dict[str, np.ndarray] | None = None,
     merge: bool = True,
+    *,
+    merged_body: bool = False,
 ) -> LiftedRegion:
     """The region's unfused kernel graph; raises LiftError when a node has no rule.
 
     merge: lift sibling projections as one matmul (frontend/siblings.py) where the
     MLSO_MERGE_SIBLINGS knob allows it; verify's algebraic check turns it off for the original
-    model, so the field compares the two forms."""
+    model, so the field compares the two forms. merged_body: the region is a fallback body that
+    reads weights as column views of a concatenation (`column_views`), so its siblings were
+    merged when it was packaged and merge again whatever the knob says now (a model optimized
+    with the merge still verifies with MLSO_MERGE_SIBLINGS=0)."""
     ctx = _Ctx(loaded, consts if consts is not None else lift_constants(loaded))
     nodes = loaded.graph.node
-    if merge and knobs().merge_siblings:
+    if merge and (knobs().merge_siblings or merged_body):
         weights = sib.weight_types(loaded.model, ctx.consts)
         ctx.siblings = sib.groups(nodes, region.nodes, loaded.shapes, weights)
     for i in region.nodes:
@@ -1034,9 +1044,9 @@ def lift_whole_graph(loaded: LoadedModel) -> LiftedRegion:
     inputs = tuple(dict.fromkeys(x for i in idx for x in nodes[i].input if x and x not in produced))
     region = Region(0, idx, inputs, outputs, "body", tuple(nodes[i].op_type for i in idx))
     consts = lift_constants(loaded)
-    if knobs().merge_siblings:  # merged siblings' weights, as the body reads them
-        consts.update(column_views(loaded, consts))
-    return lift_region(loaded, region, consts)
+    views = column_views(loaded, consts)  # merged siblings' weights, as a body reads them
+    consts.update(views)
+    return lift_region(loaded, region, consts, merged_body=bool(views))
 
 
 def lift_all(
