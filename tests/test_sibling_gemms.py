@@ -29,8 +29,8 @@ LLAMA = MODELS / "zoo_small" / "llama_tiny_fp32.onnx"
 
 @pytest.fixture(autouse=True)
 def merge_on(monkeypatch):
-    """The merge is off by default (MLSO_MERGE_SIBLINGS); these tests turn it on, in the
-    environment so that the CLI runs they start see it too."""
+    """The merge is on by default (MLSO_MERGE_SIBLINGS); these tests say so in the environment
+    too, so that a developer's MLSO_MERGE_SIBLINGS=0 does not turn them into no-ops."""
     from mlso_cli import knobs
 
     monkeypatch.setenv("MLSO_MERGE_SIBLINGS", "1")
@@ -61,13 +61,18 @@ def test_the_rule_groups_projections_of_one_input_with_constant_weights(llama):
     assert len({a for a, _ in sizes}) == 4
 
 
-def test_the_merge_is_off_by_default(llama, monkeypatch):
+def test_the_merge_is_on_by_default_and_zero_turns_it_off(llama, monkeypatch):
     from mlso_cli import knobs
 
+    def concats() -> int:
+        knobs.cache_clear()
+        kgs = [lr.graph for lr in analyse(llama).lifted]
+        return sum(n.startswith("mlso_concat_") for kg in kgs for n in kg.input_names)
+
     monkeypatch.delenv("MLSO_MERGE_SIBLINGS")
-    knobs.cache_clear()
-    kgs = [lr.graph for lr in analyse(llama).lifted]
-    assert not any(n.startswith("mlso_concat_") for kg in kgs for n in kg.input_names)
+    assert concats() == 4  # q/k/v and gate/up in each of the two layers
+    monkeypatch.setenv("MLSO_MERGE_SIBLINGS", "0")
+    assert concats() == 0
 
 
 def test_weights_that_are_graph_inputs_are_not_siblings():
