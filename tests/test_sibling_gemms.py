@@ -182,41 +182,52 @@ def _packaged(
     src: Path, x: tuple[int, ...] = (1, 64, 256)
 ) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """A (the model at src) and B: its one region packaged with a placeholder binary (no nvcc;
-    ONNX Runtime runs the fallback body, and constant_problems needs no binary)."""
+    ONNX Runtime runs the fallback body, and constant_problems needs no binary), merged or not
+    as MLSO_MERGE_SIBLINGS says."""
+    from mlso_cli import knobs
     from mlso_cli.package import standard_metadata
     from mlso_cli.package.assemble import assemble
     from tests.fixtures.packaging import placeholder
 
     loaded = load_model(str(src), {"x": x})
     (lr,) = analyse(loaded).lifted
-    assert set(lr.columns) == {"g", "u"}
+    assert set(lr.columns) == ({"g", "u"} if knobs.knobs().merge_siblings else set())
     built = placeholder(lr.graph)
     meta = standard_metadata(targets=built.plan["targets"], seed=0, verification_bound="fixture")
     return onnx.load(src), assemble(loaded.model, [(lr, built)], meta)
 
 
-@pytest.mark.parametrize("rows,merge", [(("n", 64), "1"), ((1,), "1"), ((1,), "0")])
-def test_the_fallback_body_lifts_to_the_kernels_form(tmp_path, monkeypatch, rows, merge):
-    """Lifting the body (as verify's field check does) sees its column Slices as the sibling
-    weights and merges them again: the same concatenation and column selections as the kernel,
-    input for input, also when verify runs with MLSO_MERGE_SIBLINGS=0. Why both shapes: lifted
-    as selections of the concatenation instead, the selection constants of a (1, 256) input
-    differ from the kernel's and the field check broke."""
+@pytest.mark.parametrize(
+    "rows,packed,now",
+    [(("n", 64), "1", "1"), ((1,), "1", "1"), ((1,), "1", "0"), ((1,), "0", "1")],
+)
+def test_the_fallback_body_lifts_to_the_kernels_form(tmp_path, monkeypatch, rows, packed, now):
+    """Lifting the body as verify does (in its kernel's form, `merged_kernel`) gives the
+    kernel's inputs, input for input: a merged body's column Slices are lifted as the sibling
+    weights and merge again (the same concatenation and column selections), an unmerged body's
+    MatMuls stay separate, whatever MLSO_MERGE_SIBLINGS is when verify runs (`now`) against
+    when the model was packaged (`packed`). Why both shapes: lifted as selections of the
+    concatenation instead, the selection constants of a (1, 256) input differ from the
+    kernel's and the field check broke; and a model packaged without the merge (any model
+    optimized before it was on by default) crashed the field check once the knob was on."""
     from mlso_cli import knobs
-    from mlso_cli.frontend.lift import lift_whole_graph
+    from mlso_cli.frontend.lift import lift_whole_graph, merged_kernel
     from mlso_cli.frontend.load import loaded_from_proto
     from mlso_cli.ir import loads
     from mlso_cli.package.regionmodel import region_model
 
     x = (1, 64, 256) if len(rows) == 2 else (1, 256)
+    monkeypatch.setenv("MLSO_MERGE_SIBLINGS", packed)
+    knobs.cache_clear()
     _, b = _packaged(_gated(tmp_path / "gated.onnx", rows), x)
     (node,) = [n for n in b.graph.node if n.domain == "ai.mlso"]
     program = loads(next(a.s for a in node.attribute if a.name == "ugraph").decode())
-    monkeypatch.setenv("MLSO_MERGE_SIBLINGS", merge)
+    monkeypatch.setenv("MLSO_MERGE_SIBLINGS", now)
     knobs.cache_clear()
-    lifted = lift_whole_graph(loaded_from_proto(region_model(b, node), "body"))
+    body = loaded_from_proto(region_model(b, node), "body")
+    lifted = lift_whole_graph(body, merged=merged_kernel(program.input_names))
     assert sorted(lifted.graph.input_names) == sorted(program.input_names)
-    assert _gemms(lifted.graph) == 1
+    assert _gemms(lifted.graph) == (1 if packed == "1" else 2)
 
 
 def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
@@ -332,13 +343,32 @@ SHAPE = ("--input-shape", "x=1,64,256")
 ARGS = (*SHAPE, "--max-states", "200", "--min-speedup", "0", "--json")
 
 
-def _verify(src: Path, out: Path):
+def _verify(src: Path, out: Path, env: dict | None = None):
     return run_cli(
-        "verify", str(src), str(out), *SHAPE, "--samples", "1", "--trust-binary", "--json"
+        "verify", str(src), str(out), *SHAPE, "--samples", "1", "--trust-binary", "--json", env=env
     )
 
 
-@pytest.mark.slow  # 9 s: optimize and verify of a model whose gate/up merge; CI runs it in test-slow
+@pytest.mark.slow  # 8 s: optimize without the merge, verify with it on (the default)
+def test_a_model_optimized_without_the_merge_verifies_with_it_on(tmp_path, monkeypatch):
+    """Models optimized while the merge was off by default (or with MLSO_MERGE_SIBLINGS=0) have
+    separate GEMMs whose bodies read copies of the weights; verify, merging by default now,
+    must still lift those bodies unmerged, as their kernels are."""
+    use_cache(monkeypatch)
+    src = _gated(tmp_path / "gated.onnx")
+    out = tmp_path / "out.onnx"
+    off = {"MLSO_MERGE_SIBLINGS": "0"}
+    r = run_cli("optimize", str(src), "-o", str(out), *ARGS, env=off, timeout=600)
+    if r.returncode != 0 and b"nvcc" in r.stderr:
+        pytest.skip(f"no CUDA compiler: {r.stderr.decode()[-300:]}")
+    assert r.returncode == 0, r.stderr.decode()
+    (node,) = [n for n in onnx.load(out).graph.node if n.domain == "ai.mlso"]
+    assert "wg" in node.input and not any(x.startswith(siblings.PREFIX) for x in node.input)
+    r = _verify(src, out, {"MLSO_MERGE_SIBLINGS": "1"})
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+
+
+@pytest.mark.slow  # 12 s: optimize and verify of a model whose gate/up merge; CI runs it in test-slow
 def test_optimize_merges_gate_and_up_and_verify_accepts_it(tmp_path, monkeypatch):
     use_cache(monkeypatch)
     src = _gated(tmp_path / "gated.onnx")
@@ -361,6 +391,9 @@ def test_optimize_merges_gate_and_up_and_verify_accepts_it(tmp_path, monkeypatch
     assert r.returncode == 0, r.stderr.decode()
     summary = json.loads(r.stdout.splitlines()[-1])
     assert summary["pass"] and summary["algebraic"] == "ok" and summary["emulated"] == 1
+    # verify checks the kernel in its own form, whatever MLSO_MERGE_SIBLINGS says when it runs
+    r = _verify(src, out, {"MLSO_MERGE_SIBLINGS": "0"})
+    assert r.returncode == 0, r.stderr.decode()
 
     # the concatenated weight with gate's first two columns swapped: verify refuses the model
     init = next(t for t in model.graph.initializer if t.name == cat[0])

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -898,10 +898,8 @@ def lift_region(
 
     merge: lift sibling projections as one matmul (frontend/siblings.py) where the
     MLSO_MERGE_SIBLINGS knob allows it; verify's algebraic check turns it off for the original
-    model, so the field compares the two forms. merged_body: the region is a fallback body that
-    reads weights as column views of a concatenation (`column_views`), so its siblings were
-    merged when it was packaged and merge again whatever the knob says now (a model optimized
-    with the merge still verifies with MLSO_MERGE_SIBLINGS=0)."""
+    model, so the field compares the two forms. merged_body: the region is a fallback body whose
+    kernel merged its siblings (lift_whole_graph), so they merge again whatever the knob says."""
     ctx = _Ctx(loaded, consts if consts is not None else lift_constants(loaded))
     nodes = loaded.graph.node
     if merge and (knobs().merge_siblings or merged_body):
@@ -1035,8 +1033,15 @@ def with_input_order(
     )
 
 
-def lift_whole_graph(loaded: LoadedModel) -> LiftedRegion:
-    """Lift every non-Constant node of a graph as one region (an MlsoKernel's fallback body)."""
+def lift_whole_graph(loaded: LoadedModel, merged: bool | None = None) -> LiftedRegion:
+    """Lift every non-Constant node of a graph as one region (an MlsoKernel's fallback body).
+
+    merged: whether the kernel this body falls back for merged sibling projections (it takes an
+    `mlso_concat_` input): the body is then lifted merged (True) or not (False) whatever
+    MLSO_MERGE_SIBLINGS says now, so that verify compares a kernel with its body in the kernel's
+    own form; a model optimized with the merge on verifies with it off and the other way round.
+    None: the knob decides, except that a body reading column views of a concatenation
+    (`column_views`) always merges."""
     nodes = loaded.graph.node
     idx = tuple(i for i, n in enumerate(nodes) if n.op_type != "Constant")
     outputs = tuple(o.name for o in loaded.graph.output)
@@ -1044,9 +1049,17 @@ def lift_whole_graph(loaded: LoadedModel) -> LiftedRegion:
     inputs = tuple(dict.fromkeys(x for i in idx for x in nodes[i].input if x and x not in produced))
     region = Region(0, idx, inputs, outputs, "body", tuple(nodes[i].op_type for i in idx))
     consts = lift_constants(loaded)
-    views = column_views(loaded, consts)  # merged siblings' weights, as a body reads them
-    consts.update(views)
-    return lift_region(loaded, region, consts, merged_body=bool(views))
+    views = column_views(loaded, consts) if merged is not False else {}
+    consts.update(views)  # merged siblings' weights, as a body reads them
+    return lift_region(
+        loaded, region, consts, merge=merged is not False, merged_body=bool(merged or views)
+    )
+
+
+def merged_kernel(input_names: Sequence[str]) -> bool:
+    """Whether a kernel with these inputs merged sibling projections: lift_whole_graph's
+    `merged` for its fallback body."""
+    return any(x.startswith(sib.PREFIX) for x in input_names)
 
 
 def lift_all(

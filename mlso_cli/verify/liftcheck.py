@@ -503,13 +503,14 @@ def _derived_constants(
 ) -> dict[str, np.ndarray] | str:
     """The constants lifting derives from the fallback body (its masks), or why there are none.
     `body`: region_model's model of it, when the caller has one."""
-    from mlso_cli.frontend.lift import lift_whole_graph
+    from mlso_cli.frontend.lift import lift_whole_graph, merged_kernel
     from mlso_cli.frontend.load import loaded_from_proto
     from mlso_cli.package.regionmodel import region_model
 
     try:
         loaded = loaded_from_proto(body or region_model(model, node), f"body of {node.name}")
-        return dict(lift_whole_graph(loaded).extra_inputs)
+        merged = merged_kernel(node.input[1:])  # in the kernel's form, whatever the knob says
+        return dict(lift_whole_graph(loaded, merged=merged).extra_inputs)
     except Exception as exc:  # LiftError, or a body that does not load: no original, say why
         return f"its fallback body cannot be lifted: {str(exc)[:200]}"
 
