@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from mlso_cli.frontend.siblings import PREFIX as CONCAT_PREFIX
 from mlso_cli.ir import DType, KernelGraph, Op
 from mlso_cli.ir.node import toposort
 from mlso_cli.verify.floatcheck import LIMITS
@@ -101,10 +102,7 @@ so twice would fail correct kernels at random; a code generation mistake (a wron
 missing barrier, an unstabilised exp) is O(1) or not finite, far beyond. Where the region is
 well conditioned the own errors are ~1e-7 and the dtype's limit is what applies."""
 
-CONCAT_PREFIX = "mlso_concat_"
-"""frontend/siblings.py's PREFIX: a concatenation of sibling weights."""
-
-LIFTER_CONSTANTS = ("mlso_mask_", "mlso_causal_tl_", "mlso_select_", "mlso_bias_", "mlso_concat_")
+LIFTER_CONSTANTS = ("mlso_mask_", "mlso_causal_tl_", "mlso_select_", "mlso_bias_", CONCAT_PREFIX)
 """Name prefixes of the constants lifting itself makes (frontend/lift.py): the original model
 has no tensor of that name; their value is what lifting the original nodes derives."""
 
@@ -460,7 +458,7 @@ def _concat_problems(
         axes = np.ravel(args[2]) if len(args) > 2 else np.array([0])
         steps = np.ravel(args[3]) if len(args) > 3 else np.array([1])
         if not (len(starts) == len(ends) == len(axes) == len(steps) == 1) or (
-            int(axes[0]) % 2 != 1 or int(steps[0]) != 1
+            int(axes[0]) not in (1, -1) or int(steps[0]) != 1
         ):
             problems.append(f"{label}: a Slice of it in its fallback body is not of columns")
             continue
