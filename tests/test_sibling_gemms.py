@@ -1,7 +1,10 @@
 """Sibling projections lifted as one GEMM over concatenated weights (frontend/siblings.py): the
-structural rule, fewer library GEMM launches on a real decoder export, the merged program against
-the separate matmuls (host emulator and float64 interpreter), and optimize + verify on a model
-whose gate/up projections merge, including a packaged concatenated weight that was tampered with.
+structural rule, on by default, fewer library GEMM launches on a real decoder export, the merged
+program against the separate matmuls (host emulator and float64 interpreter), the fallback body
+reading the concatenation in column Slices (no second copy of the weights; verify compares the
+concatenation with A's weights, and lifts the body in its kernel's form), and optimize + verify on
+a model whose gate/up projections merge, including a packaged concatenated weight that was
+tampered with, alone and consistently with the body that reads it.
 """
 
 from __future__ import annotations
