@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -64,6 +64,11 @@ class LiftedRegion:
     graph: KernelGraph
     extra_inputs: dict[str, np.ndarray] = field(default_factory=dict)
     """Constant tensors lifting created (0/1 masks); packaging adds them as initializers."""
+    columns: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+    """Output of a sibling MatMul lifted as columns of one matmul -> (its concatenated weight,
+    first column, end column): where that MatMul's weight lies in the concatenation. Packaging
+    (package/absorb.py) lets the fallback body read these columns instead of the original
+    weight, so the file does not hold the weights twice (frontend/siblings.py)."""
 
 
 @dataclass
@@ -88,6 +93,8 @@ class _Ctx:
     """Output name of a sibling projection -> its group (frontend/siblings.py)."""
     sibling_values: dict[str, Node | None] = field(default_factory=dict)
     """Sibling outputs lifted as columns of one matmul; None where the group stays separate."""
+    columns: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+    """Sibling output -> (concatenated weight, first column, end column): LiftedRegion.columns."""
 
     def dtype_of(self, name: str) -> DType:
         code = self.loaded.dtypes.get(name)
@@ -278,17 +285,80 @@ def _matmul(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
 def _weight(ctx: _Ctx, name: str) -> np.ndarray | None:
     """A constant weight's value: a Constant node's (lift's constants), else the initializer's,
     read from external data where it lives there; None when it cannot be read."""
-    v = ctx.consts.get(name)
+    return _constant_array(ctx.loaded, ctx.consts, name)
+
+
+def _constant_array(
+    loaded: LoadedModel, consts: Mapping[str, np.ndarray], name: str
+) -> np.ndarray | None:
+    """_weight's lookup, for callers without a lifting context."""
+    v = consts.get(name)
     if v is not None:
         return np.asarray(v)
-    base = ctx.loaded.base_dir
-    for t in ctx.loaded.graph.initializer:
+    base = loaded.base_dir
+    for t in loaded.graph.initializer:
         if t.name == name:
             try:
                 return numpy_helper.to_array(t, str(base) if base is not None else "")
             except Exception:  # unreadable external data: the group stays separate
                 return None
     return None
+
+
+def column_views(loaded: LoadedModel, consts: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The value of every Slice that takes a range of columns (axis 1, step 1, constant bounds)
+    of a constant matrix and is read only as MatMuls' weight: output name -> those columns.
+
+    Why: a packaged fallback body reads each merged sibling projection's weight this way, as its
+    columns of the concatenation the kernel takes (package/absorb.py). Lifting the body with
+    these as constant weights finds the siblings again and lifts them as the kernel's one matmul
+    over the same concatenation (the same bytes, so the same name) with the same column
+    selections, so verify compares like with like; lifted as selections of the concatenation
+    instead, the body would be separate matmuls whose selection constants differ from the
+    kernel's. Only fallback bodies are lifted with these (`lift_whole_graph`): in a model's own
+    regions a Slice's output must never be a kernel input, since the Slice itself is replaced.
+    And only Slices of a concatenation lifting made (named `mlso_concat_<digest>`): a model's
+    own Slice of a weight was lifted as a selection of that weight in the kernel, and its body
+    must lift the same way."""
+    from mlso_cli.frontend.fold import constant_node_value
+
+    nodes = loaded.graph.node
+    readers: dict[str, list[tuple[str, int]]] = {}
+    for n in nodes:
+        for k, x in enumerate(n.input):
+            readers.setdefault(x, []).append((n.op_type, k))
+    small = {
+        n.output[0]: constant_node_value(n)
+        for n in nodes
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output
+    }
+    matrices: dict[str, np.ndarray | None] = {}
+    out: dict[str, np.ndarray] = {}
+    for n in nodes:
+        if n.op_type != "Slice" or n.domain not in ("", "ai.onnx") or len(n.input) < 4:
+            continue
+        users = readers.get(n.output[0], [])
+        if not users or any(u != ("MatMul", 1) for u in users):
+            continue
+        args = [consts.get(x, small.get(x)) for x in n.input[1:] if x]
+        if len(args) != len(n.input) - 1 or any(a is None for a in args):
+            continue
+        starts, ends, axes = (np.ravel(a) for a in args[:3])
+        steps = np.ravel(args[3]) if len(args) > 3 else np.array([1])
+        if not len(starts) == len(ends) == len(axes) == len(steps) == 1:
+            continue
+        if int(axes[0]) not in (1, -1) or int(steps[0]) != 1:
+            continue
+        data = n.input[0]
+        if not data.startswith(sib.PREFIX):
+            continue
+        if data not in matrices:
+            matrices[data] = _constant_array(loaded, consts, data)
+        w = matrices[data]
+        if w is None or w.ndim != 2:
+            continue
+        out[n.output[0]] = np.ascontiguousarray(w[:, int(starts[0]) : int(ends[0])])
+    return out
 
 
 def _merge_siblings(ctx: _Ctx, node: onnx.NodeProto, group: sib.Siblings) -> dict[str, Node | None]:
@@ -316,6 +386,7 @@ def _merge_siblings(ctx: _Ctx, node: onnx.NodeProto, group: sib.Siblings) -> dic
     for (out, _, _), idx in zip(group.members, spans):
         s = sel.plain(y, n_all, axis).take(idx)
         keep[out] = _select(ctx, "MatMul", s, s)
+        ctx.columns[out] = (name, int(idx[0]), int(idx[-1]) + 1)
     return keep
 
 
@@ -554,6 +625,11 @@ def _slice_indices(
 
 
 def _slice(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    view = ctx.consts.get(node.output[0])
+    if view is not None:  # a column view of a weight (column_views): that constant, by name
+        name = node.output[0]
+        dtype = {np.dtype(np.float32): DType.F32, np.dtype(np.float16): DType.F16}.get(view.dtype)
+        return [ctx.env.get(name) or ctx.add_input(name, view.shape, dtype or ctx.dtype_of(name))]
     x = _x(ctx, node, 0)
     for ax, idx in sorted(_slice_indices(ctx, node, x.shape).items()):
         x = _select(
@@ -815,15 +891,18 @@ def lift_region(
     region: Region,
     consts: dict[str, np.ndarray] | None = None,
     merge: bool = True,
+    *,
+    merged_body: bool = False,
 ) -> LiftedRegion:
     """The region's unfused kernel graph; raises LiftError when a node has no rule.
 
     merge: lift sibling projections as one matmul (frontend/siblings.py) where the
     MLSO_MERGE_SIBLINGS knob allows it; verify's algebraic check turns it off for the original
-    model, so the field compares the two forms."""
+    model, so the field compares the two forms. merged_body: the region is a fallback body whose
+    kernel merged its siblings (lift_whole_graph), so they merge again whatever the knob says."""
     ctx = _Ctx(loaded, consts if consts is not None else lift_constants(loaded))
     nodes = loaded.graph.node
-    if merge and knobs().merge_siblings:
+    if merge and (knobs().merge_siblings or merged_body):
         weights = sib.weight_types(loaded.model, ctx.consts)
         ctx.siblings = sib.groups(nodes, region.nodes, loaded.shapes, weights)
     for i in region.nodes:
@@ -858,7 +937,13 @@ def lift_region(
     kg = _prune_inputs(kg)
     check(kg)
     _check_sizes(kg)
-    return LiftedRegion(region, kg, {k: v for k, v in ctx.extra.items() if k in kg.input_names})
+    names = set(kg.input_names)
+    return LiftedRegion(
+        region,
+        kg,
+        {k: v for k, v in ctx.extra.items() if k in names},
+        {out: col for out, col in ctx.columns.items() if col[0] in names},
+    )
 
 
 def lift_constants(loaded: LoadedModel) -> dict[str, np.ndarray]:
@@ -948,15 +1033,33 @@ def with_input_order(
     )
 
 
-def lift_whole_graph(loaded: LoadedModel) -> LiftedRegion:
-    """Lift every non-Constant node of a graph as one region (an MlsoKernel's fallback body)."""
+def lift_whole_graph(loaded: LoadedModel, merged: bool | None = None) -> LiftedRegion:
+    """Lift every non-Constant node of a graph as one region (an MlsoKernel's fallback body).
+
+    merged: whether the kernel this body falls back for merged sibling projections (it takes an
+    `mlso_concat_` input): the body is then lifted merged (True) or not (False) whatever
+    MLSO_MERGE_SIBLINGS says now, so that verify compares a kernel with its body in the kernel's
+    own form; a model optimized with the merge on verifies with it off and the other way round.
+    None: the knob decides, except that a body reading column views of a concatenation
+    (`column_views`) always merges."""
     nodes = loaded.graph.node
     idx = tuple(i for i, n in enumerate(nodes) if n.op_type != "Constant")
     outputs = tuple(o.name for o in loaded.graph.output)
     produced = {o for i in idx for o in nodes[i].output}
     inputs = tuple(dict.fromkeys(x for i in idx for x in nodes[i].input if x and x not in produced))
     region = Region(0, idx, inputs, outputs, "body", tuple(nodes[i].op_type for i in idx))
-    return lift_region(loaded, region)
+    consts = lift_constants(loaded)
+    views = column_views(loaded, consts) if merged is not False else {}
+    consts.update(views)  # merged siblings' weights, as a body reads them
+    return lift_region(
+        loaded, region, consts, merge=merged is not False, merged_body=bool(merged or views)
+    )
+
+
+def merged_kernel(input_names: Sequence[str]) -> bool:
+    """Whether a kernel with these inputs merged sibling projections: lift_whole_graph's
+    `merged` for its fallback body."""
+    return any(x.startswith(sib.PREFIX) for x in input_names)
 
 
 def lift_all(

@@ -19,15 +19,25 @@ The form is exact: every output element is the same dot product as before. Lifti
 as separate matmuls when a weight cannot be read or a column selection does not factor within the
 selection bound.
 
-What checks it. The concatenated weight is a lifter constant (verify/liftcheck.py,
-LIFTER_CONSTANTS): verify re-derives it by lifting the kernel's fallback body, whose nodes are the
-original MatMuls, and compares the packaged tensor with it; the lifting and emulator checks compare
-the program with those original nodes numerically; and the algebraic A-vs-B check lifts A with
-this rule off (`merge=False`), so the field evaluates A's separate products with A's weights
-against B's one product with B's concatenated weight, exact constants on both sides.
+The packaged fallback body (package/absorb.py) reads each merged MatMul's weight as a Slice of
+columns of that concatenation, which the kernel takes anyway, so the original weights are no
+longer read by the region and are dropped unless something else reads them: the file holds each
+projection weight once. Slicing columns of a concatenation is exact, so the body computes what
+the original nodes did, bit for bit.
 
-Cost: the packaged model holds the concatenated weight besides the originals, which the fallback
-body still reads (package/absorb.py copies them into it): the file grows by those weights.
+What checks it. The concatenated weight is a lifter constant (verify/liftcheck.py,
+LIFTER_CONSTANTS), but it is not re-derived from the fallback body, which reads it and would
+give it back whatever it holds: its columns that each body Slice takes are compared, bit for bit,
+with the weight of the MatMul of the original model A that produces the same output, and every
+column must be so read. Lifting a body lifts those Slices as the sibling weights
+(frontend/lift.py, column_views), so the body lifts to the kernel's own merged form for the field
+check. The lifting and emulator checks compare the program with the body numerically; and the
+algebraic A-vs-B check lifts A with this rule off (`merge=False`), so the field evaluates A's
+separate products with A's weights against B's one product with B's concatenated weight, exact
+constants on both sides. Below opset 10 (Slice without bound inputs) the body keeps copies of
+the originals instead, and verify re-derives the concatenation by lifting it, as before.
+
+On by default; MLSO_MERGE_SIBLINGS=0 turns it off (mlso_cli/knobs.py).
 """
 
 from __future__ import annotations

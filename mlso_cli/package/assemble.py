@@ -74,7 +74,10 @@ def assemble(
                 have.add(name)
     consts = _LazyConstants(m)
     m, indices = absorb_constants(
-        m, [(lr.region.nodes, built.program.input_names) for lr, built in items], consts
+        m,
+        [(lr.region.nodes, built.program.input_names) for lr, built in items],
+        consts,
+        [lr.columns for lr, _ in items],
     )
     regions = [
         PackagedRegion(

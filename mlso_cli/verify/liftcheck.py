@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from mlso_cli.frontend.siblings import PREFIX as CONCAT_PREFIX
 from mlso_cli.ir import DType, KernelGraph, Op
 from mlso_cli.ir.node import toposort
 from mlso_cli.verify.floatcheck import LIMITS
@@ -101,7 +102,7 @@ so twice would fail correct kernels at random; a code generation mistake (a wron
 missing barrier, an unstabilised exp) is O(1) or not finite, far beyond. Where the region is
 well conditioned the own errors are ~1e-7 and the dtype's limit is what applies."""
 
-LIFTER_CONSTANTS = ("mlso_mask_", "mlso_causal_tl_", "mlso_select_", "mlso_bias_", "mlso_concat_")
+LIFTER_CONSTANTS = ("mlso_mask_", "mlso_causal_tl_", "mlso_select_", "mlso_bias_", CONCAT_PREFIX)
 """Name prefixes of the constants lifting itself makes (frontend/lift.py): the original model
 has no tensor of that name; their value is what lifting the original nodes derives."""
 
@@ -283,6 +284,7 @@ class Originals:
         self.model = model
         self.plain = Constants(model.graph)
         self.folded: Constants | None = None
+        self.producers: dict[str, onnx.NodeProto] | None = None
 
     def get(self, name: str) -> np.ndarray | None:
         if name in self.plain:
@@ -297,6 +299,16 @@ class Originals:
             with contextlib.suppress(Exception):
                 self.folded = Constants(fold_constants(m).graph)
         return self.folded.get(name)
+
+    def weight_of(self, output: str) -> np.ndarray | None:
+        """The constant weight (second input) of A's MatMul that produces `output`; None when
+        A has no such MatMul or its weight is not a constant."""
+        if self.producers is None:
+            self.producers = {o: n for n in self.model.graph.node for o in n.output if o}
+        n = self.producers.get(output)
+        if n is None or n.op_type != "MatMul" or n.domain not in ("", "ai.onnx"):
+            return None
+        return self.get(n.input[1]) if len(n.input) == 2 else None
 
 
 def _difference(got: np.ndarray, want: np.ndarray) -> str | None:
@@ -339,8 +351,10 @@ def constant_problems(
     """Each constant the kernel or its fallback body holds that is not the original's value.
 
     Originals: A's tensor of the same name (a body's copy NAME__mlso_rK is A's NAME); for the
-    masks lifting derives, the array that lifting the fallback body derives. A constant with no
-    original at all is a problem too: optimize makes no other kind."""
+    masks lifting derives, the array that lifting the fallback body derives; for a concatenation
+    of sibling weights the body reads in column Slices (package/absorb.py), A's weights
+    (`_concat_problems`). A constant with no original at all is a problem too: optimize makes no
+    other kind."""
     from mlso_cli.frontend.fold import constant_node_value
     from mlso_cli.package.unpack import fallback_function
 
@@ -348,7 +362,15 @@ def constant_problems(
     held = held if held is not None else kernel_constants(model, node)
     problems: list[str] = []
     derived: dict[str, np.ndarray] | None = None
+    fn = fallback_function(model, node)
+    formal = dict(zip(node.input, fn.input)) if fn is not None else {}
+    bounds: set[str] = set()
     for name, value in held.items():
+        if name.startswith(CONCAT_PREFIX) and fn is not None and _body_reads(fn, formal.get(name)):
+            found, used = _concat_problems(originals, fn, formal[name], name, value)
+            problems.extend(found)
+            bounds |= used
+            continue
         if name.startswith(LIFTER_CONSTANTS):
             if derived is None:
                 derived = _derived_constants(model, node, body)
@@ -365,9 +387,10 @@ def constant_problems(
         diff = _difference(value, want)
         if diff is not None:
             problems.append(f"constant '{name}': {diff}")
-    fn = fallback_function(model, node)
     for n in fn.node if fn is not None else []:
         if n.op_type != "Constant" or n.domain not in ("", "ai.onnx") or not n.output:
+            continue
+        if n.output[0] in bounds:  # a column Slice's bounds, checked with its concatenation
             continue
         value = constant_node_value(n)
         m = _ABSORBED.match(n.output[0])
@@ -384,18 +407,108 @@ def constant_problems(
     return problems
 
 
+def _body_reads(fn: onnx.FunctionProto, name: str | None) -> bool:
+    return name is not None and any(name in n.input for n in fn.node)
+
+
+def _concat_problems(
+    originals: Originals, fn: onnx.FunctionProto, formal: str, name: str, value: np.ndarray
+) -> tuple[list[str], set[str]]:
+    """A concatenation of sibling weights (frontend/siblings.py) that the fallback body `fn`
+    reads as `formal`, compared with the original model A's weights: what differs, and the
+    names of the body's Constants that bound its column Slices (checked here, so the caller
+    does not look for them in A).
+
+    Why A and not the body: the body reads each sibling MatMul's weight as a Slice of this very
+    tensor, so lifting the body would derive back whatever the tensor holds, and a concatenation
+    tampered with together with the body would pass. Instead every reader of it in the body must
+    be a Slice of columns start:end with constant bounds, each Slice read only as the weight
+    (second input) of MatMuls, and those columns must be, bit for bit, the constant weight of
+    the MatMul in A that produces the same output; and every column must be read so (the kernel
+    may read a column that the body does not, and nothing would tie it to A)."""
+    from mlso_cli.frontend.fold import constant_node_value
+
+    label = f"constant '{name}'"
+    value = np.asarray(value)
+    if value.ndim != 2:
+        return [f"{label}: shape {value.shape}, a concatenation of weights is a matrix"], set()
+    consts = {
+        n.output[0]: n
+        for n in fn.node
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output
+    }
+    nodes = list(fn.node)
+    readers: dict[str, list[tuple[int, int]]] = {}  # tensor -> (node index, input position)
+    for i, n in enumerate(nodes):
+        for k, x in enumerate(n.input):
+            readers.setdefault(x, []).append((i, k))
+    problems: list[str] = []
+    covered = np.zeros(value.shape[1], dtype=bool)
+    slices: set[int] = set()
+    for i, k in readers.get(formal, []):
+        s = nodes[i]
+        if s.op_type != "Slice" or s.domain not in ("", "ai.onnx") or k != 0 or len(s.input) < 3:
+            problems.append(f"{label}: its fallback body reads it other than in column Slices")
+            continue
+        args = [constant_node_value(consts[x]) if x in consts else None for x in s.input[1:]]
+        if any(a is None for a in args):
+            problems.append(f"{label}: a Slice of it in its fallback body has bounds that vary")
+            continue
+        starts, ends = np.ravel(args[0]), np.ravel(args[1])
+        axes = np.ravel(args[2]) if len(args) > 2 else np.array([0])
+        steps = np.ravel(args[3]) if len(args) > 3 else np.array([1])
+        if not (len(starts) == len(ends) == len(axes) == len(steps) == 1) or (
+            int(axes[0]) not in (1, -1) or int(steps[0]) != 1
+        ):
+            problems.append(f"{label}: a Slice of it in its fallback body is not of columns")
+            continue
+        start, end, _ = slice(int(starts[0]), int(ends[0])).indices(value.shape[1])
+        slices.add(i)
+        users = readers.get(s.output[0], [])
+        if users:  # columns nothing reads cover nothing
+            covered[start:end] = True
+        for j, pos in users:
+            mm = nodes[j]
+            out = mm.output[0] if mm.output else ""
+            want = originals.weight_of(out) if mm.op_type == "MatMul" and pos == 1 else None
+            if want is None:
+                problems.append(
+                    f"{label}: columns {start}:{end} feed a node that is not a MatMul of the "
+                    f"original model with a constant weight ('{out or mm.op_type}')"
+                )
+                continue
+            diff = _difference(value[:, start:end], want)
+            if diff is not None:
+                problems.append(f"{label}: columns {start}:{end} (the weight of '{out}'): {diff}")
+    if not covered.all():
+        first = int(np.argmin(covered))
+        problems.append(
+            f"{label}: {int((~covered).sum())} of its {covered.size} columns (from column "
+            f"{first}) are read by no MatMul of its fallback body, so nothing ties them to "
+            "the original model's weights"
+        )
+    bounds = {
+        x
+        for i in slices
+        for x in nodes[i].input[1:]
+        if all(j in slices and k >= 1 for j, k in readers.get(x, []))
+    }
+    return problems, bounds
+
+
 def _derived_constants(
     model: onnx.ModelProto, node: onnx.NodeProto, body: onnx.ModelProto | None = None
 ) -> dict[str, np.ndarray] | str:
     """The constants lifting derives from the fallback body (its masks), or why there are none.
     `body`: region_model's model of it, when the caller has one."""
-    from mlso_cli.frontend.lift import lift_whole_graph
+    from mlso_cli.frontend.lift import lift_whole_graph, merged_kernel
     from mlso_cli.frontend.load import loaded_from_proto
     from mlso_cli.package.regionmodel import region_model
 
     try:
         loaded = loaded_from_proto(body or region_model(model, node), f"body of {node.name}")
-        return dict(lift_whole_graph(loaded).extra_inputs)
+        merged = merged_kernel(node.input[1:])  # in the kernel's form, whatever the knob says
+        return dict(lift_whole_graph(loaded, merged=merged).extra_inputs)
     except Exception as exc:  # LiftError, or a body that does not load: no original, say why
         return f"its fallback body cannot be lifted: {str(exc)[:200]}"
 

@@ -240,7 +240,12 @@ def chain_check_kernels(
 def field_check_kernels(model: onnx.ModelProto, kernels: list, seed: int) -> list[dict]:
     """Check each MlsoKernel's μGraph (`kernels`: runtime.check_model's results for `model`)
     against its lifted fallback body in the finite field."""
-    from mlso_cli.frontend.lift import LiftError, lift_whole_graph, with_input_order
+    from mlso_cli.frontend.lift import (
+        LiftError,
+        lift_whole_graph,
+        merged_kernel,
+        with_input_order,
+    )
     from mlso_cli.frontend.load import loaded_from_proto
     from mlso_cli.ir import loads
     from mlso_cli.package.regionmodel import region_model
@@ -262,7 +267,8 @@ def field_check_kernels(model: onnx.ModelProto, kernels: list, seed: int) -> lis
         program = loads(checked.ugraph_json)
         body = loaded_from_proto(region_model(model, node), f"body of {node.name}")
         try:
-            lifted = lift_whole_graph(body)
+            # in the kernel's form: merged siblings or not, whatever MLSO_MERGE_SIBLINGS says now
+            lifted = lift_whole_graph(body, merged=merged_kernel(program.input_names))
         except LiftError as exc:
             row["detail"] = f"its function body cannot be lifted: {exc}"
             continue
