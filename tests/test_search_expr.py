@@ -492,7 +492,9 @@ def test_target_of_an_exported_attention_block_is_built_whole(monkeypatch):
     """transformer_tiny's attention region as the plain partition cuts it (QK-norm, softmax,
     output projection, residual, the next RMSNorm and the MLP's gate; the partition now cuts at
     the residual stream, so it is rebuilt here without the structure cuts): its closure once ran
-    into the visit budget (truncated, 48 s); it is now complete in a few thousand visits."""
+    into the visit budget (truncated, 48 s); it is now complete in a few thousand visits (5,099
+    since sibling projections lift merged by default: gate and up are one matmul and two column
+    selections)."""
     from mlso_cli.frontend import partition as partition_mod
     from mlso_cli.pipeline.frontend import lift
     from mlso_cli.search import target as tg
@@ -507,5 +509,5 @@ def test_target_of_an_exported_attention_block_is_built_whole(monkeypatch):
     (lr,) = [r for r in lifted.regions if r.region.label == "qk-norm-attention"][:1]
     small, _ = shrink(lr.graph)
     t = tg.Target.from_graph(small)
-    assert not t.truncated and len(t._seen) < tg.MAX_VISITS // 4
+    assert not t.truncated and len(t._seen) < tg.MAX_VISITS // 3
     assert t.size() > 1000  # the closure is really there (4,529 patterns when this was written)
