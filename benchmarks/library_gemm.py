@@ -31,40 +31,31 @@ from mlso_cli.ir import DType  # noqa: E402
 from mlso_cli.runtime.launcher import operand_sets  # noqa: E402
 from tests import test_libgemm as L  # noqa: E402
 
-CASES = [
-    # name, builder, (m, k, n) of the torch reference
-    ("qwen2-0.5b up 128x896x4864", lambda: L.plain(DType.F16, 1, 128, 896, 4864), (128, 896, 4864)),
-    (
-        "qwen2-0.5b down 128x4864x896",
-        lambda: L.plain(DType.F16, 1, 128, 4864, 896),
-        (128, 4864, 896),
-    ),
-    (
-        "llama-1b up 128x2048x8192",
-        lambda: L.plain(DType.F16, 1, 128, 2048, 8192),
-        (128, 2048, 8192),
-    ),
-    (
-        "llama-1b down 128x8192x2048",
-        lambda: L.plain(DType.F16, 1, 128, 8192, 2048),
-        (128, 8192, 2048),
-    ),
-    (
-        "qwen2-0.5b qkv merged 128x896x1152",
-        lambda: L.plain(DType.F16, 1, 128, 896, 1152),
-        (128, 896, 1152),
-    ),
-    ("llama-1b q 128x2048x2048", lambda: L.plain(DType.F16, 1, 128, 2048, 2048), (128, 2048, 2048)),
-    (
-        "rmsnorm+linear 128x896x4864",
-        lambda: L.norm_linear(DType.F16, 128, 896, 4864),
-        (128, 896, 4864),
-    ),
-    ("decode up 1x2048x8192", lambda: L.plain(DType.F16, 1, 1, 2048, 8192), (1, 2048, 8192)),
+
+def _plain(m: int, k: int, n: int):
+    return L.plain(DType.F16, 1, m, k, n)
+
+
+def _norm_linear(m: int, k: int, n: int):
+    return L.norm_linear(DType.F16, m, k, n)
+
+
+SHAPES = [
+    # row label, program builder, (m, k, n): the builder's shape and the torch reference's
+    ("qwen2-0.5b up", _plain, (128, 896, 4864)),
+    ("qwen2-0.5b down", _plain, (128, 4864, 896)),
+    ("llama-1b up", _plain, (128, 2048, 8192)),
+    ("llama-1b down", _plain, (128, 8192, 2048)),
+    ("qwen2-0.5b qkv merged", _plain, (128, 896, 1152)),
+    ("llama-1b q", _plain, (128, 2048, 2048)),
+    ("rmsnorm+linear", _norm_linear, (128, 896, 4864)),
+    ("decode up", _plain, (1, 2048, 8192)),
 ]
+CASES = [(f"{label} {m}x{k}x{n}", build, (m, k, n)) for label, build, (m, k, n) in SHAPES]
+"""(row name, builder of (m, k, n), (m, k, n)); row names are the records' keys in results/."""
 
 
-def _time_program(kg, library: bool, algo: str = "timed") -> dict:
+def _time_program(kg, library: bool, algo: str = "heuristic") -> dict:
     from mlso_cli.codegen import compile_program
     from mlso_cli.runtime import launcher
 
@@ -126,8 +117,8 @@ def main() -> int:
     )
     print("|---|---|---|---|---|---|")
     for name, build, (m, k, n) in CASES:
-        kg = build()
-        lib = _time_program(kg, True, "heuristic")
+        kg = build(m, k, n)
+        lib = _time_program(kg, True)
         timed = _time_program(kg, True, "timed")
         gen = _time_program(kg, False) if m * k * n <= args.skip_generated_over else None
         ref = _time_torch(m, k, n)

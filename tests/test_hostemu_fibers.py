@@ -168,11 +168,16 @@ def test_exchange_with_the_portable_ucontext_switch(monkeypatch, tmp_path):
     _check_exchange(hostemu.run(PROGRAMS["exchange"], [x], timeout=TIMEOUT), x)
 
 
-def test_a_warp_skipping_syncthreads_is_reported_not_hung(emulator):
+def _failure(emulator, program: str) -> str:
+    """The error of running `program` on an arange input: it must fail, not hang."""
     x = np.arange(N, dtype=np.float32)
     with pytest.raises(RuntimeError) as err:
-        emulator.run("skipped_syncthreads", [x], timeout=TIMEOUT)
-    msg = str(err.value)
+        emulator.run(program, [x], timeout=TIMEOUT)
+    return str(err.value)
+
+
+def test_a_warp_skipping_syncthreads_is_reported_not_hung(emulator):
+    msg = _failure(emulator, "skipped_syncthreads")
     assert "failed (4)" in msg
     assert "deadlock in block (0, 0, 0)" in msg
     assert "threads 0-31: waiting at __syncthreads" in msg
@@ -181,10 +186,7 @@ def test_a_warp_skipping_syncthreads_is_reported_not_hung(emulator):
 
 
 def test_a_lane_skipping_a_shuffle_is_reported_not_hung(emulator):
-    x = np.arange(N, dtype=np.float32)
-    with pytest.raises(RuntimeError) as err:
-        emulator.run("skipped_shuffle", [x], timeout=TIMEOUT)
-    msg = str(err.value)
+    msg = _failure(emulator, "skipped_shuffle")
     assert "failed (4)" in msg
     assert "thread 7: returned" in msg
     assert "threads 8-31: waiting at a warp barrier" in msg and "of warp 0" in msg
@@ -192,9 +194,6 @@ def test_a_lane_skipping_a_shuffle_is_reported_not_hung(emulator):
 
 
 def test_a_fiber_stack_overflow_hits_the_guard_page(emulator):
-    x = np.arange(N, dtype=np.float32)
-    with pytest.raises(RuntimeError) as err:
-        emulator.run("overflow", [x], timeout=TIMEOUT)
-    msg = str(err.value)
+    msg = _failure(emulator, "overflow")
     assert "failed (5)" in msg
     assert "overflowed its fiber stack" in msg

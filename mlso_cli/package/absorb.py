@@ -21,22 +21,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from mlso_cli.frontend.load import onnx_opset
+from mlso_cli.package.rewrite import unique_name
+
 SLICE_OPSET = 10
 """The first default-domain opset whose Slice takes starts, ends and axes as inputs; below it a
 body keeps copies of the original weights (the form verify's checks know)."""
-
-
-def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-
-
-def _unique(base: str, taken: set[str]) -> str:
-    name, k = base, 1
-    while name in taken:
-        name = f"{base}_{k}"
-        k += 1
-    taken.add(name)
-    return name
 
 
 def _all_names(model: onnx.ModelProto) -> set[str]:
@@ -55,7 +45,7 @@ def _column_slices(
     y = node.output[0]
     made, names = [], []
     for what, value in (("starts", start), ("ends", end), ("axes", 1)):
-        name = _unique(f"{y}__mlso_{what}_r{r}", taken)
+        name = unique_name(f"{y}__mlso_{what}_r{r}", taken)
         names.append(name)
         made.append(
             helper.make_node(
@@ -66,7 +56,7 @@ def _column_slices(
                 name=f"{name}_const",
             )
         )
-    out = _unique(f"{y}__mlso_weight_r{r}", taken)
+    out = unique_name(f"{y}__mlso_weight_r{r}", taken)
     made.append(helper.make_node("Slice", [cat, *names], [out], name=f"{out}_slice"))
     return out, made
 
@@ -85,7 +75,7 @@ def absorb_constants(
     nodes = list(model.graph.node)
     owner = {i: r for r, (idx, _) in enumerate(regions) for i in idx}
     first = {min(idx): r for r, (idx, _) in enumerate(regions)}
-    slicing = _opset(model) >= SLICE_OPSET
+    slicing = onnx_opset(model) >= SLICE_OPSET
     taken = _all_names(model)
     weight_of: dict[int, str] = {}  # node index -> the Slice output it reads as its weight
     made: list[list[onnx.NodeProto]] = [[] for _ in regions]

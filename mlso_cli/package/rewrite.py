@@ -148,7 +148,8 @@ def _compatible(known: tuple[int, list[int | None] | None], spec: dict[str, Any]
     return None
 
 
-def _unique(base: str, taken: set[str]) -> str:
+def unique_name(base: str, taken: set[str]) -> str:
+    """`base`, or `base_1`, `base_2`, ... : the first name not in `taken`, which it joins."""
     name, k = base, 1
     while name in taken:
         name = f"{base}_{k}"
@@ -302,7 +303,7 @@ def _build(
     nodes = model.graph.node
     body = [nodes[i] for i in region.node_indices]
     body_names = set(region.inputs) | {o for n in body for o in n.output}
-    formal_binary = _unique("mlso_binary", set(body_names))
+    formal_binary = unique_name("mlso_binary", set(body_names))
     function = helper.make_function(
         MLSO_DOMAIN,
         MLSO_OP,
@@ -408,7 +409,7 @@ def package_model(
             number = counter
         overload = f"r{number}"
         taken_overloads.add(overload)
-        name = _unique(f"mlso_region_{number}", node_names)
+        name = unique_name(f"mlso_region_{number}", node_names)
         built.append(
             (region, _build(out, k, region, internals[k], overload, name, binary_name, sha))
         )

@@ -39,6 +39,7 @@ from threadpoolctl import threadpool_limits
 
 from mlso_cli import interrupt
 from mlso_cli.codegen.budget import problems
+from mlso_cli.ir import build as b
 from mlso_cli.ir import serialize
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.node import Node
@@ -393,8 +394,6 @@ def with_output_views(
     kg: KernelGraph, views: tuple[tuple[tuple[Op, object], ...], ...], original: KernelGraph
 ) -> KernelGraph:
     """kg's outputs with `views` applied (at kernel level), named and shaped as `original`'s."""
-    from mlso_cli.ir import build as b
-
     outs = []
     for node, chain in zip(kg.outputs, views):
         for op, arg in chain:
@@ -713,7 +712,7 @@ def search(
             continue  # the deadline stopped this check: not verified, so not a candidate
         if not all(equivalent for equivalent, _, _ in mine):
             continue
-        vbound = math.prod(b for _, b, _ in mine)
+        vbound = math.prod(part for _, part, _ in mine)
         verified += 1
         bound += vbound
         assumes.update(h for _, _, h in mine if h)
