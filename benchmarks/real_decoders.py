@@ -252,7 +252,8 @@ def bench(args: argparse.Namespace) -> int:
             rec["bench_tail"] = b.stderr[-1500:]
         results[name] = rec
         print(json.dumps({k: v for k, v in rec.items() if k != "bench"}), flush=True)
-    (out / "real_decoders.json").write_text(json.dumps(results, indent=1))
+        # after every family, so that a run stopped at its time limit keeps what it measured
+        (out / "real_decoders.json").write_text(json.dumps(results, indent=1))
     _table(results)
     if args.record:
         from benchmarks.results_table import append
