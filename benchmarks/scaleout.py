@@ -113,15 +113,23 @@ def measure(models: list[Path], cpus: list[int], args: argparse.Namespace) -> li
                         "same": local[m]["regions"] == ray[m]["regions"],
                     }
                 )
+                # each row as it is measured, so a run stopped at a time limit keeps its rows
+                print(table(rows[-1:], header=False), flush=True)
+                if args.json is not None:
+                    args.json.write_text(json.dumps(rows, indent=1) + "\n")
             print(f"# {n} CPUs done", file=sys.stderr, flush=True)
     return rows
 
 
-def table(rows: list[dict]) -> str:
-    lines = [
-        "| model | CPUs | process pool s | Ray s | Ray / pool | cluster start s | same result |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
-    ]
+def table(rows: list[dict], header: bool = True) -> str:
+    lines = (
+        [
+            "| model | CPUs | process pool s | Ray s | Ray / pool | cluster start s | same result |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        ]
+        if header
+        else []
+    )
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['cpus']} | {r['local_s']:.1f} | {r['ray_s']:.1f} | "
@@ -150,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = measure(models, cpus, args)
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
-    print(table(rows))
+    print(table(rows), flush=True)
     return 0 if all(r["same"] for r in rows) else 1
 
 
