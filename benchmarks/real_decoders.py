@@ -212,6 +212,7 @@ def bench(args: argparse.Namespace) -> int:
             timeout=args.optimize_timeout,
         )
         rec["optimize_s"] = round(time.time() - t0, 1)
+        rec["optimize_args"] = list(args.optimize_args)
         rec["optimize_rc"] = opt.returncode
         rows = _json_lines(opt.stdout)
         rec["regions"] = [
@@ -330,6 +331,7 @@ def _figures(rec: dict) -> dict:
     regions = rec.get("regions", [])
     figs["regions packaged"] = f"{sum(bool(r.get('packaged')) for r in regions)} of {len(regions)}"
     figs["optimize s"] = rec.get("optimize_s", "-")
+    figs["optimize args"] = " ".join(rec.get("optimize_args", [])) or "defaults"
     figs["verify rc"] = rec.get("verify_rc", "-")
     return figs
 
@@ -377,7 +379,18 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--bench-timeout", type=int, default=240)
     b.add_argument("--optimize-args", type=lambda s: s.split(), default=[])
     b.add_argument("--record", action="store_true", help="append to benchmarks/results/")
+    r = sub.add_parser(
+        "record", help="append DIR/real_decoders.json to benchmarks/results (a run cut short)"
+    )
+    r.add_argument("--out", required=True)
+    r.add_argument("--machine", required=True, help="e.g. 'NVIDIA H100 80GB HBM3, ...'")
     args = p.parse_args(argv)
+    if args.phase == "record":
+        from benchmarks.results_table import append
+
+        results = json.loads((Path(args.out) / "real_decoders.json").read_text())
+        append("real_decoders", [(n, _figures(r)) for n, r in results.items()], args.machine)
+        return 0
     if args.phase == "export":
         return export(args)
     shutil.which("nvidia-smi")
