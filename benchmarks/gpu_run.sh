@@ -24,6 +24,22 @@ if [ "$what" = pycuda ]; then
   what=gemm
 fi
 { date -u; echo "commit ${MLSO_BENCH_COMMIT:-$(git log -1 --format=%H 2>/dev/null)}"; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; } > "$OUT/machine.txt" 2>&1
+if [ "$what" = scaleout ]; then
+  # The search on a local Ray cluster against the process pool, per CPU count
+  # (benchmarks/scaleout.py; ray staged by gpu.sh: stage ray-part-N, install). Rows are printed
+  # and written as measured. SCALE_SPECS, SCALE_CPUS, SCALE_STATES optional.
+  PYTHONPATH="$PWD" timeout ${EXPORT_TIMEOUT:-90} python3 benchmarks/real_decoders.py export \
+    --no-peers --families qwen2 --out /tmp/real > "$OUT/export.log" 2>&1
+  specs=""; for s in ${SCALE_SPECS:-lora:1 gated_mlp:1}; do specs="$specs --spec $s"; done
+  timeout ${SPECS_TIMEOUT:-100} python3 -m benchmarks.scaleout $specs --cpus ${SCALE_CPUS:-1,2,4,8,16} \
+    --max-states ${SCALE_STATES:-4000} --json "$OUT/scale_specs.json" > "$OUT/scale_specs.md" 2> "$OUT/scale_specs.err"
+  cat "$OUT/scale_specs.md"
+  timeout ${MODEL_TIMEOUT:-180} python3 -m benchmarks.scaleout /tmp/real/qwen2_real2l_fp16.onnx \
+    --input-shape input_ids=1,128 --cpus ${SCALE_CPUS:-1,2,4,8,16} --max-states ${SCALE_STATES:-4000} \
+    --json "$OUT/scale_qwen2.json" > "$OUT/scale_qwen2.md" 2> "$OUT/scale_qwen2.err"
+  cat "$OUT/scale_qwen2.md"
+  exit 0
+fi
 python3 -m models.build_models > "$OUT/models.log" 2>&1 || echo "models build failed"
 if [ "$what" = all ] || [ "$what" = tests ]; then
   timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu tests -p no:cacheprovider -rfE > "$OUT/gpu_tests.log" 2>&1

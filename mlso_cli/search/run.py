@@ -93,6 +93,18 @@ DEFAULT_STATES_CAP = 1_000_000
 DEFAULT_STATES_CAP in all. Why per signature: a signature explores the same op structure at its
 own tiling, and the one holding the fused program needs its full depth (batchnorm_linear: 60,000
 states for the loop-over-K signature); a fixed total shared by 16 signatures never got there."""
+FIRST_SHARE = 8_192
+GROWTH = 4
+"""Without --max-states the budget is spent by deepening: the first pass gives every signature
+FIRST_SHARE states, and each later pass GROWTH times the last share to the signatures their
+share stopped, until a pass has found a structure that beats the lifted program (or the budget
+above is spent). Why: probed signature by signature, every structure of the attention core at
+real widths (Qwen2-0.5B), of llama_tiny's final norm + lm_head, gqa and rmsnorm_linear was
+yielded within 4,100 states, and batchnorm_linear's loop-over-K ones at 5,395 and 7,132, while
+the signatures that yield nothing run to their whole share: an equal split of the default budget
+spent up to 1,000,000 states (minutes on 2 cores) on regions whose program was found after a
+few thousand. A region that finds nothing early still gets the deep passes. The schedule
+depends only on each pass's results, so the outcome is the same for any --jobs."""
 
 
 def provisional(dc: DimClasses, sig: Signature) -> Dims | None:
@@ -309,14 +321,18 @@ def _passes(
     deadline: float | None,
     on_result,
     kill_at: float | None = None,
+    enough: Callable[[list[Explored]], bool] | None = None,
 ) -> list[Explored]:
-    """Explore every signature with an equal share of `total`, then give the states left over to
-    the signatures their share stopped, and explore those again from scratch with the larger
-    share (up to PASSES times). Why: most signatures are exhausted in a few hundred states, while
-    the one that holds the fused program may need tens of thousands; an equal split starved it
-    as the signature count grew with the batch size (gqa bs16: 66 signatures, 3,000 states
-    each). Each pass depends only on the previous pass's results, so the outcome is the same
-    for any --jobs. States of every pass are counted."""
+    """Explore every signature with its first share, then give the states left over to the
+    signatures their share stopped, and explore those again from scratch with the larger share
+    (up to PASSES times). Why: most signatures are exhausted in a few hundred states, while the
+    one that holds the fused program may need tens of thousands; an equal split starved it as
+    the signature count grew with the batch size (gqa bs16: 66 signatures, 3,000 states each).
+
+    `enough` (the default budget's deepening, FIRST_SHARE): a later pass gives at most GROWTH
+    times the last share, and none runs once `enough(results)` holds. Each pass depends only on
+    the previous pass's results, so the outcome is the same for any --jobs. States of every
+    pass are counted."""
 
     def explore_all(ts: list[Task]) -> list[Explored]:
         if isinstance(pool, Executor):  # --executor ray: tasks on the cluster, gathered in order
@@ -347,8 +363,13 @@ def _passes(
         left = total - used
         if not starved or left <= 0 or (deadline is not None and time.time() > deadline):
             break
+        if enough is not None and enough(done):
+            break
+        last = max(tasks[i].states for i in starved)
         share = left // len(starved)  # the passes together never exceed `total`
-        if share <= max(tasks[i].states for i in starved):
+        if enough is not None:
+            share = min(share, GROWTH * last)
+        if share <= last:
             break
         again = [replace(tasks[i], states=share) for i in starved]
         for i, t, ex in zip(starved, again, explore_all(again)):
@@ -582,13 +603,12 @@ def explorable(target: KernelGraph) -> tuple[KernelGraph, DimClasses, list[Signa
 
 
 def state_budget(max_states: int | None, n_signatures: int) -> tuple[int, int]:
-    """(states for the region, each signature's first share) for `--max-states` or its default."""
-    total = (
-        max_states
-        if max_states is not None
-        else min(DEFAULT_STATES_CAP, STATES_PER_SIGNATURE * max(1, n_signatures))
-    )
-    return total, max(1, total // max(1, n_signatures))
+    """(states for the region, each signature's first share) for `--max-states` or its default
+    (the default deepens from FIRST_SHARE)."""
+    if max_states is not None:
+        return max_states, max(1, max_states // max(1, n_signatures))
+    total = min(DEFAULT_STATES_CAP, STATES_PER_SIGNATURE * max(1, n_signatures))
+    return total, max(1, min(FIRST_SHARE, total // max(1, n_signatures)))
 
 
 def _task_fields(pool) -> dict:
@@ -670,7 +690,12 @@ def search(
     assumes: set[str] = set()
     failed = True
     try:
-        done = _passes(tasks, total, pool, explore_safely, deadline, record, final)
+
+        def beats_lifted(done: list[Explored]) -> bool:
+            return any(f.estimate_us < lifted.us for ex in done for f in ex.found)
+
+        deepen = beats_lifted if options.max_states is None else None
+        done = _passes(tasks, total, pool, explore_safely, deadline, record, final, deepen)
         found = sorted(
             (f for ex in done for f in ex.found),
             key=lambda f: (f.estimate_us, f.launches, repr(f.recipe)),
