@@ -143,8 +143,9 @@ def _check_numbers(
     default=None,
     metavar="N",
     help="Explore at most N candidate programs per region. The same N gives the same result "
-    "on any machine, so it is cached; 20000 is enough for small models. [default: grows with "
-    "the region, up to 1,000,000: minutes per region on 2 cores]",
+    "on any machine, so it is cached; 20000 is enough for small models. [default: 8,192 per "
+    "tiling of the region, deepened only while nothing beats the original, up to 1,000,000: "
+    "up to minutes per region on 2 cores]",
 )
 @click.option(
     "--jobs",
