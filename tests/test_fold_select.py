@@ -183,6 +183,58 @@ def test_a_weight_feeding_a_transpose_is_not_folded(tmp_path):
     assert not any(n.op_type == "Constant" and n.output[0] == "Wt" for n in loaded.graph.node)
 
 
+def _stored_mask_model(fill_dtype=np.float16):
+    """Scores plus the additive causal mask as torch.onnx's dynamo exporter writes it for static
+    shapes (a Qwen2 export): two stored 128 x 128 booleans And-ed, then Where(mask, 0, min)."""
+    seq = 128
+    le = np.tril(np.ones((1, 1, seq, seq), bool))
+    vi = helper.make_tensor_value_info
+    dt = helper.np_dtype_to_tensor_dtype(np.dtype(fill_dtype))
+    return _model(
+        [
+            helper.make_node("And", ["le", "eq"], ["both"]),
+            helper.make_node("Where", ["both", "zero", "low"], ["mask"]),
+            helper.make_node("Add", ["s", "mask"], ["y"]),
+        ],
+        [vi("s", dt, [1, 1, seq, seq])],
+        [vi("y", dt, [1, 1, seq, seq])],
+        [
+            numpy_helper.from_array(le, "le"),
+            numpy_helper.from_array(np.ones((1, 1, seq, seq), bool), "eq"),
+            numpy_helper.from_array(np.array(0, fill_dtype), "zero"),
+            numpy_helper.from_array(np.array(-65504, fill_dtype), "low"),
+        ],
+    )
+
+
+def test_a_stored_boolean_mask_folds_whatever_its_size(tmp_path):
+    """Booleans are masks, not weights: the And and Where over two stored 128 x 128 booleans fold
+    (they ran as three ONNX Runtime kernels per call in an optimized Qwen2 export)."""
+    loaded = load_model(str(save(_stored_mask_model(), tmp_path / "m.onnx")))
+    assert not (_ops(loaded) & {"And", "Where"})
+    mask = next(
+        numpy_helper.to_array(n.attribute[0].t)
+        for n in loaded.graph.node
+        if n.op_type == "Constant" and n.output[0] == "mask"
+    )
+    expect = np.where(np.tril(np.ones((128, 128), bool)), 0, -65504).astype(np.float16)
+    np.testing.assert_array_equal(mask.reshape(128, 128), expect)
+
+
+def test_a_large_numeric_initializer_beside_the_mask_still_does_not_fold(tmp_path):
+    """The boolean rule is about the dtype: the same chain whose 'eq' is a float 128 x 128
+    tensor (a weight by size) stays as nodes, with the reason."""
+    m = _stored_mask_model()
+    eq = next(t for t in m.graph.initializer if t.name == "eq")
+    eq.CopyFrom(numpy_helper.from_array(np.ones((1, 1, 128, 128), np.float32), "eq"))
+    m.graph.node[0].op_type = "Greater"  # le > eq: a float comparison, still constant-only
+    m.graph.node[0].input[0] = "f"
+    m.graph.initializer.append(numpy_helper.from_array(np.zeros((1, 1, 128, 128), np.float32), "f"))
+    loaded = load_model(str(save(m, tmp_path / "m.onnx")))
+    assert "Greater" in _ops(loaded) and "Where" in _ops(loaded)
+    assert "the weight 'f' (1x1x128x128)" in loaded.fold_notes["both"]
+
+
 def test_the_fold_budget_keeps_a_large_mask_and_says_why(tmp_path, monkeypatch):
     monkeypatch.setenv("MLSO_MAX_FOLD_BYTES", "8192")
     knobs.cache_clear()

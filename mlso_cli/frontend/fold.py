@@ -7,9 +7,13 @@ use (a static view, a 0/1 mask, a table read as a kernel input).
 
 What may fold is decided by where a value comes from, not by its size: a node folds when every
 input is a constant that depends only on the fixed input shapes and on small constants (an
-initializer or Constant node of at most SMALL_CONSTANT_ELEMENTS elements). A value computed from
-a larger initializer (a weight) never folds, so a folded result is never a copy or transform of a
-weight. The folded output's size is capped by a byte budget (`knobs().max_fold_bytes`, 16 MiB by
+initializer or Constant node of at most SMALL_CONSTANT_ELEMENTS elements, or a boolean one of
+any size). A value computed from a larger numeric initializer (a weight) never folds, so a folded
+result is never a copy or transform of a weight. Why booleans of any size: no model multiplies by
+a boolean weight; a large boolean constant is a mask, which an exporter given static shapes writes
+out whole (torch.onnx's dynamo exporter stores a Qwen2 export's causal mask as two 128 x 128
+booleans, And-ed and turned into the additive mask by Where: three ONNX Runtime kernels per run
+that fold away). The folded output's size is capped by a byte budget (`knobs().max_fold_bytes`, 16 MiB by
 default): a seq x seq mask at a long sequence stays a node. Why each node that could have folded
 did not is kept in `FoldResult.notes` for `inspect`.
 """
@@ -159,7 +163,10 @@ def _fold_round(
     for t in g.initializer:
         if t.data_location == onnx.TensorProto.EXTERNAL:
             weights[t.name] = _describe(t.name, t.dims)
-        elif np.prod(t.dims, dtype=np.int64) <= SMALL_CONSTANT_ELEMENTS:
+        elif (
+            np.prod(t.dims, dtype=np.int64) <= SMALL_CONSTANT_ELEMENTS
+            or t.data_type == onnx.TensorProto.BOOL
+        ):
             known[t.name] = numpy_helper.to_array(t)
         else:
             weights[t.name] = _describe(t.name, t.dims)
@@ -170,7 +177,11 @@ def _fold_round(
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             v = constant_node_value(node)
             if v is not None:
-                if v.size <= SMALL_CONSTANT_ELEMENTS or node.output[0] in derived:
+                if (
+                    v.size <= SMALL_CONSTANT_ELEMENTS
+                    or v.dtype == bool
+                    or node.output[0] in derived
+                ):
                     known[node.output[0]] = v
                 else:
                     weights[node.output[0]] = _describe(node.output[0], v.shape)
