@@ -162,6 +162,12 @@ def test_json_and_progress_stream_while_later_regions_are_searched(tmp_path):
         row = json.loads(first[0])
         assert row["type"] == "region" and row["region"] == 0
         assert running, "the first line came only when the run ended"
+        # the second region's line: by then its "searching" line was printed (interrupting
+        # right after the first line raced with it on a loaded machine)
+        again = threading.Thread(target=lambda: first.append(proc.stdout.readline()), daemon=True)
+        again.start()
+        again.join(180)
+        assert len(first) == 2 and json.loads(first[1])["region"] == 1
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=30)
