@@ -8,15 +8,41 @@ verify/ and bench/ both import it from here (never verify from bench).
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 from onnx import helper
 
 from mlso_cli.package.unpack import fallback_function
 
+_KEPT_INITIALIZER_ELEMENTS = 4096
+"""Initializers up to this size keep their values for shape inference (Reshape targets, Slice
+bounds); larger ones (weights) are given to it as typed inputs only."""
+
+
+def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with each large initializer replaced by a graph input of its type and shape.
+    Why: shape inference serializes the model it is given; a 2-layer Llama-1B-width export
+    spent 17 s of its checks there, on bytes that no inferred shape depends on."""
+    g = model.graph
+    declared = {i.name for i in g.input}
+    light = onnx.ModelProto()
+    light.CopyFrom(model)  # the weights are copied once here, then dropped
+    lg = light.graph
+    keep = []
+    for t in lg.initializer:
+        if len(t.dims) and int(np.prod(t.dims)) > _KEPT_INITIALIZER_ELEMENTS:
+            if t.name not in declared:
+                lg.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            keep.append(t)
+    del lg.initializer[:]
+    lg.initializer.extend(keep)
+    return light
+
 
 def value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     """Every typed tensor of `model` (inputs, inferred intermediates, outputs), by name."""
-    inferred = onnx.shape_inference.infer_shapes(model)
+    inferred = onnx.shape_inference.infer_shapes(_without_weights(model))
     return {
         vi.name: vi
         for vi in list(inferred.graph.input)

@@ -150,14 +150,6 @@ class CheckOutcome:
         return f"{word}: {self.detail}" if self.detail else word
 
 
-def value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
-    """Every typed tensor of `model` by name, from one shape inference: region_model takes them,
-    and inferring a large B once per kernel would cost more than the checks."""
-    inferred = onnx.shape_inference.infer_shapes(model)
-    g = inferred.graph
-    return {vi.name: vi for vi in list(g.input) + list(g.value_info) + list(g.output)}
-
-
 def index_bounds(model: onnx.ModelProto) -> dict[str, int]:
     """For integer graph inputs that index a tensor of known shape (Gather, GatherElements,
     GatherND's first axis), the number of valid indices: verify draws them over that whole
@@ -539,8 +531,9 @@ def draw_cases(
     Constants are fed their values; every other input is drawn. Each kind tries its magnitudes
     (_MAGNITUDES) until the reference and the μGraph's float64 run are both finite."""
     from mlso_cli.verify import interpreter
-    from mlso_cli.verify.reference64 import reference_outputs
+    from mlso_cli.verify.reference64 import Reference
 
+    fp64_reference = Reference(body)  # promoted once for every kind and magnitude
     outs = [o.name for o in body.graph.output]
     body_inputs = {i.name for i in body.graph.input} - {t.name for t in body.graph.initializer}
     bounds = index_bounds(body)
@@ -574,8 +567,7 @@ def draw_cases(
                     bounds.get(x),
                 )
             with np.errstate(all="ignore"):
-                ref = reference_outputs(
-                    body,
+                ref = fp64_reference(
                     {
                         n: v.astype(np.float64) if v.dtype.kind not in "biu" else v
                         for n, v in feeds.items()

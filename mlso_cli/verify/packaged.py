@@ -33,7 +33,7 @@ from mlso_cli.frontend.load import require_memory
 from mlso_cli.ir import DType
 from mlso_cli.verify.floatcheck import LIMITS
 from mlso_cli.verify.liftcheck import CheckOutcome, index_bounds
-from mlso_cli.verify.reference64 import input_specs, reference_outputs
+from mlso_cli.verify.reference64 import Reference, input_specs
 
 SMALLEST_AUTO_SCALE = 2.0**-12
 """How far verify shrinks the inputs below the smallest --scales when no output was comparable."""
@@ -248,10 +248,11 @@ def field_check_kernels(model: onnx.ModelProto, kernels: list, seed: int) -> lis
     )
     from mlso_cli.frontend.load import loaded_from_proto
     from mlso_cli.ir import loads
-    from mlso_cli.package.regionmodel import region_model
+    from mlso_cli.package.regionmodel import region_model, value_infos
     from mlso_cli.verify.equivalence import check_equivalent
 
     rows = []
+    infos = None
     for k, checked in enumerate(kernels, start=1):
         node = checked.node
         row = {
@@ -265,7 +266,9 @@ def field_check_kernels(model: onnx.ModelProto, kernels: list, seed: int) -> lis
         }
         rows.append(row)
         program = loads(checked.ugraph_json)
-        body = loaded_from_proto(region_model(model, node), f"body of {node.name}")
+        if infos is None:
+            infos = value_infos(model)  # once for every kernel: shape inference is per model
+        body = loaded_from_proto(region_model(model, node, infos), f"body of {node.name}")
         try:
             # in the kernel's form: merged siblings or not, whatever MLSO_MERGE_SIBLINGS says now
             lifted = lift_whole_graph(body, merged=merged_kernel(program.input_names))
@@ -361,7 +364,8 @@ def independent_check_kernels(
     the host emulator. `emulate`: None to run the emulator, else why not. Returns, by node
     index, {"lifting": CheckOutcome, "emulator": CheckOutcome}."""
     from mlso_cli.ir import loads
-    from mlso_cli.verify.liftcheck import Constants, Originals, check_kernel, value_infos
+    from mlso_cli.package.regionmodel import value_infos
+    from mlso_cli.verify.liftcheck import Constants, Originals, check_kernel
 
     if not kernels:
         return {}
@@ -656,8 +660,8 @@ def _duplicates(
     """Fill `outcomes` for kernels that are not their own representative: the representative's
     results, unless a constant the kernel holds is not A's value (then its lifting check fails,
     as it would have run alone)."""
-    from mlso_cli.package.regionmodel import region_model
-    from mlso_cli.verify.liftcheck import Originals, constant_problems, value_infos
+    from mlso_cli.package.regionmodel import region_model, value_infos
+    from mlso_cli.verify.liftcheck import Originals, constant_problems
 
     dups = [c for c in kernels if of[c.node_index] != c.node_index]
     if not dups:
@@ -837,6 +841,7 @@ def compare_outputs(
     sess_a, sess_b = _session(a, options.gpu, "A"), _session(b, options.gpu, "B")
     rng = np.random.default_rng(options.seed)
     bounds = index_bounds(a)
+    reference = Reference(a)
 
     def compare(scale: float) -> list[dict]:
         """Rows of every output of every sample at one input scale; none where the fp64
@@ -845,7 +850,7 @@ def compare_outputs(
         for sample in range(options.samples):
             feeds = _feeds(specs, rng, scale, bounds)
             with np.errstate(all="ignore"):  # overflow at adversarial scales is skipped below
-                ref = reference_outputs(a, feeds)
+                ref = reference(feeds)
             if not all(np.all(np.isfinite(v)) for v in ref.values()):
                 continue  # adversarial scales only where the reference stays finite
             got_a = dict(zip(outs_a, sess_a.run(outs_a, feeds)))
