@@ -181,6 +181,26 @@ def test_an_elementwise_chain_is_staged_in_the_operands_own_dtype(dt):
     assert g["b"]["buf"] == {"kind": "input", "index": 1}
 
 
+@pytest.mark.parametrize("dt", [F16, BF16])
+def test_the_norms_input_cast_is_recomputed_by_its_readers_not_stored(dt):
+    """RMSNorm reads Cast(x) twice (sum of squares, scaling). The cast gets no kernel: the
+    reduction and the staging kernel each convert the 16-bit x they load, so the program is
+    reduce, stage, GEMM, and no fp32 copy of x is written (emulated against the interpreter in
+    test_emulated_library_gemm_matches_the_interpreter[norm_linear_*])."""
+    gp = generate(norm_linear(dt))
+    kinds = [launch.get("kind", "kernel") for launch in gp.plan["launches"]]
+    assert len(kinds) == 3 and kinds[-1] == "gemm"
+    assert {"bytes": 4 * 32 * 4, "dtype": "float32", "shape": [4, 32]} not in gp.plan["scratch"]
+    # a cast of a computed value read twice is still stored once
+    x = b.input_(0, (4, 32), dt)
+    w = b.input_(1, (32, 16), dt)
+    hf = b.cast(b.mul(x, x), F32)
+    ms = b.reduce(Op.REDUCE_MEAN, b.mul(hf, hf), 1)
+    y = b.mul(hf, b.unary(Op.RSQRT, b.add(ms, b.const(1e-6))))
+    gp2 = generate(b.kernel_graph([x, w], [b.matmul(b.cast(y, dt), w)]))
+    assert len(gp2.plan["launches"]) == 4
+
+
 def test_a_matmul_read_by_later_kernels_writes_fp32_scratch():
     gp = generate(linear_then_gelu_like())
     (g,) = gemms(gp)

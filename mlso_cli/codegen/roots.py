@@ -9,7 +9,8 @@ Rules (thread graphs are built by rules, not search):
   - MATMUL, REDUCE_*, GRAPH_DEF and the row maxima of stabilised EXPs are kernels ("roots").
   - Views never launch: consumers index through them.
   - An elementwise op is inlined into the one kernel that uses it; it becomes a kernel of its own
-    when several kernels need it or when it is a graph output.
+    when several kernels need it or when it is a graph output. A CAST of a program input (through
+    views) is recomputed in every kernel that needs it instead (`_recomputed`).
   - A reduction over a short strided axis (the split-KV combine) is evaluated inside its one
     elementwise consumer (INLINE_REDUCE_MAX_LEN).
   - An output that is an input, repeats another output slot, or is read by other kernels goes
@@ -106,7 +107,7 @@ def _roots(
                 roots.add(n)
             else:
                 users[n] = u
-        elif n in outs or (n.op not in VIEW and len(u) > 1):
+        elif n in outs or (n.op not in VIEW and len(u) > 1 and not _recomputed(n, stab)):
             roots.add(n)
         else:
             users[n] = u
@@ -127,6 +128,23 @@ def _roots(
             taken_proj.add(key)
         targets.append(n)
     return roots, targets
+
+
+def _recomputed(n: Node, stab: Mapping[Node, Node]) -> bool:
+    """A CAST of a program input or constant (through views), which each kernel that needs it
+    computes again rather than reading from a kernel of its own.
+
+    Why: an exported RMSNorm casts its fp16 input to fp32 once and reads the result twice (the sum
+    of squares, then the scaling); as a shared value the cast was a kernel writing an fp32 copy of
+    the activations, which the reduction and the scaling then read back: one launch and three
+    passes over the rows, where each reader can convert the fp16 values it loads. The values are
+    the same: the cast is exact into fp32 scratch and computed in fp32 inline."""
+    if n.op is not Op.CAST or n in stab or n in stab.values():
+        return False
+    x = n.src[0]
+    while x.op in VIEW:
+        x = x.src[0]
+    return x.op in (Op.INPUT, Op.CONST)
 
 
 def _inline_reduce(n: Node, users: set[Node]) -> bool:
