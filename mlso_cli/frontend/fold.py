@@ -31,6 +31,12 @@ SMALL_CONSTANT_ELEMENTS = 4096
 """Initializers and Constant nodes up to this many elements are small constants (shape vectors,
 scalars, inv_freq); larger ones are weights, and nothing computed from them folds."""
 
+
+def _small_constant(elements: int, boolean: bool) -> bool:
+    """A constant that folding may read (module docstring): small, or a boolean mask."""
+    return elements <= SMALL_CONSTANT_ELEMENTS or boolean
+
+
 _NEVER_FOLD = {
     "RandomNormal",
     "RandomUniform",
@@ -163,9 +169,8 @@ def _fold_round(
     for t in g.initializer:
         if t.data_location == onnx.TensorProto.EXTERNAL:
             weights[t.name] = _describe(t.name, t.dims)
-        elif (
-            np.prod(t.dims, dtype=np.int64) <= SMALL_CONSTANT_ELEMENTS
-            or t.data_type == onnx.TensorProto.BOOL
+        elif _small_constant(
+            int(np.prod(t.dims, dtype=np.int64)), t.data_type == onnx.TensorProto.BOOL
         ):
             known[t.name] = numpy_helper.to_array(t)
         else:
@@ -177,11 +182,7 @@ def _fold_round(
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             v = constant_node_value(node)
             if v is not None:
-                if (
-                    v.size <= SMALL_CONSTANT_ELEMENTS
-                    or v.dtype == bool
-                    or node.output[0] in derived
-                ):
+                if _small_constant(v.size, v.dtype == bool) or node.output[0] in derived:
                     known[node.output[0]] = v
                 else:
                     weights[node.output[0]] = _describe(node.output[0], v.shape)

@@ -8,41 +8,69 @@ verify/ and bench/ both import it from here (never verify from bench).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 from onnx import helper
 
+from mlso_cli.frontend.fold import SMALL_CONSTANT_ELEMENTS
 from mlso_cli.package.unpack import fallback_function
 
-_KEPT_INITIALIZER_ELEMENTS = 4096
-"""Initializers up to this size keep their values for shape inference (Reshape targets, Slice
-bounds); larger ones (weights) are given to it as typed inputs only."""
 
-
-def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` with each large initializer replaced by a graph input of its type and shape.
-    Why: shape inference serializes the model it is given; a 2-layer Llama-1B-width export
-    spent 17 s of its checks there, on bytes that no inferred shape depends on."""
-    g = model.graph
-    declared = {i.name for i in g.input}
-    light = onnx.ModelProto()
-    light.CopyFrom(model)  # the weights are copied once here, then dropped
-    lg = light.graph
-    keep = []
-    for t in lg.initializer:
-        if len(t.dims) and int(np.prod(t.dims)) > _KEPT_INITIALIZER_ELEMENTS:
-            if t.name not in declared:
-                lg.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+def _copy_fields(src, dst, skip: str) -> None:
+    """Every field set in protobuf message `src` but `skip`, copied into `dst`."""
+    for field, value in src.ListFields():
+        if field.name == skip:
+            continue
+        if hasattr(field, "is_repeated"):  # protobuf 6+; `label` before
+            repeated = field.is_repeated
         else:
-            keep.append(t)
-    del lg.initializer[:]
-    lg.initializer.extend(keep)
-    return light
+            repeated = field.label == field.LABEL_REPEATED
+        if repeated:
+            getattr(dst, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
+
+
+def initializers_as_inputs(
+    model: onnx.ModelProto,
+    moved: Callable[[onnx.TensorProto], bool],
+    elem_type: int | None = None,
+) -> tuple[onnx.ModelProto, list[onnx.TensorProto]]:
+    """A copy of `model` in which each main-graph initializer that `moved` picks is a graph input
+    of its shape (and of `elem_type`, else its own type) instead, and those initializers (the
+    caller's own, not copies). Why: the checks at real widths need the graph without its weights
+    (shape inference serializes what it is given; the fp64 reference feeds them as arrays), and
+    copying the model first copied every weight (900 MB at Mistral width) only to drop it."""
+    g = model.graph
+    picked = [t for t in g.initializer if moved(t)]
+    gone = {t.name for t in picked}
+    light = onnx.ModelProto()
+    _copy_fields(model, light, skip="graph")
+    _copy_fields(g, light.graph, skip="initializer")
+    light.graph.initializer.extend(t for t in g.initializer if t.name not in gone)
+    declared = {i.name for i in g.input}
+    light.graph.input.extend(
+        helper.make_tensor_value_info(
+            t.name, t.data_type if elem_type is None else elem_type, list(t.dims)
+        )
+        for t in picked
+        if t.name not in declared
+    )
+    return light, picked
 
 
 def value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     """Every typed tensor of `model` (inputs, inferred intermediates, outputs), by name."""
-    inferred = onnx.shape_inference.infer_shapes(_without_weights(model))
+    # the weights as typed inputs: no inferred shape depends on their values (a 2-layer
+    # Llama-1B-width export spent 17 s of its checks serializing them for shape inference)
+    light, _ = initializers_as_inputs(
+        model, lambda t: int(np.prod(t.dims)) > SMALL_CONSTANT_ELEMENTS
+    )
+    inferred = onnx.shape_inference.infer_shapes(light)
     return {
         vi.name: vi
         for vi in list(inferred.graph.input)

@@ -252,7 +252,7 @@ def field_check_kernels(model: onnx.ModelProto, kernels: list, seed: int) -> lis
     from mlso_cli.verify.equivalence import check_equivalent
 
     rows = []
-    infos = None
+    infos = value_infos(model) if kernels else {}  # shape inference is per model, not per kernel
     for k, checked in enumerate(kernels, start=1):
         node = checked.node
         row = {
@@ -266,8 +266,6 @@ def field_check_kernels(model: onnx.ModelProto, kernels: list, seed: int) -> lis
         }
         rows.append(row)
         program = loads(checked.ugraph_json)
-        if infos is None:
-            infos = value_infos(model)  # once for every kernel: shape inference is per model
         body = loaded_from_proto(region_model(model, node, infos), f"body of {node.name}")
         try:
             # in the kernel's form: merged siblings or not, whatever MLSO_MERGE_SIBLINGS says now

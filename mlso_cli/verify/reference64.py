@@ -98,42 +98,27 @@ def promote_to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
-def _weights_as_inputs(m: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """Move the main graph's floating-point initializers of `m` (not yet promoted) to graph
-    inputs of type double, and return their float64 values, to be fed with every run.
-
-    Why: promoting a weight inside the proto serializes it again as float64 (a Llama-1B-width
-    layer: 500 MB of doubles), and the evaluator then parses it back: most of a check's time at
-    real widths went there (39 of 41 s for a 2-layer export), once per sample."""
-    g = m.graph
-    declared = {i.name for i in g.input}
-    fed: dict[str, np.ndarray] = {}
-    keep = []
-    for t in g.initializer:
-        if t.data_type not in _FLOATS:
-            keep.append(t)
-            continue
-        fed[t.name] = numpy_helper.to_array(t).astype(np.float64)
-        if t.name not in declared:
-            g.input.append(helper.make_tensor_value_info(t.name, TensorProto.DOUBLE, list(t.dims)))
-    del g.initializer[:]
-    g.initializer.extend(keep)
-    return fed
-
-
 class Reference:
     """The fp64 reference of one model, promoted once and evaluated for any number of feeds
-    (verify runs it for every sample at every input scale)."""
+    (verify runs it for every sample at every input scale).
+
+    Its floating-point weights are fed as float64 arrays, not promoted inside the proto. Why:
+    promoting a weight in the proto serializes it again as float64 (a Llama-1B-width layer:
+    500 MB of doubles), and the evaluator then parses it back: most of a check's time at real
+    widths went there (39 of 41 s for a 2-layer export), once per sample."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
         from onnx import inliner
         from onnx.reference import ReferenceEvaluator
 
-        m = onnx.ModelProto()
-        m.CopyFrom(model)
+        from mlso_cli.package.regionmodel import initializers_as_inputs
+
+        m, weights = initializers_as_inputs(
+            model, lambda t: t.data_type in _FLOATS, TensorProto.DOUBLE
+        )
+        self._weights = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in weights}
         if m.functions:
             m = inliner.inline_local_functions(m)
-        self._weights = _weights_as_inputs(m)
         m64 = promote_to_float64(m)
         self._names = [o.name for o in m64.graph.output]
         self._ev = ReferenceEvaluator(m64)
