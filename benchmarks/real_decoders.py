@@ -274,10 +274,15 @@ def bench(args: argparse.Namespace) -> int:
         (out / "real_decoders.json").write_text(json.dumps(results, indent=1))
     _table(results)
     if args.record:
-        from benchmarks.results_table import append
-
-        append("real_decoders", [(n, _figures(r)) for n, r in results.items()], _machine())
+        _record(results, _machine())
     return 0
+
+
+def _record(results: dict, machine: str) -> None:
+    """One results record per family in benchmarks/results/real_decoders.json."""
+    from benchmarks.results_table import append
+
+    append("real_decoders", [(n, _figures(r)) for n, r in results.items()], machine)
 
 
 def _machine() -> str:
@@ -386,10 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--machine", required=True, help="e.g. 'NVIDIA H100 80GB HBM3, ...'")
     args = p.parse_args(argv)
     if args.phase == "record":
-        from benchmarks.results_table import append
-
-        results = json.loads((Path(args.out) / "real_decoders.json").read_text())
-        append("real_decoders", [(n, _figures(r)) for n, r in results.items()], args.machine)
+        _record(json.loads((Path(args.out) / "real_decoders.json").read_text()), args.machine)
         return 0
     if args.phase == "export":
         return export(args)

@@ -15,7 +15,8 @@ verified programs, best estimate): the "same" column says whether they did.
 
 --spec NAME:BS builds a benchmark row (models/build_models.py SPECS, fp16, real width) into a
 temporary folder. Needs the `ray` extra (pip install 'mlso[ray]'). Prints a Markdown table for
-benchmarks/RESULTS.md; measure on a machine with at least max(--cpus) free cores.
+benchmarks/RESULTS.md, a row as each is measured; measure on a machine with at least max(--cpus)
+free cores.
 """
 
 from __future__ import annotations
@@ -114,29 +115,25 @@ def measure(models: list[Path], cpus: list[int], args: argparse.Namespace) -> li
                     }
                 )
                 # each row as it is measured, so a run stopped at a time limit keeps its rows
-                print(table(rows[-1:], header=False), flush=True)
+                print(table_row(rows[-1]), flush=True)
                 if args.json is not None:
                     args.json.write_text(json.dumps(rows, indent=1) + "\n")
             print(f"# {n} CPUs done", file=sys.stderr, flush=True)
     return rows
 
 
-def table(rows: list[dict], header: bool = True) -> str:
-    lines = (
-        [
-            "| model | CPUs | process pool s | Ray s | Ray / pool | cluster start s | same result |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
-        ]
-        if header
-        else []
+HEADER = (
+    "| model | CPUs | process pool s | Ray s | Ray / pool | cluster start s | same result |\n"
+    "| --- | ---: | ---: | ---: | ---: | ---: | --- |"
+)
+
+
+def table_row(r: dict) -> str:
+    return (
+        f"| {r['model']} | {r['cpus']} | {r['local_s']:.1f} | {r['ray_s']:.1f} | "
+        f"{r['ray_s'] / r['local_s']:.2f} | {r['cluster_start_s']:.1f} | "
+        f"{'yes' if r['same'] else 'NO'} |"
     )
-    for r in rows:
-        lines.append(
-            f"| {r['model']} | {r['cpus']} | {r['local_s']:.1f} | {r['ray_s']:.1f} | "
-            f"{r['ray_s'] / r['local_s']:.2f} | {r['cluster_start_s']:.1f} | "
-            f"{'yes' if r['same'] else 'NO'} |"
-        )
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,10 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         models = list(args.models) + build_specs(args.spec, Path(tmp))
         if not models:
             ap.error("name at least one MODEL or --spec")
-        rows = measure(models, cpus, args)
-    if args.json is not None:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
-    print(table(rows), flush=True)
+        print(HEADER, flush=True)
+        rows = measure(models, cpus, args)  # prints and writes (--json) each row as measured
     return 0 if all(r["same"] for r in rows) else 1
 
 
