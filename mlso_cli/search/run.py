@@ -87,24 +87,24 @@ FILTER_BOUND = 2.0**-30
 """The reduced-shape check is a filter, not an acceptance: a looser bound suffices."""
 COMPLETION_STATES = 20_000
 """At most this much of a split signature's share is kept for its kernel-level completion."""
-STATES_PER_SIGNATURE = 64_000
+STATES_PER_SIGNATURE = 8_192
 DEFAULT_STATES_CAP = 1_000_000
 """Without --max-states a region gets STATES_PER_SIGNATURE states per signature, at most
-DEFAULT_STATES_CAP in all. Why per signature: a signature explores the same op structure at its
-own tiling, and the one holding the fused program needs its full depth (batchnorm_linear: 60,000
-states for the loop-over-K signature); a fixed total shared by 16 signatures never got there."""
-FIRST_SHARE = 8_192
-GROWTH = 4
-"""Without --max-states the budget is spent by deepening: the first pass gives every signature
-FIRST_SHARE states, and each later pass GROWTH times the last share to the signatures their
-share stopped, until a pass has found a structure that beats the lifted program (or the budget
-above is spent). Why: probed signature by signature, every structure of the attention core at
-real widths (Qwen2-0.5B), of llama_tiny's final norm + lm_head, gqa and rmsnorm_linear was
-yielded within 4,100 states, and batchnorm_linear's loop-over-K ones at 5,395 and 7,132, while
-the signatures that yield nothing run to their whole share: an equal split of the default budget
-spent up to 1,000,000 states (minutes on 2 cores) on regions whose program was found after a
-few thousand. A region that finds nothing early still gets the deep passes. The schedule
-depends only on each pass's results, so the outcome is the same for any --jobs."""
+DEFAULT_STATES_CAP in all, in one pass (plus the states the exhausted signatures leave unused,
+which `_passes` gives to the ones their share stopped).
+
+Why per signature: a signature explores the same op structure at its own tiling, and a fixed
+total shared by 66 signatures (gqa at batch 16) starved the one holding the fused program.
+
+Why 8,192 and no deeper: probed signature by signature, every structure of every region looked
+at (the attention core of a Qwen2-0.5B-width export, llama_tiny's final norm + lm_head, gqa,
+rmsnorm_linear, batchnorm_linear's loop-over-K) was yielded within 7,132 states, while the
+signatures that yield nothing run to the end of whatever share they get. The deepening that ran
+after a first pass of 8,192 (4x more to the stopped signatures, twice, while nothing beat the
+lifted program) found nothing in any region measured, and was three quarters of llama_tiny's
+time on 2 cores (norm -> q/k/v -> rotary and norm -> gate/up: 70-80 s each, nothing found). With
+one pass the benchmark rows choose the same programs. A user who wants a deeper search says so
+with --max-states."""
 
 
 def provisional(dc: DimClasses, sig: Signature) -> Dims | None:
@@ -321,7 +321,6 @@ def _passes(
     deadline: float | None,
     on_result,
     kill_at: float | None = None,
-    enough: Callable[[list[Explored]], bool] | None = None,
 ) -> list[Explored]:
     """Explore every signature with its first share, then give the states left over to the
     signatures their share stopped, and explore those again from scratch with the larger share
@@ -329,10 +328,8 @@ def _passes(
     one that holds the fused program may need tens of thousands; an equal split starved it as
     the signature count grew with the batch size (gqa bs16: 66 signatures, 3,000 states each).
 
-    `enough` (the default budget's deepening, FIRST_SHARE): a later pass gives at most GROWTH
-    times the last share, and none runs once `enough(results)` holds. Each pass depends only on
-    the previous pass's results, so the outcome is the same for any --jobs. States of every
-    pass are counted."""
+    Each pass depends only on the previous pass's results, so the outcome is the same for any
+    --jobs. States of every pass are counted."""
 
     def explore_all(ts: list[Task]) -> list[Explored]:
         if isinstance(pool, Executor):  # --executor ray: tasks on the cluster, gathered in order
@@ -363,12 +360,8 @@ def _passes(
         left = total - used
         if not starved or left <= 0 or (deadline is not None and time.time() > deadline):
             break
-        if enough is not None and enough(done):
-            break
         last = max(tasks[i].states for i in starved)
         share = left // len(starved)  # the passes together never exceed `total`
-        if enough is not None:
-            share = min(share, GROWTH * last)
         if share <= last:
             break
         again = [replace(tasks[i], states=share) for i in starved]
@@ -604,11 +597,11 @@ def explorable(target: KernelGraph) -> tuple[KernelGraph, DimClasses, list[Signa
 
 def state_budget(max_states: int | None, n_signatures: int) -> tuple[int, int]:
     """(states for the region, each signature's first share) for `--max-states` or its default
-    (the default deepens from FIRST_SHARE)."""
-    if max_states is not None:
-        return max_states, max(1, max_states // max(1, n_signatures))
-    total = min(DEFAULT_STATES_CAP, STATES_PER_SIGNATURE * max(1, n_signatures))
-    return total, max(1, min(FIRST_SHARE, total // max(1, n_signatures)))
+    (STATES_PER_SIGNATURE each, at most DEFAULT_STATES_CAP in all)."""
+    n = max(1, n_signatures)
+    if max_states is None:
+        max_states = min(DEFAULT_STATES_CAP, STATES_PER_SIGNATURE * n)
+    return max_states, max(1, max_states // n)
 
 
 def _task_fields(pool) -> dict:
@@ -690,12 +683,7 @@ def search(
     assumes: set[str] = set()
     failed = True
     try:
-
-        def beats_lifted(done: list[Explored]) -> bool:
-            return any(f.estimate_us < lifted.us for ex in done for f in ex.found)
-
-        deepen = beats_lifted if options.max_states is None else None
-        done = _passes(tasks, total, pool, explore_safely, deadline, record, final, deepen)
+        done = _passes(tasks, total, pool, explore_safely, deadline, record, final)
         found = sorted(
             (f for ex in done for f in ex.found),
             key=lambda f: (f.estimate_us, f.launches, repr(f.recipe)),
