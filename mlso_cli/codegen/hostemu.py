@@ -109,8 +109,13 @@ def _runner(gp: GeneratedProgram, fn: str) -> str:
                     f"{ptr(o['buf'])}, {o['offset']}, {o['ld']}, {o['stride']}"
                     + ("" if role == "c" else f", {str(o['trans']).lower()}")
                 )
-            bias = launch.get("bias")
+            bias, resid = launch.get("bias"), launch.get("residual")
             epilogue = f", {ptr(bias['buf'])}, {bias['offset']}" if bias else ""
+            if resid:
+                epilogue = (
+                    f"{epilogue or ', nullptr, 0'}, {ptr(resid['buf'])}, {resid['offset']}, "
+                    f"{resid['ld']}, {resid['stride']}"
+                )
             lines.append(
                 f"  mlso_emu::gemm<{ta}, {tc}>({launch['m']}, {launch['n']}, {launch['k']}, "
                 f"{launch['batch']}, {', '.join(ops)}, {float(launch['alpha'])!r}f, "
