@@ -166,8 +166,13 @@ def _build_source(src: str) -> Path:
             "no host C++ compiler (g++) for the kernel emulator",
             "Install g++ 12 or newer (nvcc needs one anyway).",
         )
+    # templates_digest() covers the *.cuh files only (nvcc's key); the emulator also compiles
+    # mlso_host_emu.h, so an edit to it must not reuse a binary built from the old one.
+    emu_header = (TEMPLATES_DIR / "mlso_host_emu.h").read_bytes()
     key = hashlib.sha256(
-        "\0".join([src, " ".join(CXX_FLAGS), templates_digest()]).encode()
+        "\0".join(
+            [src, " ".join(CXX_FLAGS), templates_digest(), hashlib.sha256(emu_header).hexdigest()]
+        ).encode()
     ).hexdigest()
     root = knobs().cache_dir / "emu"
     exe = root / key
