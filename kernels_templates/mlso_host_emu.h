@@ -508,7 +508,10 @@ inline std::vector<unsigned char> poisoned(std::size_t nbytes) { return std::vec
 // mode assumes), so the emulator stands for the correctly rounded product instead. A bias
 // epilogue (bias non-null: n elements of C's type from bias_off, the same for every row and
 // batch entry) is added to that fp32 value before the one rounding to C's type, as cuBLASLt's
-// CUBLASLT_EPILOGUE_BIAS adds it to its fp32 result.
+// CUBLASLT_EPILOGUE_BIAS adds it to its fp32 result. A residual epilogue (resid non-null: an
+// m x n matrix of C's type per batch entry at r_off, rows r_ld apart, entries r_stride apart)
+// is cuBLASLt's own C: beta times it, not C's old value, joins the fp32 value before that one
+// rounding, as cublasLtMatmul converts C to its fp32 scale type before the final scaling.
 inline float gemm_load(const float* p) { return *p; }
 inline float gemm_load(const __half* p) { return __half2float(*p); }
 inline float gemm_load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
@@ -520,7 +523,8 @@ template <class TA, class TC>
 void gemm(long m, long n, long k, long batch, const TA* a, long a_off, long lda, long a_stride,
           bool a_trans, const TA* b, long b_off, long ldb, long b_stride, bool b_trans, TC* c,
           long c_off, long ldc, long c_stride, float alpha, float beta,
-          const TC* bias = nullptr, long bias_off = 0) {
+          const TC* bias = nullptr, long bias_off = 0, const TC* resid = nullptr, long r_off = 0,
+          long r_ld = 0, long r_stride = 0) {
   for (long e = 0; e < batch; ++e) {
     for (long i = 0; i < m; ++i) {
       for (long j = 0; j < n; ++j) {
@@ -532,7 +536,8 @@ void gemm(long m, long n, long k, long batch, const TA* a, long a_off, long lda,
         }
         TC* out = c + c_off + e * c_stride + i * ldc + j;
         float v = alpha * float(acc);
-        if (beta != 0.0f) v += beta * gemm_load(out);
+        const TC* addend = resid ? resid + r_off + e * r_stride + i * r_ld + j : out;
+        if (beta != 0.0f) v += beta * gemm_load(addend);
         if (bias) v += gemm_load(bias + bias_off + j);
         gemm_store(out, v);
       }

@@ -1,8 +1,8 @@
 """Library GEMMs (codegen/libgemm.py) on the CPU: which kernel-level matmuls become cuBLASLt
 launches and which stay generated, how operands are read (in place, transposed, batch-broadcast,
-or staged in their own dtype), that the plans validate in Python and C++, that the host emulator
-runs them as the interpreter's "as codegen computes" mode says, and how the cost model prices
-them. GPU runs are in test_libgemm_gpu.py."""
+or staged in their own dtype), which bias and residual epilogues they take, that the plans
+validate in Python and C++, that the host emulator runs them as the interpreter's "as codegen
+computes" mode says, and how the cost model prices them. GPU runs are in test_libgemm_gpu.py."""
 
 from __future__ import annotations
 
@@ -111,6 +111,75 @@ def biased_silu(dt=F32, bias_dt=None, m=8, k=32, n=24):
     return b.kernel_graph([x, w, bias], [b.mul(h, b.unary(Op.SIGMOID, h))])
 
 
+def residual(dt=F16, batch=2, m=8, k=32, n=24, left=False):
+    """x @ W + R (o_proj or down_proj + the residual stream), the sum the output: one GEMM with
+    the residual as cuBLASLt's C (beta 1) and the output as its D. batch=0: unbatched 2-D."""
+    lead = (batch,) if batch else ()
+    x = b.input_(0, (*lead, m, k), dt)
+    w = b.input_(1, (k, n), dt)
+    r = b.input_(2, (*lead, m, n), dt)
+    mm = b.matmul(x, b.broadcast_to(w, (*lead, k, n)))
+    return b.kernel_graph([x, w, r], [b.add(r, mm) if left else b.add(mm, r)])
+
+
+def residual_strided(dt=F16, batch=2, m=8, k=32, n=24):
+    """The residual stored [m, batch, n] (sequence-major) and read as [batch, m, n]: rows
+    batch * n apart, entries n apart, still read in place (ld > n)."""
+    x = b.input_(0, (batch, m, k), dt)
+    w = b.input_(1, (k, n), dt)
+    r = b.input_(2, (m, batch, n), dt)
+    mm = b.matmul(x, b.broadcast_to(w, (batch, k, n)))
+    return b.kernel_graph([x, w, r], [b.add(mm, b.transpose(r, (1, 0, 2)))])
+
+
+def residual_transposed(dt=F16, m=8, k=32, n=24):
+    """The residual stored [n, m] and read transposed: cuBLASLt's C is never transposed, so the
+    ADD stays an add (a kernel after the GEMM)."""
+    x = b.input_(0, (m, k), dt)
+    w = b.input_(1, (k, n), dt)
+    rt = b.input_(2, (n, m), dt)
+    return b.kernel_graph([x, w, rt], [b.add(b.matmul(x, w), b.transpose(rt, (1, 0)))])
+
+
+def residual_cast(dt=F16, m=8, k=32, n=24):
+    """An fp32 residual cast to the matmul's dtype: not C's dtype as stored, so it stays an add."""
+    x = b.input_(0, (m, k), dt)
+    w = b.input_(1, (k, n), dt)
+    r = b.input_(2, (m, n), F32)
+    return b.kernel_graph([x, w, r], [b.add(b.matmul(x, w), b.cast(r, dt))])
+
+
+def residual_computed(dt=F16, m=8, k=32, n=24):
+    """A residual computed in the program (sigmoid of an input), not a program input: it stays
+    an add, since the GEMM could run before the residual's kernel has written it."""
+    x = b.input_(0, (m, k), dt)
+    w = b.input_(1, (k, n), dt)
+    r = b.input_(2, (m, n), dt)
+    return b.kernel_graph([x, w, r], [b.add(b.matmul(x, w), b.unary(Op.SIGMOID, r))])
+
+
+def residual_silu(dt=F32, m=8, k=32, n=24):
+    """h = x @ W + R, then h * sigmoid(h): with an fp32 residual and fp32 scratch C the GEMM adds
+    R and the next kernel reads C; a 16-bit residual is not C's (fp32) dtype and stays an add."""
+    x = b.input_(0, (m, k), dt)
+    w = b.input_(1, (k, n), dt)
+    r = b.input_(2, (m, n), dt)
+    h = b.add(b.matmul(x, w), r)
+    return b.kernel_graph([x, w, r], [b.mul(h, b.unary(Op.SIGMOID, h))])
+
+
+def bias_then_residual(dt=F32, m=8, k=32, n=24):
+    """(x @ W + bias) + R: one epilogue per GEMM, the matmul's reader (the bias ADD) decides, so
+    the GEMM adds the bias (into fp32 scratch: in fp32 only, see biased_silu) and the residual
+    ADD is a kernel of its own."""
+    x = b.input_(0, (m, k), dt)
+    w = b.input_(1, (k, n), dt)
+    bias = b.input_(2, (n,), dt)
+    r = b.input_(3, (m, n), dt)
+    h = b.add(b.matmul(x, w), b.broadcast_to(bias, (m, n)))
+    return b.kernel_graph([x, w, bias, r], [b.add(h, r)])
+
+
 GRAPHS = {
     "plain_f16": plain,
     "plain_bf16": lambda: plain(BF16),
@@ -126,6 +195,21 @@ GRAPHS = {
     "bias_row_f32": biased_row,
     "bias_silu_f32": biased_silu,
     "bias_silu_f16_bias": lambda: biased_silu(F16),
+    "residual_f16": residual,
+    "residual_bf16": lambda: residual(BF16),
+    "residual_f32": lambda: residual(F32, batch=0),
+    "residual_left_f32": lambda: residual(F32, batch=3, left=True),
+    "residual_2d_f16": lambda: residual(F16, batch=0),
+    "residual_strided_f16": residual_strided,
+    "residual_silu_f32": residual_silu,
+    "refused_residual_silu_f16": lambda: residual_silu(F16),
+    "refused_residual_transposed_f16": residual_transposed,
+    "refused_residual_transposed_f32": lambda: residual_transposed(F32),
+    "refused_residual_cast_f16": residual_cast,
+    "refused_residual_computed_f16": residual_computed,
+    "refused_residual_computed_f32": lambda: residual_computed(F32),
+    "bias_then_residual_f32": bias_then_residual,
+    "bias_then_residual_f16": lambda: bias_then_residual(F16),
 }
 
 
@@ -278,11 +362,107 @@ def test_no_epilogue_where_the_product_alone_is_read_or_the_addend_is_no_bias():
     mm = b.matmul(x, w)
     twice = b.kernel_graph([x, w, bias], [b.add(mm, b.broadcast_to(bias, (8, 24))), mm])
     assert all("bias" not in g for g in gemms(generate(twice)))
-    residual = b.kernel_graph([x, w, full], [b.add(b.matmul(x, w), full)])
-    assert all("bias" not in g for g in gemms(generate(residual)))
+    full_sum = b.kernel_graph([x, w, full], [b.add(b.matmul(x, w), full)])
+    (g,) = gemms(generate(full_sum))
+    assert "bias" not in g and "residual" in g  # a full matrix is a residual, not a bias
     col = b.input_(2, (8, 1), F32)  # one value per row: cuBLASLt's bias is one per column
     rows = b.kernel_graph([x, w, col], [b.add(b.matmul(x, w), b.broadcast_to(col, (8, 24)))])
     assert all("bias" not in g for g in gemms(generate(rows)))
+
+
+@pytest.mark.parametrize("dt", [F16, BF16, F32])
+def test_a_residual_becomes_cublas_c_with_beta_one_writing_the_output(dt):
+    gp = generate(residual(dt))
+    (g,) = gemms(gp)
+    assert gp.plan["version"] == 4 and len(gp.plan["launches"]) == 1 and gp.plan["scratch"] == []
+    assert g["residual"] == {
+        "buf": {"kind": "input", "index": 2},
+        "offset": 0,
+        "ld": 24,
+        "stride": 8 * 24,
+    }
+    assert g["beta"] == 1.0 and g["alpha"] == 1.0 and "bias" not in g
+    assert g["c"]["buf"] == {"kind": "output", "index": 0} and g["dtype_c"] == dt.value
+    assert "+ residual" in gp.source and gp.kernel_names == []
+
+
+def test_an_unbatched_residual_added_on_the_left_is_a_residual_too():
+    for kg in (residual(F32, batch=0), residual(F16, batch=0, left=True)):
+        (g,) = gemms(generate(kg))
+        assert g["batch"] == 1 and g["residual"]["stride"] == 0 and g["residual"]["ld"] == 24
+
+
+def test_a_strided_residual_is_read_in_place_with_its_leading_dimension():
+    gp = generate(residual_strided())
+    (g,) = gemms(gp)
+    assert len(gp.plan["launches"]) == 1
+    assert g["residual"] == {
+        "buf": {"kind": "input", "index": 2},
+        "offset": 0,
+        "ld": 48,
+        "stride": 24,
+    }
+
+
+def test_an_inlined_residual_add_reads_the_gemms_c_instead():
+    gp = generate(residual_silu())
+    g, k = gp.plan["launches"]
+    assert g["residual"]["buf"] == {"kind": "input", "index": 2} and g["dtype_c"] == "float32"
+    assert {"kind": "input", "index": 2} not in k["args"] and g["c"]["buf"] in k["args"]
+    assert "ew::add" not in gp.source
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: residual_silu(F16),  # 16-bit residual, fp32 scratch C
+        residual_transposed,  # cuBLASLt's C is never transposed
+        residual_cast,  # fp32 residual cast to fp16: another dtype as stored
+        residual_computed,  # not a program input
+    ],
+    ids=["16bit_into_fp32_scratch", "transposed", "cast", "computed"],
+)
+def test_a_residual_the_library_cannot_read_as_c_stays_an_add(make):
+    gp = generate(make())
+    (g,) = gemms(gp)
+    assert "residual" not in g and g["beta"] == 0.0 and gp.plan["version"] == 2
+    assert len(gp.plan["launches"]) == 2 and "ew::add" in gp.source
+
+
+def test_a_residual_broadcast_over_the_batch_or_the_rows_stays_an_add():
+    x = b.input_(0, (2, 8, 32), F32)
+    w = b.input_(1, (32, 24), F32)
+    mm = b.matmul(x, b.broadcast_to(w, (2, 32, 24)))
+    shared = b.input_(2, (8, 24), F32)  # one matrix for both batch entries: C batch stride 0
+    kg = b.kernel_graph([x, w, shared], [b.add(mm, b.broadcast_to(shared, (2, 8, 24)))])
+    assert all("residual" not in g for g in gemms(generate(kg)))
+    per_entry = b.input_(2, (2, 1, 24), F32)  # one row per entry: no leading dimension, no bias
+    kg = b.kernel_graph([x, w, per_entry], [b.add(mm, b.broadcast_to(per_entry, (2, 8, 24)))])
+    (g,) = gemms(generate(kg))
+    assert "residual" not in g and "bias" not in g
+
+
+def test_a_bias_then_a_residual_takes_the_bias_and_keeps_the_residual_add():
+    gp = generate(bias_then_residual())
+    g, k = gp.plan["launches"]
+    assert g["bias"]["buf"] == {"kind": "input", "index": 2} and "residual" not in g
+    assert gp.plan["version"] == 3 and {"kind": "input", "index": 3} in k["args"]
+
+
+def test_a_plan_with_a_residual_and_a_bias_gemm_is_version_4():
+    """Two GEMMs, one epilogue each: the plan is version 4 (which holds every version 3 field)."""
+    x = b.input_(0, (8, 32), F16)
+    w = b.input_(1, (32, 24), F16)
+    bias = b.input_(2, (24,), F16)
+    r = b.input_(3, (8, 24), F16)
+    w2 = b.input_(4, (32, 24), F16)
+    out1 = b.add(b.matmul(x, w), b.broadcast_to(bias, (8, 24)))
+    out2 = b.add(b.matmul(x, w2), r)
+    gp = generate(b.kernel_graph([x, w, bias, r, w2], [out1, out2]))
+    assert gp.plan["version"] == 4 and len(gp.plan["launches"]) == 2
+    assert [("bias" in g, "residual" in g) for g in gemms(gp)] == [(True, False), (False, True)]
+    text = plan_json(gp.plan)
+    parse_plan(text, 5, 2)
 
 
 # ---- plans: valid in Python and in C++ -----------------------------------------------------------
@@ -366,6 +546,26 @@ def test_a_bias_epilogue_is_priced_as_the_gemm_alone():
     (add,) = kg.outputs
     mm = next(s for s in add.src if s.op is Op.MATMUL)
     assert cost.seconds == pytest.approx(library_gemm_s(mm))
+
+
+@pytest.mark.parametrize("dt", [F16, F32])
+def test_a_residual_epilogue_is_priced_as_the_gemm_alone(dt):
+    kg = residual(dt, batch=0, m=128, k=4864, n=896)
+    kinds = [k.kind for k in lowering_plan(kg).kernels]
+    assert kinds == ["gemm", "elementwise"]  # the lowering plan still lists the ADD
+    cost = program_cost(kg)
+    assert cost.launches == 1 and len(generate(kg).kernels) == 1
+    (add,) = kg.outputs
+    mm = next(s for s in add.src if s.op is Op.MATMUL)
+    assert cost.seconds == pytest.approx(library_gemm_s(mm))
+
+
+def test_a_refused_residual_keeps_its_add_in_the_cost():
+    kg = residual_transposed(F16, m=128, k=896, n=896)
+    cost = program_cost(kg)
+    assert cost.launches == 2 == len(generate(kg).kernels)
+    mm = next(s for s in kg.outputs[0].src if s.op is Op.MATMUL)
+    assert cost.seconds > library_gemm_s(mm)
 
 
 def test_a_staged_operand_costs_one_more_kernel_and_the_library_beats_codegen(monkeypatch):

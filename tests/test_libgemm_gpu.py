@@ -46,6 +46,12 @@ SHAPES = {
     "bias_bf16": lambda: L.biased(DType.BF16, batch=1, m=64, k=128, n=256),
     "bias_row_f32": lambda: L.biased_row(DType.F32, m=32, k=64, n=48),
     "bias_silu_f32": lambda: L.biased_silu(DType.F32, m=64, k=128, n=96),
+    "residual_f16": lambda: L.residual(DType.F16, batch=2, m=128, k=256, n=512),
+    "residual_bf16": lambda: L.residual(DType.BF16, batch=1, m=64, k=128, n=256),
+    "residual_f32": lambda: L.residual(DType.F32, batch=0, m=32, k=64, n=48),
+    "residual_left_f16": lambda: L.residual(DType.F16, batch=3, m=40, k=72, n=24, left=True),
+    "residual_strided_f16": lambda: L.residual_strided(DType.F16, batch=2, m=64, k=128, n=96),
+    "residual_silu_f32": lambda: L.residual_silu(DType.F32, m=64, k=128, n=96),
 }
 TOL = {DType.F16: 2e-3, DType.BF16: 1.6e-2, DType.F32: 1e-5}
 
@@ -94,6 +100,22 @@ def test_the_algorithm_is_the_heuristics_first_or_the_fastest_timed_once_per_sha
         second = prog.library_choices()
     assert second[0].endswith(" (cached)"), second
     assert second[0].removesuffix(" (cached)") == first[0].removesuffix(" (cached)")
+
+
+def test_a_residual_gemm_is_timed_on_its_own_residual_layout(cuda, monkeypatch):
+    """MLSO_GEMM_ALGO=timed on a residual GEMM: creation times the candidates with a scratch
+    residual of the real layout (cuBLASLt's C apart from D), and the kept one is right."""
+    monkeypatch.setenv("MLSO_GEMM_ALGO", "timed")
+    kg = L.residual(DType.F16, batch=0, m=128, k=2048, n=1024)
+    cp = compile_program(kg)
+    assert "residual" in cp.plan["launches"][0]
+    rng = np.random.default_rng(6)
+    ins = [rng.standard_normal(n.shape).astype(np.float32) for n in kg.inputs]
+    want = _numpy(kg, ins)[0]
+    with cuda.Program(cp.fatbin, cp.plan) as prog:
+        assert len(prog.library_choices()) == 1
+        got = np.asarray(prog.run(ins)[0], np.float64)
+    assert np.abs(got - want).max() <= TOL[DType.F16] * np.abs(want).max()
 
 
 def test_library_gemms_are_captured_in_the_launchers_cuda_graph(cuda):
@@ -154,6 +176,66 @@ def test_onnx_runtime_runs_a_library_gemm_under_its_cuda_graph(cuda, tmp_path):
     xv = ort.OrtValue.ortvalue_from_numpy(x, "cuda", 0)
     yv = ort.OrtValue.ortvalue_from_shape_and_type([m, n], np.float16, "cuda", 0)
     binding.bind_ortvalue_input("x", xv)
+    binding.bind_ortvalue_output("y", yv)
+    for _ in range(3):  # the first run captures, the others replay
+        sess.run_with_iobinding(binding)
+    got = yv.numpy().astype(np.float64)
+    assert np.abs(got - want).max() <= 2e-3 * np.abs(want).max() + 1e-3
+
+
+def test_onnx_runtime_runs_a_residual_gemm_under_its_cuda_graph(cuda, tmp_path):
+    """MatMul + Add of a graph input (a residual) packaged as one cuBLASLt call (beta 1, C the
+    residual, D the output), in ORT on the CUDA EP with enable_cuda_graph: the op passes the
+    residual's pointer with each run, and replays give the reference result."""
+    ort = pytest.importorskip("onnxruntime")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime has no CUDA EP")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from mlso_cli.ir import build as b
+    from mlso_cli.package import package_model
+    from mlso_cli.runtime import session
+    from tests.test_package_support import region
+    from tests.test_runtime_gpu import META
+
+    m, k, n = 64, 256, 128
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((k, n)) / 16).astype(np.float16)
+    f16 = TensorProto.FLOAT16
+    model = helper.make_model(
+        helper.make_graph(
+            [
+                helper.make_node("MatMul", ["x", "W"], ["h"]),
+                helper.make_node("Add", ["h", "r"], ["y"]),
+            ],
+            "mm_residual",
+            [
+                helper.make_tensor_value_info("x", f16, [m, k]),
+                helper.make_tensor_value_info("r", f16, [m, n]),
+            ],
+            [helper.make_tensor_value_info("y", f16, [m, n])],
+            [numpy_helper.from_array(w, "W")],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    xi, wi = b.input_(0, (m, k), DType.F16), b.input_(1, (k, n), DType.F16)
+    ri = b.input_(2, (m, n), DType.F16)
+    cp = compile_program(b.kernel_graph([xi, wi, ri], [b.add(b.matmul(xi, wi), ri)]))
+    (launch,) = cp.plan["launches"]
+    assert launch["kind"] == "gemm" and "residual" in launch and cp.plan["version"] == 4
+    region_ = region([0, 1], ["x", "W", "r"], ["y"], cp.plan, binary=cp.fatbin)
+    packed = package_model(model, [region_], META)
+    providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"})]
+    sess = session(packed.SerializeToString(), providers=providers)
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    r = rng.standard_normal((m, n)).astype(np.float16)
+    want = x.astype(np.float64) @ w.astype(np.float64) + r.astype(np.float64)
+    binding = sess.io_binding()
+    xv = ort.OrtValue.ortvalue_from_numpy(x, "cuda", 0)
+    rv = ort.OrtValue.ortvalue_from_numpy(r, "cuda", 0)
+    yv = ort.OrtValue.ortvalue_from_shape_and_type([m, n], np.float16, "cuda", 0)
+    binding.bind_ortvalue_input("x", xv)
+    binding.bind_ortvalue_input("r", rv)
     binding.bind_ortvalue_output("y", yv)
     for _ in range(3):  # the first run captures, the others replay
         sess.run_with_iobinding(binding)

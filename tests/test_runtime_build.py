@@ -183,7 +183,7 @@ BAD_PLANS = {
     "nan": plan_json(GOOD).replace('"smem_max":0', '"smem_max":NaN'),
     "float dim": plan_json(GOOD).replace("[2,256,64]", "[2.0,256,64]", 1),
     "deep": "[" * 200 + "]" * 200,
-    "version": _variant(version=4),
+    "version": _variant(version=5),
     "no targets": _variant(targets=[]),
     "target name": _variant(targets=["volta"]),
     "dtype": _variant(inputs__0__dtype="float8"),
@@ -276,15 +276,16 @@ def test_gemm_create_without_a_gpu_fails_with_one_line(monkeypatch, lib):
     lib.mlso_gemm_create.restype = ctypes.c_void_p
     lib.mlso_gemm_create.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
     err = ctypes.create_string_buffer(512)
-    assert lib.mlso_gemm_create(b'{"version": 4}', err, 512) is None
-    assert err.value.decode().startswith("the plan 'version' must be 1, 2 or 3")
+    assert lib.mlso_gemm_create(b'{"version": 5}', err, 512) is None
+    assert err.value.decode().startswith("the plan 'version' must be 1, 2, 3 or 4")
     from mlso_cli.codegen import generate
     from mlso_cli.runtime.gpu import gpu_info
-    from tests.test_libgemm import plain
+    from tests.test_libgemm import plain, residual
 
     if gpu_info() is not None:
         return
-    good = plan_json(generate(plain()).plan).encode()
-    assert lib.mlso_gemm_create(good, err, 512) is None
-    why = err.value.decode()
-    assert "libcuda.so.1" in why or "cuInit" in why, why
+    for kg in (plain(), residual()):  # a version 2 and a version 4 (residual epilogue) plan
+        good = plan_json(generate(kg).plan).encode()
+        assert lib.mlso_gemm_create(good, err, 512) is None
+        why = err.value.decode()
+        assert "libcuda.so.1" in why or "cuInit" in why, why

@@ -109,8 +109,13 @@ def _runner(gp: GeneratedProgram, fn: str) -> str:
                     f"{ptr(o['buf'])}, {o['offset']}, {o['ld']}, {o['stride']}"
                     + ("" if role == "c" else f", {str(o['trans']).lower()}")
                 )
-            bias = launch.get("bias")
+            bias, resid = launch.get("bias"), launch.get("residual")
             epilogue = f", {ptr(bias['buf'])}, {bias['offset']}" if bias else ""
+            if resid:
+                epilogue = (
+                    f"{epilogue or ', nullptr, 0'}, {ptr(resid['buf'])}, {resid['offset']}, "
+                    f"{resid['ld']}, {resid['stride']}"
+                )
             lines.append(
                 f"  mlso_emu::gemm<{ta}, {tc}>({launch['m']}, {launch['n']}, {launch['k']}, "
                 f"{launch['batch']}, {', '.join(ops)}, {float(launch['alpha'])!r}f, "
@@ -161,8 +166,13 @@ def _build_source(src: str) -> Path:
             "no host C++ compiler (g++) for the kernel emulator",
             "Install g++ 12 or newer (nvcc needs one anyway).",
         )
+    # templates_digest() covers the *.cuh files only (nvcc's key); the emulator also compiles
+    # mlso_host_emu.h, so an edit to it must not reuse a binary built from the old one.
+    emu_header = (TEMPLATES_DIR / "mlso_host_emu.h").read_bytes()
     key = hashlib.sha256(
-        "\0".join([src, " ".join(CXX_FLAGS), templates_digest()]).encode()
+        "\0".join(
+            [src, " ".join(CXX_FLAGS), templates_digest(), hashlib.sha256(emu_header).hexdigest()]
+        ).encode()
     ).hexdigest()
     root = knobs().cache_dir / "emu"
     exe = root / key

@@ -35,6 +35,24 @@ The rules (a table of conditions, checked in `library_matmul`):
     launch that costs what the epilogue saves, so it stays an inlined add. Activation epilogues
     are not used: cublasLt.h does not say whether its GELU epilogue is the tanh or the erf form,
     and an erf-GELU graph must not get a tanh one (nor the reverse).
+  - Residual epilogue (`epilogue` too): when that ADD's other operand is instead a full matrix of
+    the matmul's shape (a residual: a decoder's o_proj or down projection + the residual stream),
+    stored as a program input in exactly C's dtype and read in place as a row-major strided
+    matrix (unit stride along the last axis, a leading dimension of at least n, one batch stride),
+    the GEMM computes D = A @ B + R in one call: cuBLASLt's matmul with beta = 1, its C being R
+    (a layout of its own) and its D the ADD's storage, which gets no kernel, as for the bias.
+    Rounding as for the bias: R meets the fp32 product (cublasLt.h: C is converted to the scale
+    type, fp32, before the final scaling) and the sum is rounded once to D's type, where ONNX
+    Runtime rounds the MatMul's result before its Add. Refused (the ADD stays an add): a residual
+    stored transposed or with strided columns (cublasLt.h: TRANSC supports only CUBLAS_OP_N), one
+    in another dtype than C (a 16-bit residual with fp32 scratch C among them), one that is not a
+    program input (a computed value may not be written yet when the GEMM runs), one broadcast
+    across rows (no leading dimension; a row vector is the bias case) or across the batch
+    (cublasLt.h says nothing of a C batch stride of 0, so none is relied on). One epilogue per
+    GEMM: the matmul's one reader is the ADD that decides it, so matmul -> add bias -> add
+    residual takes the bias, and the residual stays an add. Why not both in one call: cublasLt.h
+    does not say whether CUBLASLT_EPILOGUE_BIAS may be combined with beta != 0, nor in which order
+    the bias and beta * C meet the product, so the plan validators refuse a launch with both.
 `MLSO_LIBRARY_GEMM=0` turns the library off (every matmul generated, as before).
 """
 
@@ -46,7 +64,7 @@ from typing import TYPE_CHECKING
 
 from mlso_cli.codegen.cfmt import Names, contiguous, decompose, numel
 from mlso_cli.codegen.kernels import emit_elementwise
-from mlso_cli.codegen.program import Buffer, GemmBias, GemmLaunch, GemmOperand
+from mlso_cli.codegen.program import Buffer, GemmBias, GemmLaunch, GemmOperand, GemmResidual
 from mlso_cli.codegen.scale import Storage
 from mlso_cli.codegen.stabilise import consumers_of
 from mlso_cli.codegen.synthetic import stage
@@ -86,7 +104,7 @@ def library_matmul(lw: Lowering, root: Node) -> bool:
     batch = numel(bshape)
     ep = epilogue(lw, root, out)
     if ep is not None:
-        add, bias, out = ep
+        add, addend, out = ep
         if add in lw.storage and lw.scratch and lw.scratch[-1] is lw.storage[root].buffer:
             lw.scratch.pop()  # C is the ADD's output: the matmul's own scratch goes unused
             del lw.storage[root]
@@ -105,9 +123,12 @@ def library_matmul(lw: Lowering, root: Node) -> bool:
             assert op is not None, "a staged operand is contiguous"
         operands.append(op)
     c = GemmOperand(out.buffer, 0, n, m * n if batch > 1 else 0, False)
+    bias = ep[1] if ep is not None and isinstance(ep[1], GemmBias) else None
+    residual = ep[1] if ep is not None and isinstance(ep[1], GemmResidual) else None
     what = (
         f"library GEMM {list(a.shape)} x {list(b.shape)}"
-        + (" + bias" if ep is not None else "")
+        + (" + bias" if bias is not None else "")
+        + (" + residual" if residual is not None else "")
         + f" -> {out.dtype.value} ({a.dtype.value}, cuBLASLt)"
     )
     lw.library_roots[root] = staged
@@ -124,7 +145,8 @@ def library_matmul(lw: Lowering, root: Node) -> bool:
             a.dtype,
             out.dtype,
             what,
-            ep[1] if ep is not None else None,
+            bias,
+            residual,
         )
     )
     return True
@@ -134,9 +156,9 @@ def epilogue_add(
     root: Node, consumers: Mapping[Node, list[Node]], outputs: frozenset[Node] | set[Node]
 ) -> tuple[Node, Node] | None:
     """(add, other operand) when matmul root's only reader is an ADD of root's own shape and
-    dtype, root not a program output: the structure a bias epilogue needs (the bias itself is
-    checked against storage by `epilogue`). Why one reader: the GEMM then writes the sum, so
-    nothing may still need the product alone."""
+    dtype, root not a program output: the structure a bias or residual epilogue needs (the other
+    operand itself is checked against storage by `epilogue`). Why one reader: the GEMM then
+    writes the sum, so nothing may still need the product alone."""
     users = consumers.get(root, [])
     if root in outputs or len(users) != 1:
         return None
@@ -169,29 +191,68 @@ def bias_operand(storage: Mapping[Node, Storage], bias: Node, dtype: DType) -> G
     return GemmBias(buf, view.base)
 
 
-def epilogue(lw: Lowering, root: Node, out: Storage) -> tuple[Node, GemmBias, Storage] | None:
-    """(add, bias, C's storage) when library GEMM `root` takes its reader's bias as an epilogue
-    (module docstring), else None. C is the ADD's output buffer when the ADD is a program output
-    already given one, else root's fp32 scratch, which then also stores the ADD's value."""
+def residual_operand(storage: Mapping[Node, Storage], r: Node, dtype: DType) -> GemmResidual | None:
+    """r read in place as cuBLASLt's C (beta = 1): a view (no cast) of a program input of `dtype`,
+    row-major (unit stride along the last axis: cuBLASLt's C is never transposed), rows `ld >= n`
+    elements apart, batch entries one nonzero stride apart (module docstring), or None. Why an
+    input: as for the bias (`bias_operand`)."""
+    view = strided(r, storage)
+    if view is None or not _leaf_plain(r, view.leaf):
+        return None
+    st = storage[view.leaf]
+    buf = st.buffer
+    if not isinstance(buf, Buffer) or buf.kind != "input" or st.scale is not None:
+        return None
+    if st.dtype != dtype or view.leaf.dtype != dtype:
+        return None
+    rows, cols = r.shape[-2], r.shape[-1]
+    sr, sc = view.strides[-2], view.strides[-1]
+    if sc != 1 and cols > 1:
+        return None
+    ld = sr if rows > 1 else cols
+    if ld < max(cols, 1):
+        return None
+    bshape = r.shape[:-2]
+    stride = _batch_stride(bshape, view.strides[:-2], bshape)
+    if stride is None or (stride == 0 and numel(bshape) > 1):
+        return None
+    return GemmResidual(buf, view.base, ld, stride)
+
+
+def addend_operand(
+    storage: Mapping[Node, Storage], addend: Node, dtype: DType
+) -> GemmBias | GemmResidual | None:
+    """What the GEMM adds for its reader's other operand `addend`: a bias vector, else a
+    residual matrix, else None (the ADD stays an add)."""
+    return bias_operand(storage, addend, dtype) or residual_operand(storage, addend, dtype)
+
+
+def epilogue(
+    lw: Lowering, root: Node, out: Storage
+) -> tuple[Node, GemmBias | GemmResidual, Storage] | None:
+    """(add, bias or residual, C's storage) when library GEMM `root` takes its reader's other
+    operand as an epilogue (module docstring), else None. C is the ADD's output buffer when the
+    ADD is a program output already given one, else root's fp32 scratch, which then also stores
+    the ADD's value."""
     ep = epilogue_add(root, lw.consumers, frozenset(lw.kg.outputs))
     if ep is None:
         return None
-    add, bias = ep
+    add, addend = ep
     c = lw.storage.get(add, out)
     if c.scale is not None or not isinstance(c.buffer, Buffer):
         return None
     if c.dtype not in (root.src[0].dtype, DType.F32):
         return None
-    operand = bias_operand(lw.storage, bias, c.dtype)
+    operand = addend_operand(lw.storage, addend, c.dtype)
     if operand is None:
         return None
     return add, operand, c
 
 
 def epilogue_adds(kg_nodes: list[Node], inputs: list[Node], outputs: list[Node]) -> set[Node]:
-    """The ADDs that library GEMMs compute as bias epilogues, decided without lowering (for the
-    cost model): C in an output's dtype when the ADD is an output read by nothing else, else
-    fp32 scratch; inputs stored contiguously."""
+    """The ADDs that library GEMMs compute as bias or residual epilogues, decided without lowering
+    (for the cost model): C in an output's dtype when the ADD is an output read by nothing else,
+    else fp32 scratch; inputs stored contiguously."""
     consumers = consumers_of(kg_nodes)
     storage: dict[Node, Storage] = {}
     for i, n in enumerate(inputs):
@@ -205,9 +266,9 @@ def epilogue_adds(kg_nodes: list[Node], inputs: list[Node], outputs: list[Node])
         ep = epilogue_add(n, consumers, outs)
         if ep is None:
             continue
-        add, bias = ep
+        add, addend = ep
         dtype = add.dtype if add in outs and not consumers.get(add) else DType.F32
-        if dtype in (n.src[0].dtype, DType.F32) and bias_operand(storage, bias, dtype):
+        if dtype in (n.src[0].dtype, DType.F32) and addend_operand(storage, addend, dtype):
             found.add(add)
     return found
 

@@ -2,13 +2,13 @@
 
 The plan is the contract with the ONNX Runtime op (runtime/csrc) and the PyCUDA launcher:
 
-    {"version": 1 | 2, "targets": [...], "smem_max": int,
+    {"version": 1 | 2 | 3 | 4, "targets": [...], "smem_max": int,
      "inputs": [{"dtype", "shape"}], "outputs": [{"dtype", "shape"}],
      "scratch": [{"bytes"} | {"bytes", "dtype", "shape"}],
      "zero": [{"kind", "index"}],
      "launches": [{"kernel", "grid", "block", "smem", "args"}                 # a generated kernel
                   | {"kind": "gemm", "m", "n", "k", "batch", "a", "b", "c",   # a library GEMM
-                     "dtype_ab", "dtype_c", "alpha", "beta"[, "bias"]}]}
+                     "dtype_ab", "dtype_c", "alpha", "beta"[, "bias" | "residual"]}]}
 
 Kernels take only pointers, in `args` order; every shape is a constant in the source. Scratch
 buffers are fp32 unless the entry names a dtype (a library GEMM's 16-bit operand). A launch
@@ -23,7 +23,12 @@ offset + e * stride + (trans ? c * ld + r : r * ld + c); C is never transposed. 
 validates it (bounds included) and both runtimes run it with cuBLASLt (docs/runtime.md).
 A GEMM with a bias epilogue (version 3; a plan without one keeps its version) also names
 "bias": {"buf": ref, "offset"}, n elements of C's dtype added to every row of C in fp32 before C
-is rounded to its dtype (codegen/libgemm.py decides where).
+is rounded to its dtype (codegen/libgemm.py decides where). A GEMM with a residual epilogue
+(version 4, likewise only then) names "residual": {"buf": ref, "offset", "ld", "stride"}, an
+m x n matrix of C's dtype per batch entry, addressed as a (never transposed) operand is, and
+computes C[e] = alpha * A[e] @ B[e] + beta * R[e] (beta 1): cuBLASLt's C is R, its D the plan's
+C, and R meets the fp32 product before the one rounding to C's dtype. A launch has at most one
+of "bias" and "residual".
 """
 
 from __future__ import annotations
@@ -109,6 +114,21 @@ class GemmBias:
         return {"buf": self.buf.ref(), "offset": self.offset}
 
 
+@dataclass(frozen=True)
+class GemmResidual:
+    """A library GEMM's residual epilogue: an m x n matrix per batch entry, of C's dtype, row-major
+    at `offset` of `buf` with leading dimension `ld` and batch stride `stride` (elements), added to
+    the product inside the call (cuBLASLt's C with beta = 1; the plan's C is cuBLASLt's D)."""
+
+    buf: Buffer
+    offset: int
+    ld: int
+    stride: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"buf": self.buf.ref(), "offset": self.offset, "ld": self.ld, "stride": self.stride}
+
+
 @dataclass
 class GemmLaunch:
     """A kernel-level matmul run by the GPU's BLAS library (cuBLASLt) instead of generated code:
@@ -127,6 +147,8 @@ class GemmLaunch:
     what: str = ""
     bias: GemmBias | None = None
     """A bias epilogue: C[e] = A[e] @ B[e] + bias, the vector added to every row."""
+    residual: GemmResidual | None = None
+    """A residual epilogue: C[e] = A[e] @ B[e] + R[e] (never together with a bias)."""
 
     @property
     def smem(self) -> int:
@@ -135,7 +157,8 @@ class GemmLaunch:
     @property
     def params(self) -> list[Buffer]:
         bias = [self.bias.buf] if self.bias is not None else []
-        return [self.a.buf, self.b.buf, self.c.buf, *bias]
+        residual = [self.residual.buf] if self.residual is not None else []
+        return [self.a.buf, self.b.buf, self.c.buf, *bias, *residual]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -150,8 +173,9 @@ class GemmLaunch:
             "dtype_ab": self.dtype_ab.value,
             "dtype_c": self.dtype_c.value,
             "alpha": 1.0,
-            "beta": 0.0,
+            "beta": 0.0 if self.residual is None else 1.0,
             **({"bias": self.bias.to_json()} if self.bias is not None else {}),
+            **({"residual": self.residual.to_json()} if self.residual is not None else {}),
         }
 
 
@@ -176,11 +200,15 @@ def build_plan(
     zero: list[Buffer] | None = None,
 ) -> dict[str, Any]:
     """The launch plan. Version 2 only when a library GEMM is in it, 3 only when one has a bias
-    epilogue, so every plan that could be written before those existed is still written
-    identically (same hash, same cache keys), and older runtimes refuse a plan they cannot run
-    with a clear "version" error."""
+    epilogue, 4 only when one has a residual epilogue, so every plan that could be written before
+    those existed is still written identically (same hash, same cache keys), and older runtimes
+    refuse a plan they cannot run with a clear "version" error."""
     library = [k for k in kernels if isinstance(k, GemmLaunch)]
-    version = 3 if any(k.bias is not None for k in library) else 2 if library else 1
+    version = 2 if library else 1
+    if any(k.bias is not None for k in library):
+        version = 3
+    if any(k.residual is not None for k in library):
+        version = 4
     return {
         "version": version,
         "targets": list(targets),

@@ -161,6 +161,7 @@ class _LibraryGemms:
             ctypes.c_ulonglong,
             ctypes.c_ulonglong,
             ctypes.c_ulonglong,
+            ctypes.c_ulonglong,
             ctypes.c_void_p,
             ctypes.c_char_p,
             ctypes.c_size_t,
@@ -183,8 +184,10 @@ class _LibraryGemms:
             )
         self._handle = ctypes.c_void_p(handle)
 
-    def run(self, index: int, a: int, b: int, c: int, bias: int, stream_handle: int) -> None:
-        """Enqueue GEMM launch `index`; bias is 0 when it has no bias epilogue."""
+    def run(
+        self, index: int, a: int, b: int, c: int, bias: int, residual: int, stream_handle: int
+    ) -> None:
+        """Enqueue GEMM launch `index`; bias and residual are 0 when it has no such epilogue."""
         rc = self._lib.mlso_gemm_run(
             self._handle,
             index,
@@ -192,6 +195,7 @@ class _LibraryGemms:
             b,
             c,
             bias,
+            residual,
             ctypes.c_void_p(stream_handle),
             self._err,
             len(self._err),
@@ -301,11 +305,13 @@ class Program:
                 a, b, c = (
                     table[launch[r]["buf"]["kind"]][launch[r]["buf"]["index"]] for r in "abc"
                 )
-                ref = launch.get("bias", {}).get("buf")
-                bias = table[ref["kind"]][ref["index"]] if ref else 0
+                bias_ref = launch.get("bias", {}).get("buf")
+                bias = table[bias_ref["kind"]][bias_ref["index"]] if bias_ref else 0
+                res_ref = launch.get("residual", {}).get("buf")
+                residual = table[res_ref["kind"]][res_ref["index"]] if res_ref else 0
                 handle = stream.handle if hasattr(stream, "handle") else stream
                 assert self._gemms is not None
-                self._gemms.run(index, a, b, c, bias, int(handle or 0))
+                self._gemms.run(index, a, b, c, bias, residual, int(handle or 0))
                 continue
             args = [table[a["kind"]][a["index"]] for a in launch["args"]]
             fn = self._funcs[launch["kernel"]]

@@ -13,13 +13,15 @@ import re
 from collections.abc import Collection
 from typing import Any
 
-PLAN_VERSION = 3
+PLAN_VERSION = 4
 """The newest plan version. Version 1 plans (generated kernels only) stay valid; version 2 adds
 library GEMM launches ({"kind": "gemm", ...}, codegen/program.py), which a version 1 plan may not
 hold, so a runtime that predates them refuses such a plan by its version. Version 3 adds a GEMM's
 bias epilogue ("bias": a vector added to every row of C inside the call), which a version 2
-runtime could not run, so only a plan holding one is version 3."""
-VERSIONS = (1, 2, 3)
+runtime could not run, so only a plan holding one is version 3. Version 4 adds a GEMM's residual
+epilogue ("residual": a matrix added to C inside the call, cuBLASLt's C with beta), likewise only
+in a plan holding one."""
+VERSIONS = (1, 2, 3, 4)
 GEMM_TYPES = ("float16", "bfloat16", "float32")
 """Operand dtypes of a library GEMM; C is the operands' dtype or float32."""
 GEMM_DIM_MAX = 2**31 - 1
@@ -91,6 +93,7 @@ _KEY_ORDER = [
     "alpha",
     "beta",
     "bias",
+    "residual",
 ]
 _RANK = {k: i for i, k in enumerate(_KEY_ORDER)}
 # \Z, not $: $ also matches before a final newline, so "sm_90a\n" would pass here and fail in C++.
@@ -121,10 +124,26 @@ _SCRATCH_KEYS = frozenset(("bytes", "dtype", "shape"))
 _REF_KEYS = frozenset(("kind", "index"))
 _LAUNCH_KEYS = frozenset(("kind", "kernel", "grid", "block", "smem", "args"))
 _GEMM_KEYS = frozenset(
-    ("kind", "m", "n", "k", "batch", "a", "b", "c", "dtype_ab", "dtype_c", "alpha", "beta", "bias")
+    (
+        "kind",
+        "m",
+        "n",
+        "k",
+        "batch",
+        "a",
+        "b",
+        "c",
+        "dtype_ab",
+        "dtype_c",
+        "alpha",
+        "beta",
+        "bias",
+        "residual",
+    )
 )
 _OPERAND_KEYS = frozenset(("buf", "offset", "ld", "stride", "trans"))
 _BIAS_KEYS = frozenset(("buf", "offset"))
+_RESIDUAL_KEYS = frozenset(("buf", "offset", "ld", "stride"))
 
 
 class PlanProblem(ValueError):
@@ -270,7 +289,7 @@ def validate_plan(
         raise PlanProblem("must be a JSON object", "not_object")
     _known_keys(plan, _TOP_KEYS, "the plan")
     if not _is_int(plan.get("version"), VERSIONS[0], VERSIONS[-1]):
-        raise PlanProblem("'version' must be 1, 2 or 3", "version")
+        raise PlanProblem("'version' must be 1, 2, 3 or 4", "version")
     targets = plan.get("targets")
     if (
         not isinstance(targets, list)
@@ -443,6 +462,8 @@ def _gemm(
         _gemm_bias(
             launch["bias"], f"{where}.bias", plan, dims["n"], dc, refs["c"], tensors, scratch
         )
+    if "residual" in launch:
+        _gemm_residual(launch, f"{where}.residual", plan, dims, dc, refs["c"], tensors, scratch)
 
 
 def _buffer_dtype_bytes(
@@ -493,6 +514,55 @@ def _gemm_bias(
         )
     if (ref["kind"], ref["index"]) == c_ref:
         raise PlanProblem(f"{w} is the buffer of C", "gemm")
+
+
+def _gemm_residual(
+    launch: dict[str, Any],
+    w: str,
+    plan: dict[str, Any],
+    dims: dict[str, int],
+    dtype: str,
+    c_ref: tuple[str, int],
+    tensors: dict[str, list[dict[str, Any]]],
+    scratch: list[dict[str, Any]],
+) -> None:
+    """A GEMM's residual epilogue: an m x n row-major matrix per batch entry (cuBLASLt's C, read
+    with beta while the plan's C is its D), of C's dtype (cuBLASLt's C and D types are one here),
+    inside its buffer, and not C's buffer: the call writes C while it reads the residual, and
+    cuBLASLt does not promise an order between the two, so an overlap could read values already
+    overwritten. Never with a bias (one epilogue per GEMM: codegen/libgemm.py says why). Same
+    checks, same order, as csrc/mlso_plan.h's gemm()."""
+    if plan["version"] < 4:
+        raise PlanProblem(f"{w} is a residual epilogue, which needs 'version' 4", "version")
+    if "bias" in launch:
+        raise PlanProblem(f"{w} comes with a bias: a GEMM has at most one epilogue", "gemm")
+    residual = launch["residual"]
+    if not isinstance(residual, dict):
+        raise PlanProblem(f"{w} must be an object", "gemm")
+    _known_keys(residual, _RESIDUAL_KEYS, w)
+    limits = {"input": len(tensors["input"]), "output": len(tensors["output"])}
+    limits["scratch"] = len(scratch)
+    _buf_ref(residual.get("buf"), f"{w}.buf", limits)
+    for key, lo in (("offset", 0), ("ld", 1), ("stride", 0)):
+        if not _is_int(residual.get(key), lo, DIM_MAX):
+            raise PlanProblem(f"{w}.{key} must be an integer in [{lo}, 2^40]", "gemm")
+    ref = residual["buf"]
+    have, nbytes = _buffer_dtype_bytes(ref, tensors, scratch)
+    if have != dtype:
+        raise PlanProblem(f"{w}.buf is {have}, the residual is read as C's {dtype}", "gemm")
+    m, n, batch = dims["m"], dims["n"], dims["batch"]
+    ld, stride = residual["ld"], residual["stride"]
+    if ld < n:
+        raise PlanProblem(f"{w}.ld is {ld}, less than its columns ({n})", "gemm")
+    last = residual["offset"] + (batch - 1) * stride + (m - 1) * ld + n
+    if last * DTYPE_ITEMSIZE[dtype] > nbytes:
+        raise PlanProblem(
+            f"{w} reaches element {last - 1} of a buffer of {nbytes} bytes", "gemm_bounds"
+        )
+    if (ref["kind"], ref["index"]) == c_ref:
+        raise PlanProblem(
+            f"{w} is the buffer of C, which the GEMM writes while it reads the residual", "gemm"
+        )
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -39,7 +39,8 @@ Calibration (measured, or fitted to measurements) (benchmarks/RESULTS.md, "optim
 - Since library GEMMs (codegen/libgemm.py), a kernel-level matmul whose dtypes cuBLASLt takes
   is a library call, priced by `library_gemm_s` (the `library_*` constants below: estimates
   until calibrated on the H200), plus one elementwise kernel per operand codegen must stage.
-  A bias the GEMM adds as its epilogue is priced as part of that call: no pass of its own.
+  A bias or residual the GEMM adds as its epilogue is priced as part of that call: no pass of
+  its own.
   The codegen matmul rates above still price the matmuls that stay generated.
 """
 
@@ -228,8 +229,10 @@ def program_cost(kg: KernelGraph, hw: Hardware = H200) -> Cost:
     if any(k.kind == "gemm" for k in kernels):
         from mlso_cli.codegen.libgemm import epilogue_adds
 
-        # An ADD that a library GEMM computes as its bias epilogue costs nothing more: codegen
-        # emits no kernel for it (the lowering plan still lists one where it is a root).
+        # An ADD that a library GEMM computes as its bias or residual epilogue costs nothing more:
+        # codegen emits no kernel for it (the lowering plan still lists one where it is a root).
+        # A residual's read is not priced apart: library_gemm_s counts C at 4 bytes an element,
+        # which for a 16-bit C is its write plus the residual's read (an fp32 one is unpriced).
         done = epilogue_adds(kg.nodes(), list(kg.inputs), list(kg.outputs))
         kernels = tuple(k for k in kernels if k.root not in done)
     materialised = {k.root for k in kernels}

@@ -7,10 +7,11 @@
 // Why everything is made at creation: ORT captures Compute into a CUDA graph, and a capture
 // must not allocate, synchronise or select algorithms. So `Runner::init` (called when ORT
 // creates the kernel, or by mlso_gemm_create) makes the handle, one matmul descriptor and three
-// layouts per GEMM, picks each GEMM's algorithm (cublasLtMatmulAlgoGetHeuristic, the best of the
-// list), and allocates ONE workspace (kWorkspaceBytes) with the driver API. `Runner::run` only
-// calls cublasLtMatmul on the caller's stream. One workspace per node: two concurrent runs of
-// one node on two streams would share it (ORT runs a node's Compute one at a time per session).
+// layouts per GEMM (four with a residual), picks each GEMM's algorithm
+// (cublasLtMatmulAlgoGetHeuristic, the best of the list), and allocates ONE workspace
+// (kWorkspaceBytes) with the driver API. `Runner::run` only calls cublasLtMatmul on the caller's
+// stream. One workspace per node: two concurrent runs of one node on two streams would share it
+// (ORT runs a node's Compute one at a time per session).
 //
 // Row-major to cuBLASLt's column-major: C = A @ B row-major is C^T = B^T @ A^T column-major, so
 // the plan's B is cuBLASLt's A and the plan's A is its B; a plan operand stored transposed is
@@ -26,6 +27,20 @@
 // BIAS_DATA_TYPE keeps its default. The bias pointer lives in the descriptor: creation sets one
 // with the real pointer's alignment (the heuristic reads its value for that), and each run sets
 // the real one before cublasLtMatmul, a host-side attribute write that a graph capture allows.
+//
+// A residual epilogue (plan version 4) is cuBLASLt's own C with beta = 1: D = alpha * A @ B +
+// beta * C, C being the residual R (its own layout: R's ld and batch stride, D's type, since the
+// plan requires C's dtype) and D the plan's C. cublasLt.h: "Accumulator and value from matrix C
+// are typically converted to scale type before final scaling. Value is then converted from scale
+// type to type of matrix D", so R meets the fp32 product and the sum is rounded once. TRANSC
+// supports only CUBLAS_OP_N, so R is never transposed (the validators have no such field). C is
+// never D here (the validators refuse R in C's buffer): every candidate algorithm must support
+// out-of-place results (CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT), which creation checks
+// when the library has cublasLtMatmulAlgoCapGetAttribute. What is fixed at creation: R's layout,
+// beta, and its alignment (MIN_ALIGNMENT_C_BYTES from R's offset and batch stride over a
+// 256-byte aligned buffer, as for the bias stand-in); R's pointer is cublasLtMatmul's C
+// argument, passed per run. No bias with it: cublasLt.h does not say whether the bias epilogue
+// combines with beta != 0, nor in which order the two meet the product.
 //
 // The algorithm: cublasLtMatmulAlgoGetHeuristic lists up to 8, best first by its model, and the
 // first is used. With MLSO_GEMM_ALGO=timed, creation instead times each listed algorithm on
@@ -82,6 +97,8 @@ struct Lt {
   decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
   decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
   decltype(&cublasLtMatmul) matmul = nullptr;
+  // Optional (null when absent): only used to check out-of-place support for residual GEMMs.
+  decltype(&cublasLtMatmulAlgoCapGetAttribute) cap_get = nullptr;
 };
 
 // Resolves cuBLASLt once per process. nullptr and *error when it cannot.
@@ -119,6 +136,8 @@ inline const Lt* lt(std::string* error) {
     bind(fns.pref_set, "cublasLtMatmulPreferenceSetAttribute");
     bind(fns.heuristic, "cublasLtMatmulAlgoGetHeuristic");
     bind(fns.matmul, "cublasLtMatmul");
+    fns.cap_get = reinterpret_cast<decltype(fns.cap_get)>(
+        dlsym(lib, "cublasLtMatmulAlgoCapGetAttribute"));
     if (!missing.empty()) {
       load_error = std::string(kLibrary) + " lacks " + missing;
       return;
@@ -155,7 +174,8 @@ inline uint32_t alignment(std::initializer_list<uint64_t> bytes) {
 struct Op {
   const Gemm* g = nullptr;
   cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;  // cuBLASLt's A, B, C=D
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;  // cuBLASLt's A, B, D
+  cublasLtMatrixLayout_t lr = nullptr;  // cuBLASLt's C: the residual's, else lc (C = D)
   cublasLtMatmulAlgo_t algo{};
   float alpha = 1.0f, beta = 0.0f;
   std::string how;  // how the algorithm was chosen (mlso_gemm_describe)
@@ -219,11 +239,11 @@ class Runner {
     return true;
   }
 
-  // Enqueues launch `index` on `stream`; a, b, c (and bias, for a bias epilogue; else ignored)
-  // are the base pointers of the plan buffers its operands name (offsets are applied here).
-  // Nothing is allocated or synchronised.
-  bool run(size_t index, void* a, void* b, void* c, void* bias, cu::CUstream stream,
-           std::string* err) const {
+  // Enqueues launch `index` on `stream`; a, b, c (and bias, residual for those epilogues; else
+  // ignored) are the base pointers of the plan buffers its operands name (offsets are applied
+  // here). Nothing is allocated or synchronised.
+  bool run(size_t index, void* a, void* b, void* c, void* bias, void* residual,
+           cu::CUstream stream, std::string* err) const {
     if (index >= ops_.size() || !ops_[index].g) {
       *err = "launch " + std::to_string(index) + " is not a library GEMM";
       return false;
@@ -234,6 +254,9 @@ class Runner {
     const char* pa = static_cast<const char*>(a) + g.a.offset * sab;
     const char* pb = static_cast<const char*>(b) + g.b.offset * sab;
     char* pc = static_cast<char*>(c) + g.c.offset * sc;
+    // cuBLASLt's C: the residual (read with beta), else D itself (beta 0: not read).
+    const char* pr = g.has_residual ? static_cast<const char*>(residual) + g.residual.offset * sc
+                                    : pc;
     if (g.has_bias) {
       const void* pbias = static_cast<const char*>(bias) + g.bias_offset * sc;
       if (!check(fns_->desc_set(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &pbias,
@@ -244,7 +267,7 @@ class Runner {
     }
     // cuBLASLt's A is the plan's B, its B the plan's A (see the top of this file).
     cublasStatus_t s = fns_->matmul(
-        handle_, op.desc, &op.alpha, pb, op.la, pa, op.lb, &op.beta, pc, op.lc, pc, op.lc,
+        handle_, op.desc, &op.alpha, pb, op.la, pa, op.lb, &op.beta, pr, op.lr, pc, op.lc,
         &op.algo, reinterpret_cast<void*>(static_cast<uintptr_t>(workspace_)), kWorkspaceBytes,
         reinterpret_cast<cudaStream_t>(stream));
     return check(s, "cublasLtMatmul", err);
@@ -261,6 +284,7 @@ class Runner {
         if (op.la) fns_->layout_destroy(op.la);
         if (op.lb) fns_->layout_destroy(op.lb);
         if (op.lc) fns_->layout_destroy(op.lc);
+        if (op.lr && op.lr != op.lc) fns_->layout_destroy(op.lr);
         if (op.desc) fns_->desc_destroy(op.desc);
       }
       if (handle_) fns_->destroy(handle_);
@@ -331,6 +355,14 @@ class Runner {
         !layout(&op->lc, g.dtype_c, g.n, g.m, g.c.ld, g.batch, g.c.stride, err)) {
       return false;
     }
+    op->lr = op->lc;
+    if (g.has_residual) {
+      op->lr = nullptr;  // a layout of its own: R's ld and batch stride, in D's type
+      if (!layout(&op->lr, g.dtype_c, g.n, g.m, g.residual.ld, g.batch, g.residual.stride,
+                  err)) {
+        return false;
+      }
+    }
     cublasLtMatmulPreference_t pref = nullptr;
     if (!check(fns_->pref_create(&pref), "cublasLtMatmulPreferenceCreate", err)) return false;
     uint64_t ws = kWorkspaceBytes;
@@ -338,7 +370,8 @@ class Runner {
     auto span = [&](const GemmOperand& o, size_t size) {
       return alignment({uint64_t(o.offset) * size, g.batch > 1 ? uint64_t(o.stride) * size : 0});
     };
-    uint32_t align_a = span(g.b, sab), align_b = span(g.a, sab), align_c = span(g.c, sc);
+    uint32_t align_a = span(g.b, sab), align_b = span(g.a, sab), align_d = span(g.c, sc);
+    uint32_t align_c = g.has_residual ? span(g.residual, sc) : align_d;
     bool ok =
         check(fns_->pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
               "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", err) &&
@@ -351,13 +384,13 @@ class Runner {
         check(fns_->pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
                              sizeof(align_c)),
               "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_C_BYTES)", err) &&
-        check(fns_->pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
-                             sizeof(align_c)),
+        check(fns_->pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+                             sizeof(align_d)),
               "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_D_BYTES)", err);
     cublasLtMatmulHeuristicResult_t results[kHeuristicResults] = {};
     int found = 0;
     if (ok) {
-      ok = check(fns_->heuristic(handle_, op->desc, op->la, op->lb, op->lc, op->lc, pref,
+      ok = check(fns_->heuristic(handle_, op->desc, op->la, op->lb, op->lr, op->lc, pref,
                                  kHeuristicResults, results, &found),
                  "cublasLtMatmulAlgoGetHeuristic", err);
     }
@@ -365,7 +398,9 @@ class Runner {
     if (!ok) return false;
     std::vector<cublasLtMatmulAlgo_t> candidates;  // best first
     for (int i = 0; i < found; ++i) {
-      if (results[i].state == CUBLAS_STATUS_SUCCESS) candidates.push_back(results[i].algo);
+      if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      if (g.has_residual && !out_of_place(results[i].algo)) continue;
+      candidates.push_back(results[i].algo);
     }
     if (!candidates.empty()) {
       op->algo = candidates[0];
@@ -375,7 +410,7 @@ class Runner {
         cu::CUcontext ctx = nullptr;
         if (drv_->cuCtxGetCurrent) drv_->cuCtxGetCurrent(&ctx);
         std::snprintf(ctx_id, sizeof(ctx_id), "%p", static_cast<void*>(ctx));
-        std::string key = describe_key(g, align_a, align_b, align_c) + " ctx " + ctx_id;
+        std::string key = describe_key(g, align_a, align_b, align_c, align_d) + " ctx " + ctx_id;
         ChoiceCache& cache = choices();
         std::lock_guard<std::mutex> guard(cache.lock);
         auto hit = cache.chosen.find(key);
@@ -395,15 +430,31 @@ class Runner {
     return false;
   }
 
-  static std::string describe_key(const Gemm& g, uint32_t aa, uint32_t ab, uint32_t ac) {
+  // Whether an algorithm may write D elsewhere than C (a residual GEMM's case). Unknown (no
+  // cublasLtMatmulAlgoCapGetAttribute, or the query fails): trusted, as the heuristic was given
+  // C's and D's layouts separately.
+  bool out_of_place(const cublasLtMatmulAlgo_t& algo) const {
+    if (!fns_->cap_get) return true;
+    int32_t support = 1;
+    size_t written = 0;
+    if (fns_->cap_get(&algo, CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT, &support,
+                      sizeof(support), &written) != CUBLAS_STATUS_SUCCESS) {
+      return true;
+    }
+    return support != 0;
+  }
+
+  static std::string describe_key(const Gemm& g, uint32_t aa, uint32_t ab, uint32_t ac,
+                                  uint32_t ad) {
     auto op = [](const GemmOperand& o) {
       return std::to_string(o.ld) + "/" + std::to_string(o.stride) + (o.trans ? "T" : "N");
     };
     return std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k) + "b" +
            std::to_string(g.batch) + " t" + std::to_string(g.dtype_ab) + std::to_string(g.dtype_c) +
            " a" + op(g.a) + " b" + op(g.b) + " c" + op(g.c) + " al" + std::to_string(aa) + "," +
-           std::to_string(ab) + "," + std::to_string(ac) + (g.has_bias ? " bias" : "") +
-           " ab" + std::to_string(g.alpha) + "," + std::to_string(g.beta);
+           std::to_string(ab) + "," + std::to_string(ac) + "," + std::to_string(ad) +
+           (g.has_bias ? " bias" : "") + (g.has_residual ? " r" + op(g.residual) : "") + " ab" +
+           std::to_string(g.alpha) + "," + std::to_string(g.beta);
   }
 
   // Times each candidate on scratch operands of the GEMM's extents (offsets kept, so alignment
@@ -415,19 +466,21 @@ class Runner {
     size_t bytes_b = size_t(extent(g.b, g.k, g.n, g.batch)) * sab;
     size_t bytes_c = size_t(extent(g.c, g.m, g.n, g.batch)) * sc;
     size_t bytes_bias = g.has_bias ? size_t(g.bias_offset + g.n) * sc : 0;
-    cu::CUdeviceptr buf[4] = {0, 0, 0, 0};
-    size_t sizes[4] = {bytes_a, bytes_b, bytes_c, bytes_bias};
+    size_t bytes_r = g.has_residual ? size_t(extent(g.residual, g.m, g.n, g.batch)) * sc : 0;
+    constexpr int kBufs = 5;
+    cu::CUdeviceptr buf[kBufs] = {0, 0, 0, 0, 0};
+    size_t sizes[kBufs] = {bytes_a, bytes_b, bytes_c, bytes_bias, bytes_r};
     cu::CUstream stream = nullptr;
     cu::CUevent start = nullptr, stop = nullptr;
     bool ok = true;
-    for (int i = 0; i < 4 && ok; ++i) {
+    for (int i = 0; i < kBufs && ok; ++i) {
       if (sizes[i]) ok = d.cuMemAlloc(&buf[i], sizes[i]) == cu::CUDA_SUCCESS;
     }
     ok = ok && d.cuStreamCreate(&stream, 1 /* CU_STREAM_NON_BLOCKING */) == cu::CUDA_SUCCESS &&
          d.cuEventCreate(&start, 0) == cu::CUDA_SUCCESS &&
          d.cuEventCreate(&stop, 0) == cu::CUDA_SUCCESS;
     // 0x3C bytes: fp16/bf16 values near 1 and small fp32 values, all finite.
-    for (int i = 0; i < 4 && ok; ++i) {
+    for (int i = 0; i < kBufs && ok; ++i) {
       if (sizes[i]) ok = d.cuMemsetD8Async(buf[i], 0x3C, sizes[i], stream) == cu::CUDA_SUCCESS;
     }
     const void* bias_ptr = reinterpret_cast<const void*>(
@@ -442,9 +495,10 @@ class Runner {
     const char* pa = ptr(buf[0], g.a.offset, sab);
     const char* pb = ptr(buf[1], g.b.offset, sab);
     char* pc = ptr(buf[2], g.c.offset, sc);
+    const char* pr = g.has_residual ? ptr(buf[4], g.residual.offset, sc) : pc;
     auto call = [&](const cublasLtMatmulAlgo_t& algo) {
-      return fns_->matmul(handle_, op->desc, &op->alpha, pb, op->la, pa, op->lb, &op->beta, pc,
-                          op->lc, pc, op->lc, &algo,
+      return fns_->matmul(handle_, op->desc, &op->alpha, pb, op->la, pa, op->lb, &op->beta, pr,
+                          op->lr, pc, op->lc, &algo,
                           reinterpret_cast<void*>(static_cast<uintptr_t>(workspace_)),
                           kWorkspaceBytes, reinterpret_cast<cudaStream_t>(stream)) ==
              CUBLAS_STATUS_SUCCESS;
@@ -512,7 +566,7 @@ class Runner {
            "cublasLt.h and rebuild it, or re-run `mlso optimize` with MLSO_LIBRARY_GEMM=0)";
     return false;
   }
-  bool run(size_t, void*, void*, void*, void*, cu::CUstream, std::string* err) const {
+  bool run(size_t, void*, void*, void*, void*, void*, cu::CUstream, std::string* err) const {
     *err = "no cuBLASLt support in this build";
     return false;
   }

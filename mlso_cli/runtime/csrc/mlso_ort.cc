@@ -595,8 +595,9 @@ OrtStatus* compute(Kernel* k, OrtKernelContext* context) {
       void* b = pointer(g.b.buf, &bytes);
       void* c = pointer(g.c.buf, &bytes);
       void* bias = g.has_bias ? pointer(g.bias_buf, &bytes) : nullptr;
+      void* residual = g.has_residual ? pointer(g.residual.buf, &bytes) : nullptr;
       std::string why;
-      if (!k->gemms || !k->gemms->run(l, a, b, c, bias, stream, &why)) {
+      if (!k->gemms || !k->gemms->run(l, a, b, c, bias, residual, stream, &why)) {
         return error(ORT_FAIL, k->where() + "launch " + std::to_string(l) +
                                    " (a library GEMM) failed: " + why);
       }
@@ -785,16 +786,17 @@ MLSO_EXPORT void* mlso_gemm_create(const char* plan_json, char* err, size_t err_
 }
 
 // Enqueues launch `index` (a library GEMM) on `stream` (a CUstream; 0 is the legacy default
-// stream); a, b, c (and bias, 0 when the GEMM has no bias epilogue) are the base device pointers
-// of the buffers its operands name. 0 on success.
+// stream); a, b, c (and bias, residual: 0 when the GEMM has no such epilogue) are the base
+// device pointers of the buffers its operands name. 0 on success.
 MLSO_EXPORT int mlso_gemm_run(void* handle, size_t index, unsigned long long a,
                               unsigned long long b, unsigned long long c, unsigned long long bias,
-                              void* stream, char* err, size_t err_len) {
+                              unsigned long long residual, void* stream, char* err,
+                              size_t err_len) {
   auto* h = static_cast<GemmHandle*>(handle);
   std::string problem;
   auto ptr = [](unsigned long long p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); };
-  if (!h || !h->runner.run(index, ptr(a), ptr(b), ptr(c), ptr(bias), static_cast<cu::CUstream>(stream),
-                           &problem)) {
+  if (!h || !h->runner.run(index, ptr(a), ptr(b), ptr(c), ptr(bias), ptr(residual),
+                           static_cast<cu::CUstream>(stream), &problem)) {
     copy_message(h ? problem : std::string("null handle"), err, err_len);
     return 1;
   }

@@ -1,6 +1,7 @@
-// The launch plan (versions 1 to 3): what the op checks, allocates, zeroes and launches.
+// The launch plan (versions 1 to 4): what the op checks, allocates, zeroes and launches.
 // Version 2 adds library GEMM launches ({"kind": "gemm", ...}), run with cuBLASLt (mlso_gemm.h);
-// version 3 a GEMM's bias epilogue ("bias": a vector of C's dtype added to every row of C).
+// version 3 a GEMM's bias epilogue ("bias": a vector of C's dtype added to every row of C);
+// version 4 its residual epilogue ("residual": a matrix of C's dtype added to C, with beta).
 //
 // Why a separate header: the rules must be identical at kernel creation and in the self-test
 // entry points that CPU tests call through ctypes, and they mirror mlso_cli/runtime/plan.py.
@@ -98,7 +99,8 @@ struct GemmOperand {
   bool trans = false;
 };
 
-// C[e] = alpha * A[e] @ B[e] + beta * C[e], row-major, for e < batch; fp32 accumulation.
+// C[e] = alpha * A[e] @ B[e] + beta * C[e], row-major, for e < batch; fp32 accumulation. With a
+// residual epilogue, beta multiplies R[e] instead: C[e] = alpha * A[e] @ B[e] + beta * R[e].
 struct Gemm {
   int64_t m = 1, n = 1, k = 1, batch = 1;
   GemmOperand a, b, c;
@@ -110,6 +112,10 @@ struct Gemm {
   bool has_bias = false;
   BufRef bias_buf;
   int64_t bias_offset = 0;
+  // Residual epilogue (version 4): an m x n matrix of dtype_c per batch entry, row-major (never
+  // transposed), read as cuBLASLt's C while the plan's C is its D. Never with a bias.
+  bool has_residual = false;
+  GemmOperand residual;
 };
 
 struct Launch {
@@ -332,6 +338,119 @@ inline bool get_number(const json::Value* v, double* out) {
   return true;
 }
 
+// The dtype and byte size of the buffer a (checked) reference names.
+inline void buffer_dtype_bytes(const BufRef& ref, const Plan& plan,
+                               const std::vector<size_t>& scratch_dtype, int* dtype,
+                               uint64_t* nbytes) {
+  switch (ref.kind) {
+    case BufKind::Input:
+      *dtype = plan.inputs[ref.index].dtype;
+      *nbytes = plan.inputs[ref.index].bytes;
+      break;
+    case BufKind::Output:
+      *dtype = plan.outputs[ref.index].dtype;
+      *nbytes = plan.outputs[ref.index].bytes;
+      break;
+    case BufKind::Scratch:
+    default:
+      *dtype = static_cast<int>(scratch_dtype[ref.index]);
+      *nbytes = plan.scratch[ref.index];
+      break;
+  }
+}
+
+inline bool same_buf(const BufRef& x, const BufRef& y) {
+  return x.kind == y.kind && x.index == y.index;
+}
+
+// The bias epilogue; the checks and their order are runtime/plan.py's _gemm_bias().
+inline bool gemm_bias(const json::Value& bias, const std::string& w, const Plan& plan,
+                      const std::vector<size_t>& scratch_dtype, size_t size_c, Gemm* g,
+                      const Problem& p) {
+  if (plan.version < 3) return p.fail("version", w + " is a bias epilogue, which needs 'version' 3");
+  if (bias.kind != json::Value::Object) return p.fail("gemm", w + " must be an object");
+  if (!known_keys(bias, {"buf", "offset"}, w, p)) return false;
+  const json::Value* bbuf = bias.get("buf");
+  if (!bbuf) return p.fail("ref", w + ".buf must be an object");
+  if (!buf_ref(*bbuf, w + ".buf", true, plan, &g->bias_buf, p)) return false;
+  if (!get_int(bias.get("offset"), 0, kDimMax, &g->bias_offset)) {
+    return p.fail("gemm", w + ".offset must be an integer in [0, 2^40]");
+  }
+  int have = 0;
+  uint64_t nbytes = 0;
+  buffer_dtype_bytes(g->bias_buf, plan, scratch_dtype, &have, &nbytes);
+  if (have != g->dtype_c) {
+    return p.fail("gemm", w + ".buf is " + dtype_name(have) + ", the bias is read as C's " +
+                              dtype_name(g->dtype_c));
+  }
+  // offset <= 2^40 and n < 2^31: the sum and the product fit in 64 bits.
+  uint64_t last = uint64_t(g->bias_offset) + uint64_t(g->n);
+  if (last * uint64_t(size_c) > nbytes) {
+    return p.fail("gemm_bounds", w + " reaches element " + std::to_string(last - 1) +
+                                     " of a buffer of " + std::to_string(nbytes) + " bytes");
+  }
+  if (same_buf(g->bias_buf, g->c.buf)) return p.fail("gemm", w + " is the buffer of C");
+  g->has_bias = true;
+  return true;
+}
+
+// The residual epilogue; the checks and their order are runtime/plan.py's _gemm_residual().
+inline bool gemm_residual(const json::Value& r, bool with_bias, const std::string& w,
+                          const Plan& plan, const std::vector<size_t>& scratch_dtype,
+                          size_t size_c, Gemm* g, const Problem& p) {
+  if (plan.version < 4) {
+    return p.fail("version", w + " is a residual epilogue, which needs 'version' 4");
+  }
+  if (with_bias) return p.fail("gemm", w + " comes with a bias: a GEMM has at most one epilogue");
+  if (r.kind != json::Value::Object) return p.fail("gemm", w + " must be an object");
+  if (!known_keys(r, {"buf", "offset", "ld", "stride"}, w, p)) return false;
+  GemmOperand& op = g->residual;
+  const json::Value* buf = r.get("buf");
+  if (!buf) return p.fail("ref", w + ".buf must be an object");
+  if (!buf_ref(*buf, w + ".buf", true, plan, &op.buf, p)) return false;
+  const char* keys[3] = {"offset", "ld", "stride"};
+  int64_t* vals[3] = {&op.offset, &op.ld, &op.stride};
+  for (int i = 0; i < 3; ++i) {
+    int64_t lo = i == 1 ? 1 : 0;
+    if (!get_int(r.get(keys[i]), lo, kDimMax, vals[i])) {
+      return p.fail("gemm", w + "." + keys[i] + " must be an integer in [" + std::to_string(lo) +
+                                ", 2^40]");
+    }
+  }
+  op.trans = false;
+  int have = 0;
+  uint64_t nbytes = 0;
+  buffer_dtype_bytes(op.buf, plan, scratch_dtype, &have, &nbytes);
+  if (have != g->dtype_c) {
+    return p.fail("gemm", w + ".buf is " + dtype_name(have) + ", the residual is read as C's " +
+                              dtype_name(g->dtype_c));
+  }
+  if (op.ld < g->n) {
+    return p.fail("gemm", w + ".ld is " + std::to_string(op.ld) + ", less than its columns (" +
+                              std::to_string(g->n) + ")");
+  }
+  // Every factor is below 2^41, so the products fit in 128 bits.
+  using u128 = unsigned __int128;
+  u128 last = u128(op.offset) + u128(g->batch - 1) * u128(op.stride) +
+              u128(g->m - 1) * u128(op.ld) + u128(g->n);
+  if (last * u128(size_c) > u128(nbytes)) {
+    u128 idx = last - 1;
+    std::string digits;
+    do {
+      digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(idx % 10)));
+      idx /= 10;
+    } while (idx);
+    return p.fail("gemm_bounds", w + " reaches element " + digits + " of a buffer of " +
+                                     std::to_string(nbytes) + " bytes");
+  }
+  if (same_buf(op.buf, g->c.buf)) {
+    return p.fail("gemm", w + " is the buffer of C, which the GEMM writes while it reads the "
+                              "residual");
+  }
+  g->has_residual = true;
+  return true;
+}
+
 // A library GEMM launch; the checks and their order are runtime/plan.py's _gemm().
 inline bool gemm(const json::Value& l, const std::string& where, const Plan& plan,
                  const std::vector<size_t>& scratch_dtype, Gemm* g, const Problem& p) {
@@ -339,7 +458,7 @@ inline bool gemm(const json::Value& l, const std::string& where, const Plan& pla
     return p.fail("version", where + " is a library GEMM, which needs 'version' 2");
   }
   if (!known_keys(l, {"kind", "m", "n", "k", "batch", "a", "b", "c", "dtype_ab", "dtype_c",
-                      "alpha", "beta", "bias"},
+                      "alpha", "beta", "bias", "residual"},
                   where, p)) {
     return false;
   }
@@ -449,56 +568,17 @@ inline bool gemm(const json::Value& l, const std::string& where, const Plan& pla
                                        std::to_string(nbytes) + " bytes");
     }
   }
-  auto same = [](const BufRef& x, const BufRef& y) {
-    return x.kind == y.kind && x.index == y.index;
-  };
-  if (same(g->c.buf, g->a.buf) || same(g->c.buf, g->b.buf)) {
+  if (same_buf(g->c.buf, g->a.buf) || same_buf(g->c.buf, g->b.buf)) {
     return p.fail("gemm", where + ".c is the buffer of an operand");
   }
   const json::Value* bias = l.get("bias");
-  if (!bias) return true;
-  // The bias epilogue; the checks and their order are runtime/plan.py's _gemm_bias().
-  std::string w = where + ".bias";
-  if (plan.version < 3) return p.fail("version", w + " is a bias epilogue, which needs 'version' 3");
-  if (bias->kind != json::Value::Object) return p.fail("gemm", w + " must be an object");
-  if (!known_keys(*bias, {"buf", "offset"}, w, p)) return false;
-  const json::Value* bbuf = bias->get("buf");
-  if (!bbuf) return p.fail("ref", w + ".buf must be an object");
-  if (!buf_ref(*bbuf, w + ".buf", true, plan, &g->bias_buf, p)) return false;
-  if (!get_int(bias->get("offset"), 0, kDimMax, &g->bias_offset)) {
-    return p.fail("gemm", w + ".offset must be an integer in [0, 2^40]");
-  }
-  int have = 0;
-  uint64_t nbytes = 0;
-  switch (g->bias_buf.kind) {
-    case BufKind::Input:
-      have = plan.inputs[g->bias_buf.index].dtype;
-      nbytes = plan.inputs[g->bias_buf.index].bytes;
-      break;
-    case BufKind::Output:
-      have = plan.outputs[g->bias_buf.index].dtype;
-      nbytes = plan.outputs[g->bias_buf.index].bytes;
-      break;
-    case BufKind::Scratch:
-    default:
-      have = static_cast<int>(scratch_dtype[g->bias_buf.index]);
-      nbytes = plan.scratch[g->bias_buf.index];
-      break;
-  }
-  if (have != g->dtype_c) {
-    return p.fail("gemm", w + ".buf is " + dtype_name(have) + ", the bias is read as C's " +
-                              dtype_name(g->dtype_c));
-  }
-  // offset <= 2^40 and n < 2^31: the sum and the product fit in 64 bits.
-  uint64_t last = uint64_t(g->bias_offset) + uint64_t(g->n);
-  if (last * uint64_t(size_c) > nbytes) {
-    return p.fail("gemm_bounds", w + " reaches element " + std::to_string(last - 1) +
-                                     " of a buffer of " + std::to_string(nbytes) + " bytes");
-  }
-  if (same(g->bias_buf, g->c.buf)) return p.fail("gemm", w + " is the buffer of C");
-  g->has_bias = true;
-  return true;
+  if (bias && !gemm_bias(*bias, where + ".bias", plan, scratch_dtype, size_c, g, p)) return false;
+  const json::Value* residual = l.get("residual");
+  if (!residual) return true;
+  return gemm_residual(*residual, bias != nullptr, where + ".residual", plan, scratch_dtype,
+                       size_c, g, p);
 }
+
 
 inline std::string declared_str(const Declared& d) {
   std::string s = d.dtype ? dtype_name(d.dtype) : std::string("?");
@@ -556,8 +636,8 @@ inline bool parse_plan(const std::string& text, long n_inputs, long n_outputs, P
     return false;
   }
   int64_t version = 0;
-  if (!get_int(root.get("version"), 1, 3, &version)) {
-    return p.fail("version", "'version' must be 1, 2 or 3");
+  if (!get_int(root.get("version"), 1, 4, &version)) {
+    return p.fail("version", "'version' must be 1, 2, 3 or 4");
   }
   plan->version = static_cast<int>(version);
   const json::Value* targets = root.get("targets");
