@@ -28,17 +28,39 @@ SPATIAL_REDUCED = 8
 times a two-step loop over tiles of two (run.provisional's smallest sizes)."""
 
 
-def reduced_sizes(dc: DimClasses, limit: int = REDUCED) -> dict[int, int]:
+BATCH_REDUCED = 2
+"""The largest size a reduced batch index keeps: one that nothing sums over and that no
+contraction holds as a row or column (batch, heads, a GQA model's KV heads). Two blocks side by
+side show its structure."""
+
+
+def _matrix_classes(kg: KernelGraph, dc: DimClasses) -> set[int]:
+    """Classes some matmul holds as a row or column of an operand or of its result."""
+    out: set[int] = set()
+    for n in dc.node_class:
+        if n.op is not Op.MATMUL:
+            continue
+        for x in (n, *n.src):
+            out.update(c for c in dc.node_class.get(x, ())[-2:] if c is not None)
+    return out
+
+
+def reduced_sizes(
+    dc: DimClasses, limit: int = REDUCED, matrix: set[int] | None = None
+) -> dict[int, int]:
     """Class id -> reduced size. Unsplittable classes (inner dims of a reshape) keep theirs: the
     reshape ties them to the product of the others. An index nothing sums over (batch, heads,
     rows) is cut further: it only lays independent outputs side by side, and at batch 16 the
     attention's 32-wide batch-head index made every reduced check 16 times the work of batch 1."""
-    return {
-        c.id: gcd(c.size, limit if c.reduced else min(limit, SPATIAL_REDUCED))
-        if c.splittable
-        else c.size
-        for c in dc.classes
-    }
+
+    def cap(c) -> int:
+        if c.reduced:
+            return limit
+        if matrix is not None and c.id not in matrix:
+            return min(limit, BATCH_REDUCED)
+        return min(limit, SPATIAL_REDUCED)
+
+    return {c.id: gcd(c.size, cap(c)) if c.splittable else c.size for c in dc.classes}
 
 
 def shrink(kg: KernelGraph, limit: int = REDUCED) -> tuple[KernelGraph, DimClasses]:
@@ -46,7 +68,7 @@ def shrink(kg: KernelGraph, limit: int = REDUCED) -> tuple[KernelGraph, DimClass
     the reduced graph's class sizes are `reduced_sizes`)."""
     dc = dim_classes(kg)
     size = {c.id: c.size for c in dc.classes}
-    new = reduced_sizes(dc, limit)
+    new = reduced_sizes(dc, limit, _matrix_classes(kg, dc))
     memo: dict[Node, Node] = {}
 
     def shape_of(n: Node) -> tuple[int, ...]:
