@@ -165,8 +165,18 @@ def test_plans_are_consistent(graphs, programs):
             validate_plan(plan)
         library = [launch for launch in plan["launches"] if launch.get("kind") == "gemm"]
         kernels = [launch for launch in plan["launches"] if launch.get("kind") != "gemm"]
-        # version 2 exactly when a library GEMM is in the plan (codegen/program.py)
-        assert plan["version"] == (2 if library else 1) and plan["targets"] == ["sm_80", "sm_90a"]
+        # version 2 exactly when a library GEMM is in the plan, 3 with a bias epilogue, 4 with a
+        # residual one (codegen/program.py)
+        want = (
+            4
+            if any("residual" in g for g in library)
+            else 3
+            if any("bias" in g for g in library)
+            else 2
+            if library
+            else 1
+        )
+        assert plan["version"] == want and plan["targets"] == ["sm_80", "sm_90a"]
         assert len(set(gp.kernel_names)) == len(gp.kernel_names) == len(kernels)
         assert plan["smem_max"] == max([launch["smem"] for launch in kernels] + [0])
         for launch in kernels:
