@@ -68,7 +68,7 @@ from mlso_cli.codegen.program import Buffer, GemmBias, GemmLaunch, GemmOperand, 
 from mlso_cli.codegen.scale import Storage
 from mlso_cli.codegen.stabilise import consumers_of
 from mlso_cli.codegen.synthetic import stage
-from mlso_cli.codegen.views import strided
+from mlso_cli.codegen.views import Strided, strided
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import DType, Op
 
@@ -169,13 +169,13 @@ def epilogue_add(
     return None if bias is root else (add, bias)
 
 
-def bias_operand(storage: Mapping[Node, Storage], bias: Node, dtype: DType) -> GemmBias | None:
-    """bias read in place as a cuBLASLt bias vector: a view (no cast) of a program input of
-    `dtype`, contiguous along the last axis and broadcast (stride 0) over every other, or None.
-    Why an input: the GEMM runs at the matmul's place in the schedule, which orders it after the
-    producers of A and B only; a bias computed by another kernel might not be written yet."""
-    view = strided(bias, storage)
-    if view is None or not _leaf_plain(bias, view.leaf):
+def _input_view(
+    storage: Mapping[Node, Storage], x: Node, dtype: DType
+) -> tuple[Buffer, Strided] | None:
+    """x as a plain view (no cast) of a program input stored unscaled in `dtype`: the buffer and
+    the view, or None. What an epilogue's addend must be (see `bias_operand`)."""
+    view = strided(x, storage)
+    if view is None or not _leaf_plain(x, view.leaf):
         return None
     st = storage[view.leaf]
     buf = st.buffer
@@ -183,6 +183,18 @@ def bias_operand(storage: Mapping[Node, Storage], bias: Node, dtype: DType) -> G
         return None
     if st.dtype != dtype or view.leaf.dtype != dtype:
         return None
+    return buf, view
+
+
+def bias_operand(storage: Mapping[Node, Storage], bias: Node, dtype: DType) -> GemmBias | None:
+    """bias read in place as a cuBLASLt bias vector: a view (no cast) of a program input of
+    `dtype`, contiguous along the last axis and broadcast (stride 0) over every other, or None.
+    Why an input: the GEMM runs at the matmul's place in the schedule, which orders it after the
+    producers of A and B only; a bias computed by another kernel might not be written yet."""
+    got = _input_view(storage, bias, dtype)
+    if got is None:
+        return None
+    buf, view = got
     *lead, last = view.strides
     if last != 1 and bias.shape[-1] != 1:
         return None
@@ -196,15 +208,10 @@ def residual_operand(storage: Mapping[Node, Storage], r: Node, dtype: DType) -> 
     row-major (unit stride along the last axis: cuBLASLt's C is never transposed), rows `ld >= n`
     elements apart, batch entries one nonzero stride apart (module docstring), or None. Why an
     input: as for the bias (`bias_operand`)."""
-    view = strided(r, storage)
-    if view is None or not _leaf_plain(r, view.leaf):
+    got = _input_view(storage, r, dtype)
+    if got is None:
         return None
-    st = storage[view.leaf]
-    buf = st.buffer
-    if not isinstance(buf, Buffer) or buf.kind != "input" or st.scale is not None:
-        return None
-    if st.dtype != dtype or view.leaf.dtype != dtype:
-        return None
+    buf, view = got
     rows, cols = r.shape[-2], r.shape[-1]
     sr, sc = view.strides[-2], view.strides[-1]
     if sc != 1 and cols > 1:
