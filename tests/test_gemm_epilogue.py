@@ -84,6 +84,7 @@ def test_dry_run_reports_the_linear_as_one_launch(tmp_path, monkeypatch):
     assert rows[-1]["type"] == "summary" and rows[-1]["packaged"] == 1
 
 
+@pytest.mark.slow  # a whole optimize -o + verify: `make test` stays under 10 minutes
 def test_optimize_writes_a_bias_epilogue_and_verify_accepts_it(tmp_path, monkeypatch):
     use_cache(monkeypatch)
     src = _linear_bias(tmp_path / "linear_bias.onnx")
@@ -125,6 +126,7 @@ def test_dry_run_reports_matmul_plus_residual_as_one_launch(tmp_path, monkeypatc
     assert rows[-1]["type"] == "summary" and rows[-1]["packaged"] == 1
 
 
+@pytest.mark.slow  # a whole optimize -o + verify: `make test` stays under 10 minutes
 def test_optimize_writes_a_residual_epilogue_and_verify_accepts_it(tmp_path, monkeypatch):
     use_cache(monkeypatch)
     src = _linear_residual(tmp_path / "linear_residual.onnx", TensorProto.FLOAT16)
