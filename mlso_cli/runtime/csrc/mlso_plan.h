@@ -363,6 +363,22 @@ inline bool same_buf(const BufRef& x, const BufRef& y) {
   return x.kind == y.kind && x.index == y.index;
 }
 
+// Refuses (gemm_bounds) an operand whose elements reach `last` (one past its final element,
+// counted from its buffer's start) when that lies past the buffer's `nbytes`. 128 bits: every
+// factor of `last` is below 2^41.
+inline bool within_buffer(unsigned __int128 last, size_t itemsize, uint64_t nbytes,
+                          const std::string& w, const Problem& p) {
+  if (last * (unsigned __int128)itemsize <= (unsigned __int128)nbytes) return true;
+  unsigned __int128 idx = last - 1;
+  std::string digits;
+  do {
+    digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(idx % 10)));
+    idx /= 10;
+  } while (idx);
+  return p.fail("gemm_bounds", w + " reaches element " + digits + " of a buffer of " +
+                                   std::to_string(nbytes) + " bytes");
+}
+
 // The bias epilogue; the checks and their order are runtime/plan.py's _gemm_bias().
 inline bool gemm_bias(const json::Value& bias, const std::string& w, const Plan& plan,
                       const std::vector<size_t>& scratch_dtype, size_t size_c, Gemm* g,
@@ -433,16 +449,7 @@ inline bool gemm_residual(const json::Value& r, bool with_bias, const std::strin
   using u128 = unsigned __int128;
   u128 last = u128(op.offset) + u128(g->batch - 1) * u128(op.stride) +
               u128(g->m - 1) * u128(op.ld) + u128(g->n);
-  if (last * u128(size_c) > u128(nbytes)) {
-    u128 idx = last - 1;
-    std::string digits;
-    do {
-      digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(idx % 10)));
-      idx /= 10;
-    } while (idx);
-    return p.fail("gemm_bounds", w + " reaches element " + digits + " of a buffer of " +
-                                     std::to_string(nbytes) + " bytes");
-  }
+  if (!within_buffer(last, size_c, nbytes, w, p)) return false;
   if (same_buf(op.buf, g->c.buf)) {
     return p.fail("gemm", w + " is the buffer of C, which the GEMM writes while it reads the "
                               "residual");
@@ -557,16 +564,7 @@ inline bool gemm(const json::Value& l, const std::string& where, const Plan& pla
                                 ": batch entries of C overlap");
     }
     u128 last = u128(r.op->offset) + u128(g->batch - 1) * u128(r.op->stride) + span;
-    if (last * u128(r.itemsize) > u128(nbytes)) {
-      u128 idx = last - 1;
-      std::string digits;
-      do {
-        digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(idx % 10)));
-        idx /= 10;
-      } while (idx);
-      return p.fail("gemm_bounds", w + " reaches element " + digits + " of a buffer of " +
-                                       std::to_string(nbytes) + " bytes");
-    }
+    if (!within_buffer(last, r.itemsize, nbytes, w, p)) return false;
   }
   if (same_buf(g->c.buf, g->a.buf) || same_buf(g->c.buf, g->b.buf)) {
     return p.fail("gemm", where + ".c is the buffer of an operand");
