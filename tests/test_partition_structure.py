@@ -103,13 +103,16 @@ def test_zoo_regions_follow_the_layers(path: Path):
     }
     assert len(shapes[layers[0]]) >= 4
     for k in layers:
-        # the attention core carries its softmax and both attention contractions; o_proj,
-        # which reads P·V through views, starts the next region (a fused core saves P·V in
-        # its own layout)
+        # the attention core carries its softmax, both attention contractions and the views
+        # that re-lay P·V out for o_proj; o_proj starts the next region (a fused core saves
+        # P·V through those views, and the projection's library GEMM reads a plain matrix)
         attn = [lr.region for lr in per_layer[k] if "Softmax" in lr.region.ops]
         assert len(attn) == 1
         mm = [op for op in attn[0].ops if support.SUPPORT[op][0] is OpKind.CONTRACTION]
         assert len(mm) == 2, attn[0].ops
+        last_mm = max(i for i in attn[0].nodes if nodes[i].op_type in ("MatMul", "Gemm"))
+        tail = [nodes[i].op_type for i in attn[0].nodes if i > last_mm]
+        assert tail and set(tail) <= {"Transpose", "Reshape"}, attn[0].ops
         # the projection that reads the norm is not in the attention core's region
         assert not any(op in attn[0].ops for op in ("LayerNormalization", "ReduceMean")) or (
             # Gemma normalises o_proj's output inside the branch before the residual add

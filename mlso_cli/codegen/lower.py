@@ -95,7 +95,10 @@ class Lowering:
 
     # ---- storage -----------------------------------------------------------------------------
     def _store(self, n: Node, buf: Buffer) -> Storage:
-        st = Storage(buf.name, buf.dtype, buf.shape, contiguous(buf.shape), buffer=buf)
+        # a target saved through views (roots.through_views) has its own dims and strides
+        strides = self.decided.target_strides.get(n)
+        shape = buf.shape if strides is None else n.shape
+        st = Storage(buf.name, buf.dtype, shape, strides or contiguous(shape), buffer=buf)
         self.storage[n] = st
         return st
 

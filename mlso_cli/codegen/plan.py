@@ -156,16 +156,17 @@ def _storage_sketch(kg: KernelGraph, kr: KernelRoots) -> dict[Node, Storage]:
     Enough for libgemm.stagings, which reads dtypes and strides only."""
     out: dict[Node, Storage] = {}
 
-    def put(n: Node, kind: str, index: int, dtype: DType) -> None:
+    def put(n: Node, kind: str, index: int, dtype: DType, shape: tuple[int, ...]) -> None:
         if n not in out:
-            buf = Buffer(kind, index, dtype, n.shape)
-            out[n] = Storage(buf.name, dtype, n.shape, contiguous(n.shape), buffer=buf)
+            buf = Buffer(kind, index, dtype, shape)
+            strides = kr.target_strides.get(n) if kind == "output" else None
+            out[n] = Storage(buf.name, dtype, n.shape, strides or contiguous(n.shape), buffer=buf)
 
     for i, n in enumerate(kg.inputs):
-        put(n, "input", i, n.dtype)
+        put(n, "input", i, n.dtype, n.shape)
     for k, n in enumerate(kr.targets):
-        put(n, "output", k, kg.outputs[k].dtype)
+        put(n, "output", k, kg.outputs[k].dtype, kg.outputs[k].shape)
     for i, n in enumerate(kr.order):
         if n in kr.roots or n.op is Op.PROJ:
-            put(n, "scratch", i, DType.F32)
+            put(n, "scratch", i, DType.F32, n.shape)
     return out

@@ -15,6 +15,9 @@ Rules (thread graphs are built by rules, not search):
     elementwise consumer (INLINE_REDUCE_MAX_LEN).
   - An output that is an input, repeats another output slot, or is read by other kernels goes
     out through a copy (synthetic.copy).
+  - An output that is a chain of transposes and reshapes over a graph-defined kernel's output,
+    read by nothing else, is no kernel: the graph-defined kernel saves straight into the output
+    buffer, with the strides the views give its dims (`through_views`).
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mlso_cli.codegen import synthetic
+from mlso_cli.codegen.cfmt import contiguous
 from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.frozen import FrozenMap
 from mlso_cli.codegen.schedule import schedule
 from mlso_cli.codegen.stabilise import consumers_of, stabilisers
-from mlso_cli.ir.graph import KernelGraph
+from mlso_cli.codegen.views import view_strides
+from mlso_cli.ir.graph import PARTIAL, KernelGraph
 from mlso_cli.ir.node import Node, toposort
 from mlso_cli.ir.ops import REDUCE, VIEW, Op
 
@@ -60,6 +65,9 @@ class KernelRoots:
     """What output slot k holds: the output node, or its copy."""
     schedule: tuple[Node, ...]
     """The roots in launch order (dependencies first)."""
+    target_strides: FrozenMap[Node, tuple[int, ...]] = FrozenMap(())
+    """Targets stored into their output buffer through views: node -> its dims' strides there
+    (a graph-defined kernel's output whose region output is its transpose/reshape)."""
 
 
 def kernel_roots(kg: KernelGraph) -> KernelRoots:
@@ -74,7 +82,7 @@ def kernel_roots(kg: KernelGraph) -> KernelRoots:
                 f"{n.op.value}{list(n.shape)} has more than 2^31-1 elements",
                 "Split the region: kernels index with 32-bit integers.",
             )
-    roots, targets = _roots(kg, order, consumers, stab)
+    roots, targets, strides = _roots(kg, order, consumers, stab)
     launch = schedule(targets, lambda n: _deps(n, roots, stab), keep=lambda n: n in roots)
     return KernelRoots(
         tuple(order),
@@ -83,6 +91,7 @@ def kernel_roots(kg: KernelGraph) -> KernelRoots:
         frozenset(roots),
         tuple(targets),
         tuple(launch),
+        FrozenMap(strides.items()),
     )
 
 
@@ -91,14 +100,24 @@ def _roots(
     order: list[Node],
     consumers: Mapping[Node, list[Node]],
     stab: Mapping[Node, Node],
-) -> tuple[set[Node], list[Node]]:
-    """(root set, output targets): which nodes get kernels, and what each output slot holds."""
+) -> tuple[set[Node], list[Node], dict[Node, tuple[int, ...]]]:
+    """(root set, output targets, strides of targets saved through views): which nodes get
+    kernels, and what each output slot holds."""
     roots: set[Node] = {n for n in order if n.op in (Op.MATMUL, Op.GRAPH_DEF)} | set(stab.values())
     outs = set(kg.outputs)
+    strides: dict[Node, tuple[int, ...]] = {}
+    aliased: dict[Node, Node] = {}  # output view -> the graph-defined output saved through it
+    for n in kg.outputs:
+        got = through_views(n, consumers, outs)
+        if got is not None and got[0] not in strides and kg.outputs.count(n) == 1:
+            strides[got[0]] = got[1]
+            aliased[n] = got[0]
     users: dict[Node, set[Node]] = {}
     for n in reversed(order):
         if n.op in (Op.INPUT, Op.CONST, Op.PROJ) or n in roots:
             continue
+        if n in aliased or (n.op in VIEW and any(c in aliased for c in consumers.get(n, []))):
+            continue  # a view the graph-defined kernel saves through: no kernel
         u: set[Node] = set()
         for c in consumers.get(n, []):
             u |= {c} if c in roots else users.get(c, set())
@@ -115,6 +134,10 @@ def _roots(
     taken: set[Node] = set()
     taken_proj: set[tuple[Node, int]] = set()
     for k, n in enumerate(kg.outputs):
+        if n in aliased:
+            targets.append(aliased[n])
+            taken.add(aliased[n])
+            continue
         key = (n.src[0], n.arg) if n.op is Op.PROJ else None
         # An output that other kernels also read goes out through a copy: the node keeps fp32
         # scratch that may stay scaled (a split-KV partial, a softmax numerator), and only the
@@ -127,7 +150,48 @@ def _roots(
         if key is not None:
             taken_proj.add(key)
         targets.append(n)
-    return roots, targets
+    return roots, targets, strides
+
+
+def through_views(
+    out: Node, consumers: Mapping[Node, list[Node]], outs: set[Node]
+) -> tuple[Node, tuple[int, ...]] | None:
+    """(x, strides) when `out` is transposes and reshapes of a graph-defined kernel's output x
+    that nothing else reads: x's dims' strides in out's (contiguous) buffer. Else None.
+
+    Why: a fused attention core hands on [batch, seq, heads * d] while its blocks compute
+    [batch, heads, seq, d] tiles; saved through the views' strides, the layout change costs a
+    strided store instead of a copy kernel (one launch and a round trip through memory)."""
+    if out.op not in (Op.TRANSPOSE, Op.RESHAPE):
+        return None
+    st: tuple[int, ...] | None = contiguous(out.shape)
+    n = out
+    while n.op in (Op.TRANSPOSE, Op.RESHAPE):
+        src = n.src[0]
+        if isinstance(n.arg, synthetic.Copy) or src.dtype is not n.dtype:
+            return None
+        if n is not out and (n in outs or len(consumers.get(n, [])) != 1):
+            return None
+        if n.op is Op.TRANSPOSE:
+            back = [0] * len(st)
+            for i, p in enumerate(n.arg):
+                back[p] = st[i]
+            st = tuple(back)
+        else:
+            st = view_strides(n.shape, st, src.shape)
+            if st is None:
+                return None
+        n = src
+    ok = (
+        n.op is Op.PROJ
+        and n.src[0].op is Op.GRAPH_DEF
+        # an exact save: a partial (split) output is fp32 scratch for its combine
+        and PARTIAL not in n.src[0].arg.outputs[n.arg].arg.omap
+        and n not in outs
+        and len(consumers.get(n, [])) == 1
+        and n.dtype is out.dtype
+    )
+    return (n, st) if ok else None
 
 
 def _recomputed(n: Node) -> bool:

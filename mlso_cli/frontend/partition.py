@@ -551,6 +551,7 @@ def _find_structure(
             continue
         for t in dict.fromkeys(nodes[c].input):
             w, nxt = producer.get(t), c
+            last_view = (w, c)
             while (
                 w is not None
                 and branch.get(w) == branch[c]
@@ -575,7 +576,7 @@ def _find_structure(
                 # re-laid-out tile, which no block program computes, and the search kept the
                 # 10-kernel lifted attention. Apart, the core fuses and the projection is a
                 # library GEMM reading the views.
-                explicit[(w, nxt)] = w
+                explicit[last_view] = w
                 core_ends.add(w)
 
     stage: dict[int, int] = {}

@@ -1,0 +1,63 @@
+"""A graph-defined kernel saves through the transposes and reshapes of a region output.
+
+Why: a fused attention core computes [heads, seq, d] tiles and the model hands on
+[seq, heads * d]. Before, that output went out through a copy kernel (one more launch and a round
+trip through memory), so a partition that puts the views with the core gained nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlso_cli.codegen import generate, hostemu
+from mlso_cli.codegen.roots import kernel_roots
+from mlso_cli.ir import KernelGraph, Op, check
+from mlso_cli.ir import build as b
+from tests.test_codegen_graphs import F16, flash_attention
+from tests.test_codegen_properties import emu_cache, mismatch
+
+__all__ = ["emu_cache"]  # the fixture, imported for pytest
+
+G, M, D = 2, 32, 16
+
+
+def _relaid(extra_output: bool = False) -> KernelGraph:
+    """flash attention over G heads, handed on as [M, G * D] (and as it is, if extra_output)."""
+    core = flash_attention(F16, g=G, m=M, d=D)
+    (o,) = core.outputs
+    viewed = b.reshape(b.transpose(o, (1, 0, 2)), (M, G * D))
+    outs = [viewed, o] if extra_output else [viewed]
+    names = ["O2", "O"] if extra_output else ["O2"]
+    kg = b.kernel_graph(list(core.inputs), outs, list(core.input_names), names)
+    check(kg)
+    return kg
+
+
+def _inputs(kg: KernelGraph) -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    return [rng.uniform(-1, 1, n.shape).astype(np.float32) for n in kg.inputs]
+
+
+def test_the_kernel_saves_through_the_views_with_their_strides(emu_cache):
+    kg = _relaid()
+    kr = kernel_roots(kg)
+    ((proj, strides),) = kr.target_strides.items()
+    assert proj.op is Op.PROJ and proj.shape == (G, M, D)
+    # head h, row m, column d of the tile lands at m * (G * D) + h * D + d of the output
+    assert strides == (D, G * D, 1)
+    gp = generate(kg)
+    assert len(gp.kernels) == 1, [k.name for k in gp.kernels]
+    ins = _inputs(kg)
+    why = mismatch(kg, ins, hostemu.run(gp, ins))
+    assert why is None, why
+
+
+def test_a_value_also_handed_on_as_it_is_still_goes_out_through_a_copy(emu_cache):
+    kg = _relaid(extra_output=True)
+    assert not kernel_roots(kg).target_strides
+    gp = generate(kg)
+    # the kernel saves to scratch; one kernel writes the views, one copies the value out
+    assert len(gp.kernels) == 3
+    ins = _inputs(kg)
+    why = mismatch(kg, ins, hostemu.run(gp, ins))
+    assert why is None, why
