@@ -169,6 +169,15 @@ def flash_attention(
     return b.kernel_graph([q, k, v], [out], ["Q", "K", "V"], ["O"])
 
 
+def flash_relaid(dt: DType = F16, g: int = 2, m: int = 32, d: int = 16) -> KernelGraph:
+    """flash attention over g heads handed on as [m, g * d], as a decoder hands P·V to o_proj:
+    the kernel saves through the transpose and reshape (roots.through_views)."""
+    core = flash_attention(dt, g=g, m=m, d=d)
+    (o,) = core.outputs
+    viewed = b.reshape(b.transpose(o, (1, 0, 2)), (m, g * d))
+    return b.kernel_graph(list(core.inputs), [viewed], list(core.input_names), ["O2"])
+
+
 def flash_v_factor(
     dt: DType = F16, g: int = 2, m: int = 32, d: int = 16, n: int = 96, loop: int = 3
 ) -> KernelGraph:
@@ -295,6 +304,7 @@ GRAPHS: dict[str, Callable[[], KernelGraph]] = {
     "flash_f16": flash_attention,
     "flash_bf16": partial(flash_attention, BF16),
     "flash_v_factor_f16": flash_v_factor,
+    "flash_relaid_f16": flash_relaid,
     "flash_wide_v_f16": partial(flash_attention, d=64, dv=256),
     "flash_wide_v_bf16": partial(flash_attention, BF16, dv=264),
     "partial_outputs_f32": partial_outputs,
@@ -316,6 +326,7 @@ LOGIT_SCALE: dict[str, tuple[int, float]] = {
     "split_kv_f32": (0, 35.0),
     "split_kv_wide_f16": (0, 100.0),
     "flash_f16": (0, 25.0),
+    "flash_relaid_f16": (0, 25.0),
     "flash_bf16": (0, 25.0),
     "flash_v_factor_f16": (0, 25.0),
     "flash_wide_v_f16": (0, 12.5),  # d = 64: logits of about +-100 as for d = 16 at 25
