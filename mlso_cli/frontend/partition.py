@@ -638,8 +638,9 @@ def _structure_cut(s: _Structure, nodes: list[onnx.NodeProto], p: int, i: int) -
                 "projection",
                 f"cut at a contraction boundary: {after} takes '{tensor}', the result of "
                 f"{_node_label(nodes, proj)}, a contraction of two computed values (attention's "
-                "P·V); that result is written once in its own layout and the projection that "
-                "reads it starts the next region of the branch",
+                "P·V), through the views that re-lay it out; the core ends with those views "
+                "(its kernel saves through them) and the projection starts the next region of "
+                "the branch",
                 p,
                 i,
             )
