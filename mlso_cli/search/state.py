@@ -35,7 +35,7 @@ _TABLES: tuple[tuple[Any, str], ...] = (
     (terms, "_SUBST"),
     (terms, "_MERGE"),
     (target, "_KEY"),
-    (target, "_PATTERN"),
+    (target, "_FORM"),
     (target, "_LOCAL"),
     (abstract, "_POS"),
 )
