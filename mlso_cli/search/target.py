@@ -73,6 +73,19 @@ def _form(key: tuple) -> int:
     return k
 
 
+_NEAR: dict[frozenset, tuple[frozenset, frozenset]] = {}
+_AT_START = frozenset({None})
+
+
+def _neighbours(s: frozenset) -> tuple[frozenset, frozenset]:
+    """A variable's (previous digits, next digits) over its occurrences, from its adjacency
+    set; memoised on the set's value (children share adjacency sets, so most are seen)."""
+    got = _NEAR.get(s)
+    if got is None:
+        got = _NEAR[s] = (frozenset(p for p, _ in s), frozenset(n for _, n in s))
+    return got
+
+
 class _Pattern:
     """One pattern key computation: a canonical form of a term in which
       - free variables are numbered by first occurrence (their names and sizes are forgotten),
@@ -98,20 +111,27 @@ class _Pattern:
     term order), so the numbering cannot depend on variable names."""
 
     def __init__(self, p: int) -> None:
-        adj = T.adjacency(p)
+        # T.mergeable_pairs and the offset test, on each variable's neighbour summary
+        near = {v: _neighbours(s) for v, s in T.adjacency(p).items()}
         free = T.deps(p)
-        succ = dict(T.mergeable_pairs(p, set(free)))
+        succ: dict[int, int] = {}
+        for a in free:
+            nb = near.get(a)
+            if nb is None or len(nb[1]) != 1:
+                continue
+            (b,) = nb[1]
+            if b is not None and b != a and b in free and near[b][0] == {a}:
+                succ[a] = b
         tails = set(succ.values())
         skip: set[int] = set()
         for v in free:
-            if v in tails or v not in adj:
+            if v in tails or v not in near:
                 continue
             chain = [v]
             while chain[-1] in succ:
                 chain.append(succ[chain[-1]])
-            offset = all(prev is None for prev, _ in adj[v]) and all(
-                nxt is not None and nxt not in free for _, nxt in adj[chain[-1]]
-            )
+            last = near[chain[-1]][1]
+            offset = near[v][0] == _AT_START and None not in last and last.isdisjoint(free)
             skip.update(chain if offset else chain[1:])
         self.skip = frozenset(skip)
 
