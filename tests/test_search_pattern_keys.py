@@ -16,7 +16,7 @@ import pytest
 
 from mlso_cli.search import state
 from mlso_cli.search import terms as T
-from mlso_cli.search.target import _LOCAL, _identity, mono_key, poly_key
+from mlso_cli.search.target import _LOCAL, _identity, _q, _ratio, mono_key, poly_key
 
 
 @pytest.fixture(autouse=True)
@@ -111,3 +111,15 @@ def test_identity_codes_are_shared_tuples() -> None:
     assert _identity(3) == (0, 1, 2)
     assert _identity(3) is _identity(3)
     assert _identity(0) == ()
+
+
+def test_rational_entries_are_equal_exactly_when_the_values_are() -> None:
+    assert _q(3) == 3 and _q(Fraction(6, 2)) == 3
+    assert _q(Fraction(-1, 2)) == (-1, 2)
+    assert _ratio(Fraction(2, 3), Fraction(1, 3)) == 2
+    assert _ratio(1, Fraction(-1, 2)) == -2
+    assert _ratio(Fraction(1, 2), 3) == (1, 6)
+    assert _ratio(-4, -6) == (2, 3)
+    assert _ratio(0, 7) == 0
+    assert _ratio(5, 1) == 5
+    assert _ratio(Fraction(1, 2), 3) == _ratio(Fraction(1, 3), 2) != _ratio(Fraction(1, 2), 5)

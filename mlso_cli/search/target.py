@@ -27,6 +27,7 @@ every sub-sum of a poly, and every partial contraction of a flattened multi-vari
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from fractions import Fraction
 from typing import Any
@@ -177,7 +178,7 @@ class _Pattern:
     def _bag(self, k: str, items: Any, num: dict[int, int]) -> Local:
         """A product (factor, exponent) or sum (monomial, coefficient) in canonical order."""
         parts = sorted(((self.local(c), x) for c, x in items), key=_item_fid)
-        return _form((k, tuple((_place(c, num), x) for c, x in parts))), tuple(num)
+        return _form((k, tuple((_place(c, num), _q(x)) for c, x in parts))), tuple(num)
 
     def poly(self, p: int, drop: dict[int, T.Exp]) -> int:
         """Terms in canonical order with the content dropped and the first coefficient 1."""
@@ -196,14 +197,25 @@ class _Pattern:
         return _form(("P/", tuple((_place(m, num), _ratio(c, lead)) for m, c in parts)))
 
 
-def _ratio(c: Fraction | int, lead: Fraction | int) -> Fraction | int:
-    """c / lead, an int where exact (equal and hash-equal to the Fraction, and cheaper: hashing
-    a Fraction computes a modular inverse)."""
+def _q(x: Fraction | int) -> int | tuple[int, int]:
+    """A rational as a form entry: an int, or (numerator, denominator) in lowest terms. Equal
+    values give equal entries, as Fractions did, but hashing a Fraction computes a modular
+    inverse every time, and forms are hashed on every lookup."""
+    if type(x) is int:
+        return x
+    return x.numerator if x.denominator == 1 else (x.numerator, x.denominator)
+
+
+def _ratio(c: Fraction | int, lead: Fraction | int) -> int | tuple[int, int]:
+    """c / lead as a form entry (`_q`), without building the Fraction."""
     if lead == 1:
-        return c
-    if isinstance(c, int) and isinstance(lead, int) and c % lead == 0:
-        return c // lead
-    return Fraction(c) / lead
+        return _q(c)
+    n = c.numerator * lead.denominator
+    d = c.denominator * lead.numerator
+    if d < 0:
+        n, d = -n, -d
+    g = math.gcd(n, d)
+    return n // g if d == g else (n // g, d // g)
 
 
 def _fid(loc: Local) -> int:

@@ -260,7 +260,8 @@ def factors(m: int) -> tuple[tuple[int, Exp], ...]:
 def add(a: int, b: int) -> int:
     acc = dict(terms(a))
     for m, c in terms(b):
-        acc[m] = acc.get(m, 0) + c
+        prev = acc.get(m)
+        acc[m] = c if prev is None else prev + c
     return poly(acc)
 
 
@@ -285,9 +286,12 @@ def mul(a: int, b: int) -> int:
             for m2, c2 in terms(b):
                 f = dict(factors(m1))
                 for g, e in factors(m2):
-                    f[g] = f.get(g, 0) + e
+                    prev = f.get(g)
+                    f[g] = e if prev is None else prev + e
                 for m, c in _expand_pw(f).items():
-                    acc[m] = acc.get(m, 0) + c * c1 * c2
+                    x = c1 * c2 if c == 1 else c * c1 * c2
+                    prev = acc.get(m)
+                    acc[m] = x if prev is None else prev + x
         r = _MUL[key] = poly(acc)
     return r
 
@@ -324,7 +328,8 @@ def exp(a: int) -> int:
     f: dict[int, Exp] = {}
     for m, c in terms(a):
         g = mk(("exp", m))
-        f[g] = f.get(g, 0) + c
+        prev = f.get(g)
+        f[g] = c if prev is None else prev + c
     return of_mono(mono(f))
 
 
@@ -343,7 +348,9 @@ def sum_over(bound: list[tuple[int, int]], p: int) -> int:
     acc: dict[int, Fraction] = {}
     for m, c in terms(p):
         k, m2 = _sum_mono(bound, m)
-        acc[m2] = acc.get(m2, 0) + c * k
+        x = c * k
+        prev = acc.get(m2)
+        acc[m2] = x if prev is None else prev + x
     return poly(acc)
 
 
@@ -363,7 +370,8 @@ def _sum_mono(bound: list[tuple[int, int]], m: int) -> tuple[int, int]:
     while todo:
         f, e = todo.pop()
         if not deps(f) & names:
-            outer[f] = outer.get(f, 0) + e
+            prev = outer.get(f)
+            outer[f] = e if prev is None else prev + e
         elif _T[f][0] == "sum" and e == 1:
             # flatten: sum_V (a * sum_W b) = sum_{V+W} a b  (a does not use W)
             # (the inner binder's canonical ids become fresh variables: two flattened sums of
@@ -373,11 +381,13 @@ def _sum_mono(bound: list[tuple[int, int]], m: int) -> tuple[int, int]:
             names |= {r[0] for r in ren.values()}
             todo.extend(factors(subst(_T[f][2], ren)))
         else:
-            inner[f] = inner.get(f, 0) + e
+            prev = inner.get(f)
+            inner[f] = e if prev is None else prev + e
     body = mono(inner)
     live, body = _merge_bound(live, body)
     s = binder("sum", tuple(live), body)
-    outer[s] = outer.get(s, 0) + 1
+    prev = outer.get(s)
+    outer[s] = 1 if prev is None else prev + 1
     return k, mono(outer)
 
 
@@ -507,13 +517,15 @@ def _subst_node(i: int, ren: dict[int, tuple[int, ...]]) -> int:
         acc: dict[int, Fraction] = {}
         for m, c in t[1]:
             m2 = subst(m, ren)
-            acc[m2] = acc.get(m2, 0) + c
+            prev = acc.get(m2)
+            acc[m2] = c if prev is None else prev + c
         return poly(acc)
     if k == "M":
         f: dict[int, Exp] = {}
         for g, e in t[1]:
             g2 = subst(g, ren)
-            f[g2] = f.get(g2, 0) + e
+            prev = f.get(g2)
+            f[g2] = e if prev is None else prev + e
         return mono(f)
     return _rebuild(i, lambda c: subst(c, ren), None, set(ren))
 
@@ -560,13 +572,15 @@ def _rebuild(i: int, rec: Any, dims_fn: Any, touched: set[int]) -> int:
         acc: dict[int, Fraction] = {}
         for m, c in t[1]:
             m2 = rec(m)
-            acc[m2] = acc.get(m2, 0) + c
+            prev = acc.get(m2)
+            acc[m2] = c if prev is None else prev + c
         return poly(acc)
     if k == "M":
         f: dict[int, Exp] = {}
         for g, e in t[1]:
             g2 = rec(g)
-            f[g2] = f.get(g2, 0) + e
+            prev = f.get(g2)
+            f[g2] = e if prev is None else prev + e
         return mono(f)
     if k == "exp":
         return mk(("exp", rec(t[1])))
