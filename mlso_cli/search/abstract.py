@@ -112,7 +112,13 @@ def unify(da: tuple[int, ...], db: tuple[int, ...]) -> tuple[dict, dict, tuple[i
 
 
 def _apply(dims: Dims, ren: dict[int, tuple[int, ...]]) -> Dims:
-    return tuple(tuple(x for v in dim for x in ren.get(v, (v,))) for dim in dims)
+    if not ren:
+        return dims
+    keys = ren.keys()
+    return tuple(
+        dim if keys.isdisjoint(dim) else tuple(x for v in dim for x in ren.get(v, (v,)))
+        for dim in dims
+    )
 
 
 def _pad(x: Expr, rank: int) -> tuple[Dims, tuple[int, ...]]:

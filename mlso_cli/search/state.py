@@ -35,7 +35,8 @@ _TABLES: tuple[tuple[Any, str], ...] = (
     (terms, "_SUBST"),
     (terms, "_MERGE"),
     (target, "_KEY"),
-    (target, "_PATTERN"),
+    (target, "_NEAR"),
+    (target, "_FORM"),
     (target, "_LOCAL"),
     (abstract, "_POS"),
 )
@@ -70,6 +71,12 @@ def restore(saved: Saved) -> None:
 def _truncate(table: Any, n: int) -> None:
     if isinstance(table, list):
         del table[n:]
+        return
+    if len(table) - n > n:
+        # most of it goes: rebuilding the kept prefix is cheaper than popping item by item
+        kept = list(itertools.islice(table.items(), n))
+        table.clear()
+        table.update(kept)
         return
     while len(table) > n:
         table.popitem()

@@ -27,8 +27,10 @@ every sub-sum of a poly, and every partial contraction of a flattened multi-vari
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from fractions import Fraction
+from typing import Any
 
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.search import terms as T
@@ -54,144 +56,206 @@ must not spend its budget before the first candidate."""
 # ---- pattern keys ------------------------------------------------------------------------------
 
 _KEY: dict[tuple[int, str], int] = {}
-_PATTERN: dict[tuple, int] = {}
-_LOCAL: dict[tuple[int, frozenset[int]], tuple] = {}
+_FORM: dict[tuple, int] = {}
+"""Interned shallow forms: a form names its children by their own form ids, so interning one is
+a hash of a few small ints however deep the term (a deep tuple was hashed and compared whole)."""
+_LOCAL: dict[tuple[int, frozenset[int]], tuple[int, tuple[int, ...]]] = {}
+"""(term, its skipped digits) -> (form id, its free digits in first-occurrence order)."""
+
+_NONE: frozenset[int] = frozenset()
+
+Local = tuple[int, tuple[int, ...]]
+
+
+def _form(key: tuple) -> int:
+    k = _FORM.get(key)
+    if k is None:
+        k = _FORM[key] = len(_FORM)
+    return k
+
+
+_NEAR: dict[frozenset, tuple[frozenset, frozenset]] = {}
+_AT_START = frozenset({None})
+
+
+def _neighbours(s: frozenset) -> tuple[frozenset, frozenset]:
+    """A variable's (previous digits, next digits) over its occurrences, from its adjacency
+    set; memoised on the set's value (children share adjacency sets, so most are seen)."""
+    got = _NEAR.get(s)
+    if got is None:
+        got = _NEAR[s] = (frozenset(p for p, _ in s), frozenset(n for _, n in s))
+    return got
 
 
 class _Pattern:
-    """One pattern key computation: a canonical serialisation of a term in which
+    """One pattern key computation: a canonical form of a term in which
       - free variables are numbered by first occurrence (their names and sizes are forgotten),
       - a free digit that always follows the same free digit is dropped (the pair is one digit),
       - a free digit chain that only ever precedes bound digits is dropped (an offset: the term
         is a partial sum),
-      - binders lose their ranges, and a bound digit is named by its binder's depth and its
-        rank of first occurrence in the walk (not by the binder's canonical id, whose order
-        follows intern ids: a free block digit in a partial sum changed that order, and
-        gn's split-K mean term, an alpha-variant of the target's, was refused).
-    Commutative children are ordered by their own context-free serialisation (computed once per
-    subterm), so the numbering cannot depend on variable names. Nothing is rebuilt."""
+      - binders lose their ranges, and a bound digit is named by its rank of first occurrence in
+        its binder's body (not by the binder's canonical id, whose order follows intern ids: a
+        free block digit in a partial sum changed that order, and gn's split-K mean term, an
+        alpha-variant of the target's, was refused).
+
+    Why hash-consed: the search computes a key for every new candidate poly, and nearly all of
+    such a poly's subterms were seen before. A subterm's *local* form (its free variables
+    numbered from 0) is context-free, so it is interned once (`_LOCAL`, per term and the skipped
+    digits it uses) as a form id plus its free variables in first-occurrence order. A parent's
+    form is its children's form ids plus, per child, where the child's variables go in the
+    parent: a number of the parent's own first-occurrence order, or for a binder's body, the
+    bound variable's rank (negative). Two terms get the same form iff one is the other with
+    variables renamed consistently, which is what serialising the whole term with first-
+    occurrence numbering decided; a key costs the term's new subterms, not its size.
+
+    Commutative children are ordered by their form id (a name-free total order; ties keep the
+    term order), so the numbering cannot depend on variable names."""
 
     def __init__(self, p: int) -> None:
-        adj = T.adjacency(p)
+        # T.mergeable_pairs and the offset test, on each variable's neighbour summary
+        near = {v: _neighbours(s) for v, s in T.adjacency(p).items()}
         free = T.deps(p)
-        succ = dict(T.mergeable_pairs(p, set(free)))
+        succ: dict[int, int] = {}
+        for a in free:
+            nb = near.get(a)
+            if nb is None or len(nb[1]) != 1:
+                continue
+            (b,) = nb[1]
+            if b is not None and b != a and b in free and near[b][0] == {a}:
+                succ[a] = b
         tails = set(succ.values())
         skip: set[int] = set()
         for v in free:
-            if v in tails or v not in adj:
+            if v in tails or v not in near:
                 continue
             chain = [v]
             while chain[-1] in succ:
                 chain.append(succ[chain[-1]])
-            offset = all(prev is None for prev, _ in adj[v]) and all(
-                nxt is not None and nxt not in free for _, nxt in adj[chain[-1]]
-            )
+            last = near[chain[-1]][1]
+            offset = near[v][0] == _AT_START and None not in last and last.isdisjoint(free)
             skip.update(chain if offset else chain[1:])
-        self.skip = skip
-        self._local: dict[int, tuple] = {}
+        self.skip = frozenset(skip)
 
-    def local(self, i: int) -> tuple:
-        """i serialised on its own (its free variables numbered from 0): a sort key. It depends
-        only on i and the skipped digits i uses, so it is shared by every pattern computation."""
-        k = self._local.get(i)
-        if k is None:
-            gk = (i, frozenset(self.skip & T.deps(i)) if self.skip else frozenset())
-            k = _LOCAL.get(gk)
-            if k is None:
-                k = _LOCAL[gk] = self.ser(i, {}, {})
-            self._local[i] = k
-        return k
+    def local(self, i: int) -> Local:
+        """i's form on its own and its free variables in first-occurrence order."""
+        sk = T.deps(i) & self.skip if self.skip else _NONE
+        key = (i, sk)
+        got = _LOCAL.get(key)
+        if got is None:
+            got = _LOCAL[key] = self._build(i, sk)
+        return got
 
-    def _sorted(self, ids: list[int] | tuple[int, ...]) -> list[int]:
-        return sorted(ids, key=self.local)
-
-    def ser(
-        self,
-        i: int,
-        num: dict[int, int],
-        bound: dict[int, tuple[int, dict[int, int]]],
-        drop: dict[int, T.Exp] | None = None,
-    ) -> tuple:
+    def _build(self, i: int, sk: frozenset[int]) -> Local:
         t = T.node(i)
         k = t[0]
+        num: dict[int, int] = {}
         if k == "in":
-            out = []
-            for dim in t[2]:
-                d = []
-                for v in dim:
-                    if v in self.skip:
-                        continue
-                    if v in bound:
-                        # a bound digit: its binder (by nesting depth) and its rank of first
-                        # occurrence in that binder's body, so alpha-equivalent sums agree
-                        # (negative: free digits are numbered from 0)
-                        depth, scope = bound[v]
-                        d.append(-1 - (depth << 10 | scope.setdefault(v, len(scope))))
-                    else:
-                        n = num.get(v)
-                        if n is None:
-                            n = num[v] = len(num)
-                        d.append(n)
-                out.append(tuple(d))
-            return ("in", t[1], tuple(out))
-        if k == "M":
-            exps = dict(t[1])
-            if drop:
-                exps = {f: e - drop.get(f, 0) for f, e in exps.items()}
-            return (
-                "M",
-                tuple(
-                    (self.ser(f, num, bound), exps[f])
-                    for f in self._sorted([f for f in exps if exps[f]])
-                ),
+            dims = tuple(
+                tuple(num.setdefault(v, len(num)) for v in dim if v not in sk) for dim in t[2]
             )
-        if k == "P":
-            coef = dict(t[1])
-            return (
-                "P",
-                tuple((self.ser(m, num, bound), coef[m]) for m in self._sorted(list(coef))),
-            )
+            return _form(("in", t[1], dims)), tuple(num)
+        if k == "M" or k == "P":
+            return self._bag(k, t[1], num)
         if k == "exp" or k == "pw":
-            return (k, self.ser(t[1], num, bound))
+            f, occ = self.local(t[1])
+            return _form((k, f)), occ
         if k == "fn":
-            args = self._sorted(t[2]) if t[1] in T.SYMMETRIC else t[2]
-            return ("fn", t[1], tuple(self.ser(a, num, bound) for a in args))
+            args = [self.local(a) for a in t[2]]
+            if t[1] in T.SYMMETRIC:
+                args.sort(key=_fid)
+            return _form(("fn", t[1], tuple(_place(a, num) for a in args))), tuple(num)
         if k == "sum" or k == "red":
-            bs = [v for v, _ in (t[1] if k == "sum" else t[2])]
-            body = t[2] if k == "sum" else t[3]
-            depth = 1 + max((dp for dp, _ in bound.values()), default=-1)
+            bs = {v for v, _ in (t[1] if k == "sum" else t[2])}
+            f, occ = self.local(t[2] if k == "sum" else t[3])
             scope: dict[int, int] = {}
-            inner = {**bound, **{v: (depth, scope) for v in bs}}
-            return (k, t[1] if k == "red" else "", len(bs), self.ser(body, num, inner))
+            codes = tuple(
+                -1 - scope.setdefault(v, len(scope)) if v in bs else num.setdefault(v, len(num))
+                for v in occ
+            )
+            return _form((k, t[1] if k == "red" else "", len(bs), f, codes)), tuple(num)
         raise AssertionError(f"pattern of a {k} term")
 
-    def mono(self, m: int) -> tuple:
-        return self.ser(m, {}, {})
+    def _bag(self, k: str, items: Any, num: dict[int, int]) -> Local:
+        """A product (factor, exponent) or sum (monomial, coefficient) in canonical order."""
+        parts = sorted(((self.local(c), x) for c, x in items), key=_item_fid)
+        return _form((k, tuple((_place(c, num), _q(x)) for c, x in parts))), tuple(num)
 
-    def poly(self, p: int, drop: dict[int, T.Exp]) -> tuple:
+    def poly(self, p: int, drop: dict[int, T.Exp]) -> int:
         """Terms in canonical order with the content dropped and the first coefficient 1."""
-        coef = dict(T.terms(p))
-        keyed = sorted(coef, key=lambda m: self.ser(m, {}, {}, drop))
+        parts = []
+        for m, c in T.terms(p):
+            facs = T.factors(m)
+            if drop and any(f in drop for f, _ in facs):
+                kept = [(f, e - drop.get(f, 0)) for f, e in facs]
+                loc = self._bag("M", [(f, e) for f, e in kept if e], {})
+            else:
+                loc = self.local(m)
+            parts.append((loc, c))
+        parts.sort(key=_item_fid)
         num: dict[int, int] = {}
-        lead = coef[keyed[0]]
-        return (
-            "P",
-            tuple((self.ser(m, num, {}, drop), Fraction(coef[m]) / lead) for m in keyed),
-        )
+        lead = parts[0][1]
+        return _form(("P/", tuple((_place(m, num), _ratio(c, lead)) for m, c in parts)))
 
 
-def _intern(key: tuple) -> int:
-    k = _PATTERN.get(key)
-    if k is None:
-        k = _PATTERN[key] = len(_PATTERN)
-    return k
+def _q(x: Fraction | int) -> int | tuple[int, int]:
+    """A rational as a form entry: an int, or (numerator, denominator) in lowest terms. Equal
+    values give equal entries, as Fractions did, but hashing a Fraction computes a modular
+    inverse every time, and forms are hashed on every lookup."""
+    if type(x) is int:
+        return x
+    return x.numerator if x.denominator == 1 else (x.numerator, x.denominator)
+
+
+def _ratio(c: Fraction | int, lead: Fraction | int) -> int | tuple[int, int]:
+    """c / lead as a form entry (`_q`), without building the Fraction."""
+    if lead == 1:
+        return _q(c)
+    n = c.numerator * lead.denominator
+    d = c.denominator * lead.numerator
+    if d < 0:
+        n, d = -n, -d
+    g = math.gcd(n, d)
+    return n // g if d == g else (n // g, d // g)
+
+
+def _fid(loc: Local) -> int:
+    return loc[0]
+
+
+def _item_fid(item: tuple[Local, Any]) -> int:
+    return item[0][0]
+
+
+def _place(loc: Local, num: dict[int, int]) -> tuple[int, tuple[int, ...]]:
+    """A child's form and where its free variables go in the parent's first-occurrence order."""
+    f, occ = loc
+    if not num:
+        num.update(zip(occ, range(len(occ))))
+        return f, _identity(len(occ))
+    codes = []
+    for v in occ:
+        n = num.get(v)
+        if n is None:
+            n = num[v] = len(num)
+        codes.append(n)
+    return f, tuple(codes)
+
+
+_IDENTITY: list[tuple[int, ...]] = []
+
+
+def _identity(n: int) -> tuple[int, ...]:
+    """(0, ..., n-1), shared: the first child's variables are numbered in their own order."""
+    while len(_IDENTITY) <= n:
+        _IDENTITY.append(tuple(range(len(_IDENTITY))))
+    return _IDENTITY[n]
 
 
 def mono_key(m: int) -> int:
     """Pattern of a monomial, coefficient ignored."""
     k = _KEY.get((m, "m"))
     if k is None:
-        k = _KEY[(m, "m")] = _intern(_Pattern(m).mono(m))
+        k = _KEY[(m, "m")] = _Pattern(m).local(m)[0]
     return k
 
 
@@ -199,7 +263,7 @@ def poly_key(p: int) -> int:
     """Pattern of a sum of >= 2 monomials, up to a common monomial factor and a scale."""
     k = _KEY.get((p, "p"))
     if k is None:
-        k = _KEY[(p, "p")] = _intern(_Pattern(p).poly(p, dict(T.factors(_content(p)))))
+        k = _KEY[(p, "p")] = _Pattern(p).poly(p, dict(T.factors(_content(p))))
     return k
 
 

@@ -117,7 +117,11 @@ def deps(i: int) -> frozenset[int]:
         if t[0] == "in":
             d = frozenset(v for dim in t[2] for v in dim)
         else:
-            d = frozenset().union(*(deps(c) for c in children(i))) if children(i) else frozenset()
+            cs = children(i)
+            if len(cs) == 1:
+                d = deps(cs[0])
+            else:
+                d = frozenset().union(*(deps(c) for c in cs)) if cs else frozenset()
             bs = binders(i)
             if bs:
                 d = d - {v for v, _ in bs}
@@ -203,29 +207,25 @@ SYMMETRIC = frozenset({"max"})
 def poly(terms: dict[int, Fraction]) -> int:
     # integral coefficients are stored as ints: equal and hash-equal to the Fraction, and hashing
     # a Fraction (a modular inverse each time) was a tenth of the cost of building a term
-    return mk(
-        (
-            "P",
-            tuple(
-                sorted((m, int(c) if c.denominator == 1 else c) for m, c in terms.items() if c != 0)
-            ),
-        )
-    )
+    out = []
+    for m, c in terms.items():
+        if c:
+            if type(c) is not int and c.denominator == 1:
+                c = int(c)
+            out.append((m, c))
+    out.sort()
+    return mk(("P", tuple(out)))
 
 
 def mono(facs: dict[int, Exp]) -> int:
-    return mk(
-        (
-            "M",
-            tuple(
-                sorted(
-                    (f, e if isinstance(e, int) or e.denominator != 1 else int(e))
-                    for f, e in facs.items()
-                    if e != 0
-                )
-            ),
-        )
-    )
+    out = []
+    for f, e in facs.items():
+        if e:
+            if type(e) is not int and e.denominator == 1:
+                e = int(e)
+            out.append((f, e))
+    out.sort()
+    return mk(("M", tuple(out)))
 
 
 UNIT = mono({})
@@ -260,7 +260,8 @@ def factors(m: int) -> tuple[tuple[int, Exp], ...]:
 def add(a: int, b: int) -> int:
     acc = dict(terms(a))
     for m, c in terms(b):
-        acc[m] = acc.get(m, 0) + c
+        prev = acc.get(m)
+        acc[m] = c if prev is None else prev + c
     return poly(acc)
 
 
@@ -285,18 +286,21 @@ def mul(a: int, b: int) -> int:
             for m2, c2 in terms(b):
                 f = dict(factors(m1))
                 for g, e in factors(m2):
-                    f[g] = f.get(g, 0) + e
+                    prev = f.get(g)
+                    f[g] = e if prev is None else prev + e
                 for m, c in _expand_pw(f).items():
-                    acc[m] = acc.get(m, 0) + c * c1 * c2
+                    x = c1 * c2 if c == 1 else c * c1 * c2
+                    prev = acc.get(m)
+                    acc[m] = x if prev is None else prev + x
         r = _MUL[key] = poly(acc)
     return r
 
 
-def _expand_pw(f: dict[int, Exp]) -> dict[int, Fraction]:
+def _expand_pw(f: dict[int, Exp]) -> dict[int, Exp]:
     """A factor map as poly terms: a `pw` factor left with a positive exponent is multiplied out."""
     pos = [(g, e) for g, e in f.items() if e and e > 0 and _T[g][0] == "pw"]
     if not pos:
-        return {mono(f): ONE}
+        return {mono(f): 1}  # an int: Fraction arithmetic in mul's inner loop was its main cost
     rest = {g: e for g, e in f.items() if (g, e) not in pos}
     out = of_mono(mono(rest))
     for g, e in pos:
@@ -324,7 +328,8 @@ def exp(a: int) -> int:
     f: dict[int, Exp] = {}
     for m, c in terms(a):
         g = mk(("exp", m))
-        f[g] = f.get(g, 0) + c
+        prev = f.get(g)
+        f[g] = c if prev is None else prev + c
     return of_mono(mono(f))
 
 
@@ -343,7 +348,9 @@ def sum_over(bound: list[tuple[int, int]], p: int) -> int:
     acc: dict[int, Fraction] = {}
     for m, c in terms(p):
         k, m2 = _sum_mono(bound, m)
-        acc[m2] = acc.get(m2, 0) + c * k
+        x = c * k
+        prev = acc.get(m2)
+        acc[m2] = x if prev is None else prev + x
     return poly(acc)
 
 
@@ -363,7 +370,8 @@ def _sum_mono(bound: list[tuple[int, int]], m: int) -> tuple[int, int]:
     while todo:
         f, e = todo.pop()
         if not deps(f) & names:
-            outer[f] = outer.get(f, 0) + e
+            prev = outer.get(f)
+            outer[f] = e if prev is None else prev + e
         elif _T[f][0] == "sum" and e == 1:
             # flatten: sum_V (a * sum_W b) = sum_{V+W} a b  (a does not use W)
             # (the inner binder's canonical ids become fresh variables: two flattened sums of
@@ -373,18 +381,21 @@ def _sum_mono(bound: list[tuple[int, int]], m: int) -> tuple[int, int]:
             names |= {r[0] for r in ren.values()}
             todo.extend(factors(subst(_T[f][2], ren)))
         else:
-            inner[f] = inner.get(f, 0) + e
+            prev = inner.get(f)
+            inner[f] = e if prev is None else prev + e
     body = mono(inner)
     live, body = _merge_bound(live, body)
     s = binder("sum", tuple(live), body)
-    outer[s] = outer.get(s, 0) + 1
+    prev = outer.get(s)
+    outer[s] = 1 if prev is None else prev + 1
     return k, mono(outer)
 
 
 def binder(kind: str, bound: tuple[tuple[int, int], ...], body: int, name: str = "") -> int:
     """A `sum` (body: mono) or `red` (body: poly) with canonically renamed bound variables."""
     h = height(body) + 1
-    order = [v for v in occurrences(body) if any(v == b for b, _ in bound)]
+    names = {b for b, _ in bound}
+    order = [v for v in occurrences(body) if v in names]
     size = dict(bound)
     ren = {v: (bvar(h, r),) for r, v in enumerate(order)}
     new = subst(body, ren)
@@ -418,13 +429,25 @@ def adjacency(i: int) -> dict[int, frozenset[tuple[int | None, int | None]]]:
                     acc.setdefault(v, set()).add(
                         (dim[j - 1] if j else None, dim[j + 1] if j + 1 < len(dim) else None)
                     )
+            a = {v: frozenset(s) for v, s in acc.items()}
         else:
+            # children's sets are shared where one child alone has the variable (most of them)
             bound = {v for v, _ in binders(i)}
-            for c in children(i):
+            cs = children(i)
+            if len(cs) == 1 and not bound:
+                a = _ADJ[i] = adjacency(cs[0])
+                return a
+            a = {}
+            for c in cs:
                 for v, s in adjacency(c).items():
-                    if v not in bound:
-                        acc.setdefault(v, set()).update(s)
-        a = _ADJ[i] = {v: frozenset(s) for v, s in acc.items()}
+                    if v in bound:
+                        continue
+                    cur = a.get(v)
+                    if cur is None:
+                        a[v] = s
+                    elif cur is not s and not s <= cur:
+                        a[v] = cur | s
+        _ADJ[i] = a
     return a
 
 
@@ -464,19 +487,51 @@ _SUBST: dict[tuple[int, frozenset[tuple[int, tuple[int, ...]]]], int] = {}
 def subst(i: int, ren: dict[int, tuple[int, ...]]) -> int:
     """Replace each free variable v of term i by the digit sequence ren[v] (a split, or a
     rename when the sequence has one digit), rebuilding the normal form."""
-    ren = {v: r for v, r in ren.items() if v in deps(i)}
-    if not ren:
+    d = deps(i)
+    if d.isdisjoint(ren):
         return i
+    ren = {v: r for v, r in ren.items() if v in d}
     key = (i, frozenset(ren.items()))
     r = _SUBST.get(key)
     if r is None:
-        r = _SUBST[key] = _rebuild(
-            i,
-            lambda c: subst(c, ren),
-            lambda dims: tuple(tuple(x for v in dim for x in ren.get(v, (v,))) for dim in dims),
-            set(ren),
-        )
+        r = _SUBST[key] = _subst_node(i, ren)
     return r
+
+
+def _subst_node(i: int, ren: dict[int, tuple[int, ...]]) -> int:
+    """`_rebuild` for a substitution, with the hot kinds (inputs, polys, monomials) inlined:
+    the same constructors in the same order (intern order is part of the state), fewer calls."""
+    t = _T[i]
+    k = t[0]
+    if k == "in":
+        return mk(
+            (
+                "in",
+                t[1],
+                tuple(
+                    dim if ren.keys().isdisjoint(dim) else _split_digits(dim, ren) for dim in t[2]
+                ),
+            )
+        )
+    if k == "P":
+        acc: dict[int, Fraction] = {}
+        for m, c in t[1]:
+            m2 = subst(m, ren)
+            prev = acc.get(m2)
+            acc[m2] = c if prev is None else prev + c
+        return poly(acc)
+    if k == "M":
+        f: dict[int, Exp] = {}
+        for g, e in t[1]:
+            g2 = subst(g, ren)
+            prev = f.get(g2)
+            f[g2] = e if prev is None else prev + e
+        return mono(f)
+    return _rebuild(i, lambda c: subst(c, ren), None, set(ren))
+
+
+def _split_digits(dim: tuple[int, ...], ren: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
+    return tuple(x for v in dim for x in ren.get(v, (v,)))
 
 
 _MERGE: dict[tuple[int, int, int, int], int] = {}
@@ -517,13 +572,15 @@ def _rebuild(i: int, rec: Any, dims_fn: Any, touched: set[int]) -> int:
         acc: dict[int, Fraction] = {}
         for m, c in t[1]:
             m2 = rec(m)
-            acc[m2] = acc.get(m2, 0) + c
+            prev = acc.get(m2)
+            acc[m2] = c if prev is None else prev + c
         return poly(acc)
     if k == "M":
         f: dict[int, Exp] = {}
         for g, e in t[1]:
             g2 = rec(g)
-            f[g2] = f.get(g2, 0) + e
+            prev = f.get(g2)
+            f[g2] = e if prev is None else prev + e
         return mono(f)
     if k == "exp":
         return mk(("exp", rec(t[1])))
