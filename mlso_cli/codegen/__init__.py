@@ -9,6 +9,8 @@ Strategy per construct (details in each module's docstring):
                KernelRoots, decided from the graph alone)
   lower.py     buffers, and each root's kernel printed in launch order
   schedule.py  the one dependency-first scheduling loop (kernels, and passes within a block)
+  siblings.py  horizontal fusion: consecutive independent elementwise kernels share one launch
+               (decided with the roots); siblingkernel.py plans and prints that launch
   kernels.py   the kernel-level emitters: elementwise chains (plan_elementwise, print_elementwise),
                reductions and tiled matmuls through their plan modules:
   reducekernel.py  plan_reduce (a frozen ReduceKernelPlan, incl. the split-KV combine), print_reduce

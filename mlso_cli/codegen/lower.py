@@ -7,6 +7,8 @@ what each output slot holds, the launch order); this module then stores and prin
     GEMM's staged operand, which is scratch of the operand's own 16-bit dtype.
   - A MATMUL root becomes a library GEMM (cuBLASLt) whenever libgemm.library_matmul allows it,
     else a generated kernel.
+  - Sibling elementwise roots that the decisions put in one launch (siblings.py) are printed as
+    one kernel (siblingkernel.py).
 Kernels are emitted in launch order by the table KERNEL_EMITTERS (op -> emitter); its keys are
 plan.KIND's (the kinds the lowering plan reports).
 """
@@ -32,6 +34,7 @@ from mlso_cli.codegen.roots import INLINE_REDUCE_MAX_LEN as INLINE_REDUCE_MAX_LE
 from mlso_cli.codegen.roots import KIND, KernelRoots, kernel_roots
 from mlso_cli.codegen.roots import ROOT_OPS as ROOT_OPS
 from mlso_cli.codegen.scale import Storage
+from mlso_cli.codegen.siblingkernel import emit_siblings
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.hashing import graph_hash
 from mlso_cli.ir.node import Node
@@ -125,7 +128,13 @@ class Lowering:
             buf = Buffer("output", k, self.kg.outputs[k].dtype, self.kg.outputs[k].shape)
             self.outputs.append(buf)
             self._store(n, buf)
-        for root in self.decided.schedule:
+        for group in self.decided.launches:
+            if len(group) > 1:  # sibling elementwise kernels: one launch (siblings.py)
+                for root in group:
+                    self.scratch_storage(root)
+                self.kernels.append(emit_siblings(self, group))
+                continue
+            (root,) = group
             if root in self.epilogues:
                 continue
             if root.op is not Op.GRAPH_DEF:

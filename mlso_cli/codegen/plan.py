@@ -42,10 +42,23 @@ class KernelPlan:
     stabilised: int = 0
     """How many EXPs of a graph-defined kernel are kept relative to a row max."""
     root: Node | None = field(default=None, compare=False, repr=False)
-    """The μGraph node the kernel computes (for the cost model; not part of the JSON)."""
+    """The μGraph node the kernel computes (for the cost model; not part of the JSON); None for
+    a sibling launch, whose parts name theirs."""
+    parts: tuple[KernelPlan, ...] = ()
+    """Kind "siblings" only: the elementwise kernels one launch computes (siblings.py), each
+    with its root; the launch's shape is then the parts' elements in all, (count,)."""
+
+    @property
+    def roots(self) -> tuple[Node, ...]:
+        """The μGraph nodes the launch computes: its root, or its parts' roots."""
+        if self.parts:
+            return tuple(r for p in self.parts for r in p.roots)
+        return () if self.root is None else (self.root,)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "shape": list(self.shape)}
+        if self.parts:
+            out["parts"] = [p.to_json() for p in self.parts]
         if self.layout is not None:
             lay = self.layout
             out.update(
@@ -85,13 +98,20 @@ def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH, library: bool | None = None)
 
     A kernel-level matmul that generate lowers to a library GEMM is kind "gemm", preceded by a
     "stage" kernel (root: the value it stores) per operand codegen stages
-    (`_library_decisions`)."""
+    (`_library_decisions`). Elementwise kernels that share one launch (siblings.py) are one
+    kernel of kind "siblings" whose `parts` are theirs."""
     if library is None:
         library = knobs().library_gemm
     kr = kernel_roots(kg)
     kernels = []
     decided: dict[Node, list[Node]] | None = None
-    for root in kr.schedule:
+    for group in kr.launches:
+        if len(group) > 1:
+            parts = tuple(KernelPlan("elementwise", r.shape, root=r) for r in group)
+            shape = (sum(r.numel for r in group),)
+            kernels.append(KernelPlan("siblings", shape, parts=parts))
+            continue
+        (root,) = group
         if root.op is Op.GRAPH_DEF:
             bg = normalise(root.arg)
             nodes = bg.nodes()

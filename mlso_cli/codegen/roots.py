@@ -15,6 +15,8 @@ Rules (thread graphs are built by rules, not search):
     elementwise consumer (INLINE_REDUCE_MAX_LEN).
   - An output that is an input, repeats another output slot, or is read by other kernels goes
     out through a copy (synthetic.copy).
+  - Consecutive elementwise kernels of the schedule that read none of each other share one
+    launch (siblings.launch_groups: horizontal fusion).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from dataclasses import dataclass
 from mlso_cli.codegen import synthetic
 from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.frozen import FrozenMap
+from mlso_cli.codegen.libgemm import eligible, epilogue_add
 from mlso_cli.codegen.schedule import schedule
+from mlso_cli.codegen.siblings import Context, launch_groups
 from mlso_cli.codegen.stabilise import consumers_of, stabilisers
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.node import Node, toposort
@@ -60,6 +64,9 @@ class KernelRoots:
     """What output slot k holds: the output node, or its copy."""
     schedule: tuple[Node, ...]
     """The roots in launch order (dependencies first)."""
+    launches: tuple[tuple[Node, ...], ...]
+    """The schedule cut into launches: one root each, or several independent elementwise roots
+    that one kernel computes (siblings.launch_groups)."""
 
 
 def kernel_roots(kg: KernelGraph) -> KernelRoots:
@@ -75,7 +82,15 @@ def kernel_roots(kg: KernelGraph) -> KernelRoots:
                 "Split the region: kernels index with 32-bit integers.",
             )
     roots, targets = _roots(kg, order, consumers, stab)
-    launch = schedule(targets, lambda n: _deps(n, roots, stab), keep=lambda n: n in roots)
+    epilogues = _epilogue_candidates(order, consumers, frozenset(kg.outputs))
+
+    def deps(n: Node) -> list[Node]:
+        return _deps(n, roots, stab)
+
+    def fusable(n: Node) -> bool:
+        return n.op not in KIND and n not in epilogues
+
+    launch = schedule(targets, deps, keep=lambda n: n in roots)
     return KernelRoots(
         tuple(order),
         FrozenMap((n, tuple(cs)) for n, cs in consumers.items()),
@@ -83,6 +98,20 @@ def kernel_roots(kg: KernelGraph) -> KernelRoots:
         frozenset(roots),
         tuple(targets),
         tuple(launch),
+        launch_groups(tuple(launch), Context(fusable, deps)),
+    )
+
+
+def _epilogue_candidates(
+    order: list[Node], consumers: Mapping[Node, list[Node]], outputs: frozenset[Node]
+) -> frozenset[Node]:
+    """The ADDs a library GEMM might compute as its bias or residual epilogue: libgemm's
+    structural condition (the matmul's one reader), whatever storage and the library knob later
+    decide. Such an ADD may get no kernel at all, so it never shares a launch."""
+    return frozenset(
+        ep[0]
+        for n in order
+        if n.op is Op.MATMUL and eligible(n) and (ep := epilogue_add(n, consumers, outputs))
     )
 
 
