@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlso_cli.codegen import generate, hostemu, siblings
+from mlso_cli.codegen import generate, hostemu, rowfuse, siblings
 from mlso_cli.codegen.plan import plan
 from mlso_cli.codegen.roots import kernel_roots
 from mlso_cli.ir import DType, Op, check
@@ -162,6 +162,7 @@ def test_runtime_validator_accepts_a_sibling_launch():
 
 
 def test_rotary_region_goes_from_six_launches_to_four(monkeypatch):
+    monkeypatch.setattr(rowfuse, "ROW_LEN", (0, -1))  # horizontal fusion alone (no row kernel)
     kg = transformer_region0()
     kinds = [k.kind for k in plan(kg).kernels]
     assert kinds == ["reduce", "stage", "gemm", "siblings"]

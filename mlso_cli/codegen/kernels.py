@@ -133,7 +133,7 @@ def elementwise_body(
     em = site.emitter(uses, names, Flat(tokens, root.shape, "i"))
     em.team = team
     v = em.compute(root, tokens)
-    val, scale = _stored(em, out, v, tokens)
+    val, scale = stored_value(em, out, v, tokens)
     store = f"{out.ptr}[i] = mlso::from_f32<{CTYPE[out.dtype]}>({val});"
     code = Code()
     first, stride = f"{blocks.index} * {nt} + threadIdx.x", f"{blocks.count} * {nt}"
@@ -148,7 +148,9 @@ def elementwise_body(
     return code.lines, scale
 
 
-def _stored(em: Emitter, st: Storage, v: Val, tokens: Coords) -> tuple[str, BufferScale | None]:
+def stored_value(
+    em: Emitter, st: Storage, v: Val, tokens: Coords
+) -> tuple[str, BufferScale | None]:
     """(what to store, its scale): the scaled number when the buffer is fp32 scratch and v's
     scale has a simple layout (the buffer's scale), else the exact value."""
     if (

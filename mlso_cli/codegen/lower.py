@@ -9,6 +9,8 @@ what each output slot holds, the launch order); this module then stores and prin
     else a generated kernel.
   - Sibling elementwise roots that the decisions put in one launch (siblings.py) are printed as
     one kernel (siblingkernel.py).
+  - A row pair's reduction (rowfuse.py) is stored at its turn but computed by its reader's
+    kernel (rowkernel.py): the elementwise root's, or the library GEMM operand's staging.
 Kernels are emitted in launch order by the table KERNEL_EMITTERS (op -> emitter); its keys are
 plan.KIND's (the kinds the lowering plan reports).
 """
@@ -21,7 +23,7 @@ from mlso_cli.codegen.block import emit_graph_def
 from mlso_cli.codegen.cfmt import CTYPE, contiguous
 from mlso_cli.codegen.emitter import Emitter
 from mlso_cli.codegen.kernels import emit_elementwise, emit_matmul, emit_reduce
-from mlso_cli.codegen.libgemm import library_matmul
+from mlso_cli.codegen.libgemm import eligible, library_matmul
 from mlso_cli.codegen.program import (
     Buffer,
     GemmLaunch,
@@ -33,6 +35,8 @@ from mlso_cli.codegen.program import (
 from mlso_cli.codegen.roots import INLINE_REDUCE_MAX_LEN as INLINE_REDUCE_MAX_LEN
 from mlso_cli.codegen.roots import KIND, KernelRoots, kernel_roots
 from mlso_cli.codegen.roots import ROOT_OPS as ROOT_OPS
+from mlso_cli.codegen.rowfuse import RowPair
+from mlso_cli.codegen.rowkernel import emit_row
 from mlso_cli.codegen.scale import Storage
 from mlso_cli.codegen.siblingkernel import emit_siblings
 from mlso_cli.ir.graph import KernelGraph
@@ -95,6 +99,9 @@ class Lowering:
         self.stab = dict(self.decided.stab)
         self.order = list(self.decided.order)
         self.consumers = self.decided.consumers
+        self.row_readers = {p.reader: p for p in self.decided.rows.values()}
+        self.deferred: dict[Node, RowPair] = {}
+        """Row-pair reductions stored but not yet computed: their reader's kernel will."""
 
     # ---- storage -----------------------------------------------------------------------------
     def _store(self, n: Node, buf: Buffer) -> Storage:
@@ -118,6 +125,28 @@ class Lowering:
     def kernel_name(self) -> str:
         return f"mlso_k{len(self.kernels)}"
 
+    # ---- row pairs (rowfuse.py) ---------------------------------------------------------------
+    def _defer(self, root: Node) -> bool:
+        """Whether reduction `root` waits for its reader's kernel (rowkernel.py): always for an
+        elementwise reader, for a matmul's operand only if the matmul may be a library GEMM."""
+        pair = self.decided.rows.get(root)
+        if pair is None or (pair.operand is not None and not self._library_pair(pair)):
+            return False
+        self.deferred[root] = pair
+        return True
+
+    def _library_pair(self, pair: RowPair) -> bool:
+        return self.library and eligible(pair.reader)
+
+    def stage_kernel(self, matmul: Node, operand: int, node: Node) -> Kernel:
+        """The kernel staging operand `operand` of library GEMM `matmul` into `node`: with the
+        reduction it reads row by row when they are a row pair, else an elementwise kernel."""
+        for reduce, pair in self.deferred.items():
+            if pair.reader is matmul and pair.operand == operand:
+                self.deferred.pop(reduce)
+                return emit_row(self, reduce, node)
+        return emit_elementwise(self, node)
+
     # ---- driver ------------------------------------------------------------------------------
     def generate(self) -> GeneratedProgram:
         for i, n in enumerate(self.kg.inputs):
@@ -139,8 +168,19 @@ class Lowering:
                 continue
             if root.op is not Op.GRAPH_DEF:
                 self.scratch_storage(root)
+            if self._defer(root):
+                continue
+            pair = self.row_readers.get(root)
+            if pair is not None and pair.operand is None:
+                self.deferred.pop(pair.reduce)
+                self.kernels.append(emit_row(self, pair.reduce, root))
+                continue
             if root.op is Op.MATMUL and self.library and library_matmul(self, root):
                 continue
+            for reduce in [r for r, p in self.deferred.items() if p.reader is root]:
+                # a matmul that stays generated stages nothing: its reduction runs alone first
+                self.deferred.pop(reduce)
+                self.kernels.append(emit_reduce(self, reduce))
             emit = KERNEL_EMITTERS.get(root.op, emit_elementwise)
             self.kernels.append(emit(self, root))
         source = self._source()

@@ -15,8 +15,11 @@ Rules (thread graphs are built by rules, not search):
     elementwise consumer (INLINE_REDUCE_MAX_LEN).
   - An output that is an input, repeats another output slot, or is read by other kernels goes
     out through a copy (synthetic.copy).
+  - A reduction over the innermost axis whose one reader reads it along its own row is
+    computed in the reader's kernel (rowfuse.row_pairs): an elementwise root, or the staging of
+    a library GEMM's operand.
   - Consecutive elementwise kernels of the schedule that read none of each other share one
-    launch (siblings.launch_groups: horizontal fusion).
+    launch (siblings.launch_groups: horizontal fusion); a row pair's reader is not one of them.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from mlso_cli.codegen import synthetic
 from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.frozen import FrozenMap
 from mlso_cli.codegen.libgemm import eligible, epilogue_add
+from mlso_cli.codegen.rowfuse import Context as RowContext
+from mlso_cli.codegen.rowfuse import RowPair, row_pairs
 from mlso_cli.codegen.schedule import schedule
 from mlso_cli.codegen.siblings import Context, launch_groups
 from mlso_cli.codegen.stabilise import consumers_of, stabilisers
@@ -67,6 +72,11 @@ class KernelRoots:
     launches: tuple[tuple[Node, ...], ...]
     """The schedule cut into launches: one root each, or several independent elementwise roots
     that one kernel computes (siblings.launch_groups)."""
+    rows: FrozenMap[Node, RowPair]
+    """Reduction -> the reader whose kernel computes it first, row by row (rowfuse.row_pairs).
+    A pair whose reader is a matmul holds only when that matmul is a library GEMM (its operand
+    is then staged by a kernel, which computes the reduction); else the reduction is a kernel of
+    its own, launched just before the matmul."""
 
 
 def kernel_roots(kg: KernelGraph) -> KernelRoots:
@@ -82,15 +92,22 @@ def kernel_roots(kg: KernelGraph) -> KernelRoots:
                 "Split the region: kernels index with 32-bit integers.",
             )
     roots, targets = _roots(kg, order, consumers, stab)
-    epilogues = _epilogue_candidates(order, consumers, frozenset(kg.outputs))
+    outs = frozenset(kg.outputs)
+    epilogues = _epilogue_candidates(order, consumers, outs)
 
     def deps(n: Node) -> list[Node]:
         return _deps(n, roots, stab)
 
-    def fusable(n: Node) -> bool:
+    def elementwise(n: Node) -> bool:
         return n.op not in KIND and n not in epilogues
 
     launch = schedule(targets, deps, keep=lambda n: n in roots)
+    rows = row_pairs(tuple(launch), RowContext(frozenset(roots), outs, stab, deps, elementwise))
+    readers = {p.reader for p in rows.values()}
+
+    def fusable(n: Node) -> bool:
+        return elementwise(n) and n not in readers
+
     return KernelRoots(
         tuple(order),
         FrozenMap((n, tuple(cs)) for n, cs in consumers.items()),
@@ -99,6 +116,7 @@ def kernel_roots(kg: KernelGraph) -> KernelRoots:
         tuple(targets),
         tuple(launch),
         launch_groups(tuple(launch), Context(fusable, deps)),
+        rows,
     )
 
 
