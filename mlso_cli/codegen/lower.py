@@ -23,7 +23,7 @@ from mlso_cli.codegen.block import emit_graph_def
 from mlso_cli.codegen.cfmt import CTYPE, contiguous
 from mlso_cli.codegen.emitter import Emitter
 from mlso_cli.codegen.kernels import emit_elementwise, emit_matmul, emit_reduce
-from mlso_cli.codegen.libgemm import eligible, library_matmul
+from mlso_cli.codegen.libgemm import library_matmul
 from mlso_cli.codegen.program import (
     Buffer,
     GemmLaunch,
@@ -130,13 +130,10 @@ class Lowering:
         """Whether reduction `root` waits for its reader's kernel (rowkernel.py): always for an
         elementwise reader, for a matmul's operand only if the matmul may be a library GEMM."""
         pair = self.decided.rows.get(root)
-        if pair is None or (pair.operand is not None and not self._library_pair(pair)):
+        if pair is None or not pair.holds(self.library):
             return False
         self.deferred[root] = pair
         return True
-
-    def _library_pair(self, pair: RowPair) -> bool:
-        return self.library and eligible(pair.reader)
 
     def stage_kernel(self, matmul: Node, operand: int, node: Node) -> Kernel:
         """The kernel staging operand `operand` of library GEMM `matmul` into `node`: with the

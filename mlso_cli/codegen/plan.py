@@ -118,7 +118,7 @@ def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH, library: bool | None = None)
             continue
         (root,) = group
         pair = kr.rows.get(root)
-        if pair is not None and (pair.operand is None or (library and eligible(pair.reader))):
+        if pair is not None and pair.holds(library):
             continue  # computed by its reader's kernel (a "row" kernel, below)
         pair = readers.get(root)
         if pair is not None and pair.operand is None:

@@ -42,6 +42,13 @@ class RowPair:
     """What the kernel writes per row after the reduction: the reader itself, or the operand."""
     operand: int | None = None
 
+    def holds(self, library: bool) -> bool:
+        """Whether the pair shares a kernel in a lowering with library GEMMs on or off: always
+        for an elementwise reader; for a matmul's operand only when the matmul is a library
+        GEMM, whose staging kernel computes the reduction (a generated matmul stages nothing,
+        and the reduction is then a kernel of its own)."""
+        return self.operand is None or (library and eligible(self.reader))
+
 
 @dataclass(frozen=True)
 class Context:
