@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mlso_cli import knobs as knobs_mod
-from mlso_cli.codegen import generate, hostemu
+from mlso_cli.codegen import generate, hostemu, rowfuse
 from mlso_cli.codegen.plan import plan as lowering_plan
 from mlso_cli.ir import DType, Op
 from mlso_cli.ir import build as b
@@ -268,21 +268,23 @@ def test_an_elementwise_chain_is_staged_in_the_operands_own_dtype(dt):
 @pytest.mark.parametrize("dt", [F16, BF16])
 def test_the_norms_input_cast_is_recomputed_by_its_readers_not_stored(dt):
     """RMSNorm reads Cast(x) twice (sum of squares, scaling). The cast gets no kernel: the
-    reduction and the staging kernel each convert the 16-bit x they load, so the program is
-    reduce, stage, GEMM, and no fp32 copy of x is written (emulated against the interpreter in
+    reduction and the staging each convert the 16-bit x they load, so the program is the row
+    kernel (the reduction, then the staging: codegen/rowfuse.py) and the GEMM, and no fp32 copy
+    of x is written (emulated against the interpreter in
     test_emulated_library_gemm_matches_the_interpreter[norm_linear_*])."""
     gp = generate(norm_linear(dt))
     kinds = [launch.get("kind", "kernel") for launch in gp.plan["launches"]]
-    assert len(kinds) == 3 and kinds[-1] == "gemm"
+    assert len(kinds) == 2 and kinds[-1] == "gemm"
     assert {"bytes": 4 * 32 * 4, "dtype": "float32", "shape": [4, 32]} not in gp.plan["scratch"]
-    # a cast of a computed value read twice is still stored once
+    # a cast of a computed value read twice is still stored once (its kernel, the row kernel,
+    # the GEMM)
     x = b.input_(0, (4, 32), dt)
     w = b.input_(1, (32, 16), dt)
     hf = b.cast(b.mul(x, x), F32)
     ms = b.reduce(Op.REDUCE_MEAN, b.mul(hf, hf), 1)
     y = b.mul(hf, b.unary(Op.RSQRT, b.add(ms, b.const(1e-6))))
     gp2 = generate(b.kernel_graph([x, w], [b.matmul(b.cast(y, dt), w)]))
-    assert len(gp2.plan["launches"]) == 4
+    assert len(gp2.plan["launches"]) == 3
 
 
 def test_a_matmul_read_by_later_kernels_writes_fp32_scratch():
@@ -570,7 +572,13 @@ def test_a_refused_residual_keeps_its_add_in_the_cost():
 
 def test_a_staged_operand_costs_one_more_kernel_and_the_library_beats_codegen(monkeypatch):
     kg = norm_linear(F16, m=128, k=896, n=4864)
+    # the norm's reduction computed by the staging kernel (codegen/rowfuse.py): one kernel less
+    assert [k.kind for k in lowering_plan(kg).kernels] == ["row", "gemm"]
+    assert program_cost(kg).launches == 2 == len(generate(kg).kernels)
+    fused = program_cost(kg)
+    monkeypatch.setattr(rowfuse, "ROW_LEN", (0, -1))  # the staging as a kernel of its own
     cost = program_cost(kg)
+    assert cost.seconds > fused.seconds
     kinds = [k.kind for k in lowering_plan(kg).kernels]
     assert kinds[-2:] == ["stage", "gemm"] and "reduce" in kinds
     launches = generate(kg).kernels

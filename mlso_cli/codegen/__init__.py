@@ -9,6 +9,11 @@ Strategy per construct (details in each module's docstring):
                KernelRoots, decided from the graph alone)
   lower.py     buffers, and each root's kernel printed in launch order
   schedule.py  the one dependency-first scheduling loop (kernels, and passes within a block)
+  siblings.py  horizontal fusion: consecutive independent elementwise kernels share one launch
+               (decided with the roots); siblingkernel.py plans and prints that launch
+  rowfuse.py   a row reduction and its one row-wise reader (an elementwise root or a library
+               GEMM's staged operand) as one kernel (decided with the roots); rowkernel.py
+               plans and prints it (a warp per row: reduce, then the reader's value)
   kernels.py   the kernel-level emitters: elementwise chains (plan_elementwise, print_elementwise),
                reductions and tiled matmuls through their plan modules:
   reducekernel.py  plan_reduce (a frozen ReduceKernelPlan, incl. the split-KV combine), print_reduce

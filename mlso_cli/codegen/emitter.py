@@ -113,6 +113,11 @@ class Emitter:
             self._memo[key] = got
         return got
 
+    def known(self, n: Node, coords: Coords, v: Val) -> None:
+        """n's value at coords is already in a register (a row kernel's reduction, rowkernel.py):
+        reads of it there use `v` instead of loading or computing it."""
+        self._memo[(n, canon(n.shape, coords), self._thread[-1][0] if self._thread else None)] = v
+
     def compute(self, n: Node, coords: Coords) -> Val:
         """n's value from its definition, even when n is stored (used for the node a kernel writes)."""
         rule = RULES.get(n.op)

@@ -90,12 +90,41 @@ def emit_elementwise(lw: Lowering, root: Node) -> Kernel:
     return kernel
 
 
+@dataclass(frozen=True)
+class Blocks:
+    """The blocks an elementwise loop runs on: an expression for a block's index among them, and
+    their count. The whole grid for a kernel of its own; a range of it for a part of a sibling
+    launch (siblingkernel.py)."""
+
+    index: str = "blockIdx.x"
+    count: str = "gridDim.x"
+
+
+WHOLE_GRID = Blocks()
+
+
 def print_elementwise(
     plan: ElementwiseKernelPlan, site: KernelSite
 ) -> tuple[Kernel, BufferScale | None]:
-    """The kernel, and the scale its stored value keeps (None: exact values). The value is
-    stored as its scaled numbers when the root is fp32 scratch and its scale has a simple layout
-    (scale.structural); only the chain's evaluation knows that scale, so it is found here."""
+    """The kernel, and the scale its stored value keeps (None: exact values); see
+    `elementwise_body`."""
+    body, scale = elementwise_body(plan, site, WHOLE_GRID)
+    code = Code()
+    with code.block(site.uses.signature(site.name, plan.threads)):
+        code.extend(body)
+    kernel = Kernel(
+        site.name, code.text(), plan.grid, (plan.threads, 1, 1), 0, site.uses.params(), plan.what
+    )
+    return kernel, scale
+
+
+def elementwise_body(
+    plan: ElementwiseKernelPlan, site: KernelSite, blocks: Blocks
+) -> tuple[list[str], BufferScale | None]:
+    """The statements of root's grid-stride loop over `blocks` (buffers recorded in site.uses),
+    and the scale its stored value keeps. The value is stored as its scaled numbers when the root
+    is fp32 scratch and its scale has a simple layout (scale.structural); only the chain's
+    evaluation knows that scale, so it is found here."""
     root, names, uses = plan.root, Names(), site.uses
     out = site.storage[root]
     uses.write(out.buffer)
@@ -104,24 +133,24 @@ def print_elementwise(
     em = site.emitter(uses, names, Flat(tokens, root.shape, "i"))
     em.team = team
     v = em.compute(root, tokens)
-    val, scale = _stored(em, out, v, tokens)
+    val, scale = stored_value(em, out, v, tokens)
     store = f"{out.ptr}[i] = mlso::from_f32<{CTYPE[out.dtype]}>({val});"
     code = Code()
-    first, stride = f"blockIdx.x * {nt} + threadIdx.x", f"gridDim.x * {nt}"
+    first, stride = f"{blocks.index} * {nt} + threadIdx.x", f"{blocks.count} * {nt}"
     if team > 1:
-        first, stride = f"({first}) / {team}", f"gridDim.x * {nt // team}"
+        first, stride = f"({first}) / {team}", f"{blocks.count} * {nt // team}"
         store = f"if ({TEAM_LANE} == 0) {store}"
-    with code.block(uses.signature(site.name, nt)):
-        if team > 1:
-            code(f"const int {TEAM_LANE} = threadIdx.x & {team - 1};")
-        with code.block(f"for (int i = {first}; i < {n}; i += {stride})"):
-            code.extend(em.lines)
-            code(store)
-    kernel = Kernel(site.name, code.text(), plan.grid, (nt, 1, 1), 0, uses.params(), plan.what)
-    return kernel, scale
+    if team > 1:
+        code(f"const int {TEAM_LANE} = threadIdx.x & {team - 1};")
+    with code.block(f"for (int i = {first}; i < {n}; i += {stride})"):
+        code.extend(em.lines)
+        code(store)
+    return code.lines, scale
 
 
-def _stored(em: Emitter, st: Storage, v: Val, tokens: Coords) -> tuple[str, BufferScale | None]:
+def stored_value(
+    em: Emitter, st: Storage, v: Val, tokens: Coords
+) -> tuple[str, BufferScale | None]:
     """(what to store, its scale): the scaled number when the buffer is fp32 scratch and v's
     scale has a simple layout (the buffer's scale), else the exact value."""
     if (

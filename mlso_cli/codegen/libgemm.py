@@ -63,7 +63,6 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from mlso_cli.codegen.cfmt import Names, contiguous, decompose, numel
-from mlso_cli.codegen.kernels import emit_elementwise
 from mlso_cli.codegen.program import Buffer, GemmBias, GemmLaunch, GemmOperand, GemmResidual
 from mlso_cli.codegen.scale import Storage
 from mlso_cli.codegen.stabilise import consumers_of
@@ -112,13 +111,13 @@ def library_matmul(lw: Lowering, root: Node) -> bool:
         lw.epilogues.add(add)
     operands = []
     staged: list[Node] = []
-    for x in (a, b):
+    for i, x in enumerate((a, b)):
         op = _in_place(lw, x, bshape)
         if op is None:
             staged.append(staged_value(x, bshape))
             node = stage(staged[-1], len(lw.scratch))  # serial: unique here
             lw.scratch_storage(node, x.dtype)
-            lw.kernels.append(emit_elementwise(lw, node))
+            lw.kernels.append(lw.stage_kernel(root, i, node))
             op = _in_place(lw, node, bshape)
             assert op is not None, "a staged operand is contiguous"
         operands.append(op)

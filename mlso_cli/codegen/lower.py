@@ -7,6 +7,10 @@ what each output slot holds, the launch order); this module then stores and prin
     GEMM's staged operand, which is scratch of the operand's own 16-bit dtype.
   - A MATMUL root becomes a library GEMM (cuBLASLt) whenever libgemm.library_matmul allows it,
     else a generated kernel.
+  - Sibling elementwise roots that the decisions put in one launch (siblings.py) are printed as
+    one kernel (siblingkernel.py).
+  - A row pair's reduction (rowfuse.py) is stored at its turn but computed by its reader's
+    kernel (rowkernel.py): the elementwise root's, or the library GEMM operand's staging.
 Kernels are emitted in launch order by the table KERNEL_EMITTERS (op -> emitter); its keys are
 plan.KIND's (the kinds the lowering plan reports).
 """
@@ -31,7 +35,10 @@ from mlso_cli.codegen.program import (
 from mlso_cli.codegen.roots import INLINE_REDUCE_MAX_LEN as INLINE_REDUCE_MAX_LEN
 from mlso_cli.codegen.roots import KIND, KernelRoots, kernel_roots
 from mlso_cli.codegen.roots import ROOT_OPS as ROOT_OPS
+from mlso_cli.codegen.rowfuse import RowPair
+from mlso_cli.codegen.rowkernel import emit_row
 from mlso_cli.codegen.scale import Storage
+from mlso_cli.codegen.siblingkernel import emit_siblings
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.hashing import graph_hash
 from mlso_cli.ir.node import Node
@@ -92,6 +99,9 @@ class Lowering:
         self.stab = dict(self.decided.stab)
         self.order = list(self.decided.order)
         self.consumers = self.decided.consumers
+        self.row_readers = {p.reader: p for p in self.decided.rows.values()}
+        self.deferred: dict[Node, RowPair] = {}
+        """Row-pair reductions stored but not yet computed: their reader's kernel will."""
 
     # ---- storage -----------------------------------------------------------------------------
     def _store(self, n: Node, buf: Buffer) -> Storage:
@@ -118,6 +128,25 @@ class Lowering:
     def kernel_name(self) -> str:
         return f"mlso_k{len(self.kernels)}"
 
+    # ---- row pairs (rowfuse.py) ---------------------------------------------------------------
+    def _defer(self, root: Node) -> bool:
+        """Whether reduction `root` waits for its reader's kernel (rowkernel.py): always for an
+        elementwise reader, for a matmul's operand only if the matmul may be a library GEMM."""
+        pair = self.decided.rows.get(root)
+        if pair is None or not pair.holds(self.library):
+            return False
+        self.deferred[root] = pair
+        return True
+
+    def stage_kernel(self, matmul: Node, operand: int, node: Node) -> Kernel:
+        """The kernel staging operand `operand` of library GEMM `matmul` into `node`: with the
+        reduction it reads row by row when they are a row pair, else an elementwise kernel."""
+        for reduce, pair in self.deferred.items():
+            if pair.reader is matmul and pair.operand == operand:
+                self.deferred.pop(reduce)
+                return emit_row(self, reduce, node)
+        return emit_elementwise(self, node)
+
     # ---- driver ------------------------------------------------------------------------------
     def generate(self) -> GeneratedProgram:
         for i, n in enumerate(self.kg.inputs):
@@ -128,13 +157,30 @@ class Lowering:
             buf = Buffer("output", k, self.kg.outputs[k].dtype, self.kg.outputs[k].shape)
             self.outputs.append(buf)
             self._store(n, buf)
-        for root in self.decided.schedule:
+        for group in self.decided.launches:
+            if len(group) > 1:  # sibling elementwise kernels: one launch (siblings.py)
+                for root in group:
+                    self.scratch_storage(root)
+                self.kernels.append(emit_siblings(self, group))
+                continue
+            (root,) = group
             if root in self.epilogues:
                 continue
             if root.op is not Op.GRAPH_DEF:
                 self.scratch_storage(root)
+            if self._defer(root):
+                continue
+            pair = self.row_readers.get(root)
+            if pair is not None and pair.operand is None:
+                self.deferred.pop(pair.reduce)
+                self.kernels.append(emit_row(self, pair.reduce, root))
+                continue
             if root.op is Op.MATMUL and self.library and library_matmul(self, root):
                 continue
+            for reduce in [r for r, p in self.deferred.items() if p.reader is root]:
+                # a matmul that stays generated stages nothing: its reduction runs alone first
+                self.deferred.pop(reduce)
+                self.kernels.append(emit_reduce(self, reduce))
             emit = KERNEL_EMITTERS.get(root.op, emit_elementwise)
             self.kernels.append(emit(self, root))
         source = self._source()

@@ -24,6 +24,7 @@ from mlso_cli.codegen.libgemm import eligible, stagings
 from mlso_cli.codegen.normalise import normalise
 from mlso_cli.codegen.program import Buffer
 from mlso_cli.codegen.roots import KIND, KernelRoots, kernel_roots
+from mlso_cli.codegen.rowfuse import RowPair
 from mlso_cli.codegen.scale import Storage
 from mlso_cli.codegen.stabilise import consumers_of, stabilised
 from mlso_cli.ir.graph import KernelGraph
@@ -42,10 +43,25 @@ class KernelPlan:
     stabilised: int = 0
     """How many EXPs of a graph-defined kernel are kept relative to a row max."""
     root: Node | None = field(default=None, compare=False, repr=False)
-    """The μGraph node the kernel computes (for the cost model; not part of the JSON)."""
+    """The μGraph node the kernel computes (for the cost model; not part of the JSON); None for
+    a sibling launch, whose parts name theirs."""
+    parts: tuple[KernelPlan, ...] = ()
+    """Kind "siblings": the elementwise kernels one launch computes (siblings.py), each with
+    its root; the launch's shape is then the parts' elements in all, (count,). Kind "row": the
+    reduction and the value computed from it row by row (rowfuse.py: kinds "reduce", then
+    "elementwise" or "stage"); the launch's shape is the value's."""
+
+    @property
+    def roots(self) -> tuple[Node, ...]:
+        """The μGraph nodes the launch computes: its root, or its parts' roots."""
+        if self.parts:
+            return tuple(r for p in self.parts for r in p.roots)
+        return () if self.root is None else (self.root,)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "shape": list(self.shape)}
+        if self.parts:
+            out["parts"] = [p.to_json() for p in self.parts]
         if self.layout is not None:
             lay = self.layout
             out.update(
@@ -85,13 +101,29 @@ def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH, library: bool | None = None)
 
     A kernel-level matmul that generate lowers to a library GEMM is kind "gemm", preceded by a
     "stage" kernel (root: the value it stores) per operand codegen stages
-    (`_library_decisions`)."""
+    (`_library_decisions`). Elementwise kernels that share one launch (siblings.py) are one
+    kernel of kind "siblings" whose `parts` are theirs; a reduction computed by its row-wise
+    reader's kernel (rowfuse.py) is one kernel of kind "row" at the reader's place."""
     if library is None:
         library = knobs().library_gemm
     kr = kernel_roots(kg)
+    readers = {p.reader: p for p in kr.rows.values()}
     kernels = []
     decided: dict[Node, list[Node]] | None = None
-    for root in kr.schedule:
+    for group in kr.launches:
+        if len(group) > 1:
+            parts = tuple(KernelPlan("elementwise", r.shape, root=r) for r in group)
+            shape = (sum(r.numel for r in group),)
+            kernels.append(KernelPlan("siblings", shape, parts=parts))
+            continue
+        (root,) = group
+        pair = kr.rows.get(root)
+        if pair is not None and pair.holds(library):
+            continue  # computed by its reader's kernel (a "row" kernel, below)
+        pair = readers.get(root)
+        if pair is not None and pair.operand is None:
+            kernels.append(_row(pair, "elementwise", root))
+            continue
         if root.op is Op.GRAPH_DEF:
             bg = normalise(root.arg)
             nodes = bg.nodes()
@@ -111,11 +143,24 @@ def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH, library: bool | None = None)
                 kernels.append(KernelPlan("matmul", root.shape, root=root))
                 continue
             for value in decided[root]:
-                kernels.append(KernelPlan("stage", value.shape, root=value))
+                pair = readers.get(root)
+                if pair is not None and pair.value is value:
+                    kernels.append(_row(pair, "stage", value))
+                else:
+                    kernels.append(KernelPlan("stage", value.shape, root=value))
             kernels.append(KernelPlan("gemm", root.shape, root=root))
         else:
             kernels.append(KernelPlan(KIND.get(root.op, "elementwise"), root.shape, root=root))
     return LoweringPlan(arch, tuple(kernels), len(kr.stab))
+
+
+def _row(pair: RowPair, kind: str, value: Node) -> KernelPlan:
+    """A row kernel: the reduction, then the reader's value (its own, or a staged operand)."""
+    parts = (
+        KernelPlan("reduce", pair.reduce.shape, root=pair.reduce),
+        KernelPlan(kind, value.shape, root=value),
+    )
+    return KernelPlan("row", value.shape, parts=parts)
 
 
 def _library_decisions(kg: KernelGraph, kr: KernelRoots, library: bool) -> dict[Node, list[Node]]:

@@ -18,6 +18,11 @@ Rules (thread graphs are built by rules, not search):
   - An output that is a chain of transposes and reshapes over a graph-defined kernel's output,
     read by nothing else, is no kernel: the graph-defined kernel saves straight into the output
     buffer, with the strides the views give its dims (`through_views`).
+  - A reduction over the innermost axis whose one reader reads it along its own row is
+    computed in the reader's kernel (rowfuse.row_pairs): an elementwise root, or the staging of
+    a library GEMM's operand.
+  - Consecutive elementwise kernels of the schedule that read none of each other share one
+    launch (siblings.launch_groups: horizontal fusion); a row pair's reader is not one of them.
 """
 
 from __future__ import annotations
@@ -29,7 +34,11 @@ from mlso_cli.codegen import synthetic
 from mlso_cli.codegen.cfmt import contiguous
 from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.frozen import FrozenMap
+from mlso_cli.codegen.libgemm import eligible, epilogue_add
+from mlso_cli.codegen.rowfuse import Context as RowContext
+from mlso_cli.codegen.rowfuse import RowPair, row_pairs
 from mlso_cli.codegen.schedule import schedule
+from mlso_cli.codegen.siblings import Context, launch_groups
 from mlso_cli.codegen.stabilise import consumers_of, stabilisers
 from mlso_cli.codegen.views import view_strides
 from mlso_cli.ir.graph import PARTIAL, KernelGraph
@@ -65,6 +74,14 @@ class KernelRoots:
     """What output slot k holds: the output node, or its copy."""
     schedule: tuple[Node, ...]
     """The roots in launch order (dependencies first)."""
+    launches: tuple[tuple[Node, ...], ...]
+    """The schedule cut into launches: one root each, or several independent elementwise roots
+    that one kernel computes (siblings.launch_groups)."""
+    rows: FrozenMap[Node, RowPair]
+    """Reduction -> the reader whose kernel computes it first, row by row (rowfuse.row_pairs).
+    A pair whose reader is a matmul holds only when that matmul is a library GEMM (its operand
+    is then staged by a kernel, which computes the reduction); else the reduction is a kernel of
+    its own, launched just before the matmul."""
     target_strides: FrozenMap[Node, tuple[int, ...]] = FrozenMap(())
     """Targets stored into their output buffer through views: node -> its dims' strides there
     (a graph-defined kernel's output whose region output is its transpose/reshape)."""
@@ -83,7 +100,22 @@ def kernel_roots(kg: KernelGraph) -> KernelRoots:
                 "Split the region: kernels index with 32-bit integers.",
             )
     roots, targets, strides = _roots(kg, order, consumers, stab)
-    launch = schedule(targets, lambda n: _deps(n, roots, stab), keep=lambda n: n in roots)
+    outs = frozenset(kg.outputs)
+    epilogues = _epilogue_candidates(order, consumers, outs)
+
+    def deps(n: Node) -> list[Node]:
+        return _deps(n, roots, stab)
+
+    def elementwise(n: Node) -> bool:
+        return n.op not in KIND and n not in epilogues
+
+    launch = schedule(targets, deps, keep=lambda n: n in roots)
+    rows = row_pairs(tuple(launch), RowContext(frozenset(roots), outs, stab, deps, elementwise))
+    readers = {p.reader for p in rows.values()}
+
+    def fusable(n: Node) -> bool:
+        return elementwise(n) and n not in readers
+
     return KernelRoots(
         tuple(order),
         FrozenMap((n, tuple(cs)) for n, cs in consumers.items()),
@@ -91,7 +123,22 @@ def kernel_roots(kg: KernelGraph) -> KernelRoots:
         frozenset(roots),
         tuple(targets),
         tuple(launch),
+        launch_groups(tuple(launch), Context(fusable, deps)),
+        rows,
         FrozenMap(strides.items()),
+    )
+
+
+def _epilogue_candidates(
+    order: list[Node], consumers: Mapping[Node, list[Node]], outputs: frozenset[Node]
+) -> frozenset[Node]:
+    """The ADDs a library GEMM might compute as its bias or residual epilogue: libgemm's
+    structural condition (the matmul's one reader), whatever storage and the library knob later
+    decide. Such an ADD may get no kernel at all, so it never shares a launch."""
+    return frozenset(
+        ep[0]
+        for n in order
+        if n.op is Op.MATMUL and eligible(n) and (ep := epilogue_add(n, consumers, outputs))
     )
 
 

@@ -42,6 +42,12 @@ Calibration (measured, or fitted to measurements) (benchmarks/RESULTS.md, "optim
   A bias or residual the GEMM adds as its epilogue is priced as part of that call: no pass of
   its own.
   The codegen matmul rates above still price the matmuls that stay generated.
+- Independent elementwise kernels that codegen computes in one launch (codegen/siblings.py) are
+  priced as one kernel: one launch and one round trip for the parts' bytes and element work,
+  a tensor several parts read counted once.
+- A row reduction computed in its row-wise reader's kernel (codegen/rowfuse.py) is one launch
+  with two round trips (the row's loads, then the value's), the reduced value read from no
+  memory.
 """
 
 from __future__ import annotations
@@ -235,10 +241,20 @@ def program_cost(kg: KernelGraph, hw: Hardware = H200) -> Cost:
         # which for a 16-bit C is its write plus the residual's read (an fp32 one is unpriced).
         done = epilogue_adds(kg.nodes(), list(kg.inputs), list(kg.outputs))
         kernels = tuple(k for k in kernels if k.root not in done)
-    materialised = {k.root for k in kernels}
-    computed = {k.root for k in kernels if k.kind != "stage"}
+    materialised = {r for k in kernels for r in k.roots}
+    computed = {p.root for k in kernels for p in k.parts or (k,) if p.kind != "stage"}
     """What the other kernels wrote: a staging kernel reads it, or the producers it fuses."""
     for k in kernels:
+        if k.kind == "siblings":
+            b, f = _siblings_traffic(k.roots, materialised)
+            total += _kernel_time(hw, b, f, False) + hw.pre_latency_s
+            nbytes, flops, launches = nbytes + b, flops + f, launches + 1
+            continue
+        if k.kind == "row":
+            b, f = _row_traffic(k, materialised, computed)
+            total += _kernel_time(hw, b, f, False) + 2 * hw.pre_latency_s
+            nbytes, flops, launches = nbytes + b, flops + f, launches + 1
+            continue
         n = k.root
         assert n is not None
         if n.op is Op.GRAPH_DEF:
@@ -271,6 +287,31 @@ def program_cost(kg: KernelGraph, hw: Hardware = H200) -> Cost:
         total += t
         nbytes, flops, launches = nbytes + b, flops + f, launches + 1
     return Cost(total, nbytes, flops, launches)
+
+
+def _siblings_traffic(roots: tuple[Node, ...], materialised: set) -> tuple[int, int]:
+    """(bytes, flops) of one launch computing several independent elementwise kernels
+    (codegen/siblings.py): each part's writes and element work, and every tensor the parts read
+    counted once (the sibling kernels of a layer read slices of one GEMM result). Priced as one
+    kernel: one launch and one round trip, the parts' work sharing the grid."""
+    reads = {s for r in roots for s in _kernel_reads(r, materialised)}
+    return sum(_bytes(s) for s in reads) + sum(_bytes(r) for r in roots), sum(
+        r.numel for r in roots
+    )
+
+
+def _row_traffic(k, materialised: set, computed: set) -> tuple[int, int]:
+    """(bytes, flops) of a row kernel (codegen/rowfuse.py): the reduction's reads and the
+    value's (a staged operand's as a "stage" kernel's), each tensor once, the reduced value not
+    among them (a register), and both results written. Its time pays two round trips, the
+    row's loads before the reduction and the value's after it, but one launch."""
+    red, val = k.parts
+    r, v = red.root, val.root
+    own = computed - {v} if val.kind == "stage" else materialised
+    reads = set(_kernel_reads(r, materialised)) | set(_kernel_reads(v, own - {r}))
+    reads.discard(r)
+    flops = r.src[0].numel + v.numel
+    return sum(_bytes(s) for s in reads) + _bytes(r) + _bytes(v), flops
 
 
 def library_gemm_s(n: Node, hw: Hardware = H200) -> float:

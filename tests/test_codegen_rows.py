@@ -1,0 +1,203 @@
+"""Row fusion (codegen/rowfuse.py, rowkernel.py): a reduction over the innermost axis and its one
+row-wise reader run as one kernel, a warp per row reducing it and then writing the reader's
+value with the reduced value in a register.
+
+Checked here: the decision (which pairs form, and which must not: a second reader, a strided
+axis, a short row, a reader that reads another row), the lowering plan and the launch plan agree,
+the cost model prices one launch, a library GEMM's staged operand is a reader (RMSNorm -> q/k/v),
+and the kernels compute what the interpreter does on the host emulator.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlso_cli import knobs as knobs_mod
+from mlso_cli.codegen import generate, hostemu, rowfuse, siblings
+from mlso_cli.codegen.plan import plan
+from mlso_cli.codegen.roots import kernel_roots
+from mlso_cli.ir import DType, Op, check
+from mlso_cli.ir import build as b
+from mlso_cli.runtime.plan import validate_plan
+from mlso_cli.search.cost import program_cost
+from tests import test_codegen_graphs as T
+from tests.helpers import fresh_cache
+
+ROOT = Path(__file__).resolve().parent.parent
+F16, F32 = DType.F16, DType.F32
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache_dir(tmp_path_factory):
+    with fresh_cache(tmp_path_factory):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _library_on(monkeypatch):
+    """Library GEMMs on (the default) unless a test turns them off; knobs are read once."""
+    knobs_mod.cache_clear()
+    yield
+    knobs_mod.cache_clear()
+
+
+def _kinds(kg) -> list[str]:
+    return [k.kind for k in plan(kg).kernels]
+
+
+def _launches(kg) -> int:
+    return len(generate(kg).plan["launches"])
+
+
+def _no_rows(monkeypatch) -> None:
+    monkeypatch.setattr(rowfuse, "ROW_LEN", (0, -1))
+
+
+def rmsnorm(dt: DType = F16, rows: int = 12, n: int = 96, op: Op = Op.REDUCE_MEAN):
+    """x * rsqrt(mean(x^2) + eps) * w, an output: the reduction and one elementwise reader."""
+    x, w = b.input_(0, (2, rows, n), dt), b.input_(1, (n,), dt)
+    xf = b.cast(x, F32)
+    ms = b.reduce(op, b.mul(xf, xf), 2)
+    y = b.mul(b.mul(xf, b.unary(Op.RSQRT, b.add(ms, b.const(Fraction(1, 10**6))))), b.cast(w, F32))
+    return check(b.kernel_graph([x, w], [b.cast(y, dt)], ["x", "w"], ["y"]))
+
+
+def centred(dt: DType = F32, rows: int = 8, n: int = 40):
+    """x - max(x) along the row (REDUCE_MAX): one reader, a sum of an unrelated input."""
+    x, z = b.input_(0, (rows, n), dt), b.input_(1, (rows, n), dt)
+    m = b.reduce(Op.REDUCE_MAX, x, 1)
+    return check(b.kernel_graph([x, z], [b.add(b.sub(x, m), z)], ["x", "z"], ["y"]))
+
+
+def norm_linear(dt: DType = F16, m: int = 16, k: int = 64, n: int = 32):
+    """RMSNorm, Cast, then @ W: the reader is the library GEMM's staged operand."""
+    x, w = b.input_(0, (m, k), dt), b.input_(1, (k, n), dt)
+    xf = b.cast(x, F32)
+    ms = b.reduce(Op.REDUCE_MEAN, b.mul(xf, xf), 1)
+    y = b.mul(xf, b.unary(Op.RSQRT, b.add(ms, b.const(Fraction(1, 10**6)))))
+    return check(b.kernel_graph([x, w], [b.matmul(b.cast(y, dt), w)], ["x", "W"], ["y"]))
+
+
+def two_readers(dt: DType = F32):
+    """A row sum read by two output kernels: it stays a kernel of its own."""
+    x = b.input_(0, (8, 64), dt)
+    s = b.reduce(Op.REDUCE_SUM, x, 1)
+    return check(b.kernel_graph([x], [b.div(x, s), b.mul(x, s)], ["x"], ["p", "q"]))
+
+
+def strided_axis(dt: DType = F32):
+    """A column sum (a strided axis, longer than the in-place limit) and its reader."""
+    x = b.input_(0, (96, 40), dt)
+    s = b.reduce(Op.REDUCE_SUM, x, 0)
+    return check(b.kernel_graph([x], [b.div(x, s)], ["x"], ["p"]))
+
+
+def other_row(dt: DType = F32):
+    """The reader reads the reduction transposed (row i's element j uses row j's sum)."""
+    x = b.input_(0, (48, 48), dt)
+    s = b.reduce(Op.REDUCE_SUM, x, 1)
+    st = b.transpose(b.broadcast_to(s, (48, 48)), (1, 0))
+    return check(b.kernel_graph([x], [b.mul(x, st)], ["x"], ["p"]))
+
+
+def transformer_region0():
+    from mlso_cli.frontend.lift import lift_model
+
+    kgs = lift_model(str(ROOT / "models" / "transformer_tiny.onnx"), {"hidden": (1, 16, 64)})
+    return check(kgs[0])
+
+
+# ---- the decision ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("build", [rmsnorm, centred])
+def test_a_row_reduction_and_its_reader_are_one_kernel(build, monkeypatch):
+    kg = build()
+    assert _kinds(kg) == ["row"] and _launches(kg) == 1
+    (kp,) = plan(kg).kernels
+    assert [p.kind for p in kp.parts] == ["reduce", "elementwise"]
+    assert kp.to_json()["parts"][0]["kind"] == "reduce"
+    validate_plan(generate(kg).plan, len(kg.inputs), len(kg.outputs))
+    _no_rows(monkeypatch)
+    assert _kinds(kg) == ["reduce", "elementwise"] and _launches(kg) == 2
+
+
+def test_the_staged_operand_of_a_library_gemm_is_a_reader(monkeypatch):
+    kg = norm_linear()
+    assert _kinds(kg) == ["row", "gemm"]
+    (row,) = [k for k in plan(kg).kernels if k.kind == "row"]
+    assert [p.kind for p in row.parts] == ["reduce", "stage"]
+    gp = generate(kg)
+    assert [x.get("kind", "kernel") for x in gp.plan["launches"]] == ["kernel", "gemm"]
+    assert "then stage a library GEMM operand" in gp.kernels[0].what
+
+
+def test_without_the_library_the_reduction_stays_a_kernel(monkeypatch):
+    monkeypatch.setenv("MLSO_LIBRARY_GEMM", "0")
+    knobs_mod.cache_clear()
+    kg = norm_linear()
+    assert _kinds(kg) == ["reduce", "matmul"] and _launches(kg) == 2
+
+
+@pytest.mark.parametrize("build", [two_readers, strided_axis, other_row])
+def test_no_row_kernel_where_the_rules_refuse(build):
+    kg = build()
+    assert not kernel_roots(kg).rows
+    assert "row" not in _kinds(kg)
+
+
+def test_a_short_row_is_not_fused():
+    kg = rmsnorm(n=16)
+    assert not kernel_roots(kg).rows and _launches(kg) == 2
+
+
+@pytest.mark.parametrize("build", [rmsnorm, norm_linear, transformer_region0])
+def test_cost_model_prices_one_launch(build, monkeypatch):
+    kg = build()
+    fused = program_cost(kg)
+    assert fused.launches == _launches(kg)
+    _no_rows(monkeypatch)
+    apart = program_cost(kg)
+    assert apart.launches == _launches(kg) == fused.launches + 1
+    assert fused.seconds < apart.seconds
+
+
+def test_rotary_region_takes_three_launches(monkeypatch):
+    """RMSNorm -> q/k/v GEMM -> v, q rotary, k rotary: the norm's reduction and its staging are
+    one kernel, the three elementwise kernels one more (6 launches before either rule)."""
+    kg = transformer_region0()
+    assert _kinds(kg) == ["row", "gemm", "siblings"] and _launches(kg) == 3
+    _no_rows(monkeypatch)
+    monkeypatch.setattr(siblings, "MAX_PARTS", 1)
+    assert _launches(kg) == 6
+
+
+# ---- results on the host emulator ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, build",
+    [
+        ("rmsnorm_f16", rmsnorm),
+        ("rmsnorm_f32_sum", lambda: rmsnorm(F32, rows=40, n=300, op=Op.REDUCE_SUM)),
+        ("centred", centred),
+        ("norm_linear", norm_linear),
+        ("transformer_region0", transformer_region0),
+    ],
+)
+def test_emulated_row_kernel_matches_the_interpreter(name, build, monkeypatch):
+    kg = build()
+    assert any(len(k.parts) == 2 and k.kind == "row" for k in plan(kg).kernels)
+    ins = T.make_inputs(kg, name)
+    want = T.reference(kg, ins)
+    got = hostemu.run(generate(kg), ins)
+    tol = T.TOLERANCE[T.out_dtype(kg)]
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        g = np.asarray(g, dtype=np.float64)
+        assert not np.isnan(g).any(), f"{name} output {k}: NaN (unwritten)"
+        err = T.rel_error(g, w)
+        assert err <= tol, f"{name} output {k}: relative error {err:.2e} > {tol:.0e}"
