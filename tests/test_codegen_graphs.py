@@ -531,3 +531,32 @@ def numpy_reference(kg: KernelGraph, inputs: Sequence[np.ndarray]) -> list[np.nd
     }
     with np.errstate(all="ignore"):
         return [np.asarray(_eval(o, env), dtype=np.float64) for o in kg.outputs]
+
+
+def transformer_region0() -> KernelGraph:
+    """transformer_tiny's first lifted region: RMSNorm, the q/k/v GEMM, then v and the q and k
+    rotaries (a row reduction feeding a staged GEMM operand, and three sibling elementwise
+    kernels reading the GEMM's result)."""
+    from pathlib import Path
+
+    from mlso_cli.frontend.lift import lift_model
+    from mlso_cli.ir import check
+
+    model = Path(__file__).resolve().parent.parent / "models" / "transformer_tiny.onnx"
+    return check(lift_model(str(model), {"hidden": (1, 16, 64)})[0])
+
+
+def assert_emulated_matches(name: str, kg: KernelGraph) -> None:
+    """kg's generated program, run on the host emulator, agrees with the float64 reference:
+    every output element written (no NaN left) and within its dtype's tolerance."""
+    from mlso_cli.codegen import generate, hostemu
+
+    ins = make_inputs(kg, name)
+    want = reference(kg, ins)
+    got = hostemu.run(generate(kg), ins)
+    tol = TOLERANCE[out_dtype(kg)]
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        g = np.asarray(g, dtype=np.float64)
+        assert not np.isnan(g).any(), f"{name} output {k}: NaN (unwritten)"
+        err = rel_error(g, w)
+        assert err <= tol, f"{name} output {k}: relative error {err:.2e} > {tol:.0e}"

@@ -11,13 +11,11 @@ and the kernels compute what the interpreter does on the host emulator.
 from __future__ import annotations
 
 from fractions import Fraction
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from mlso_cli import knobs as knobs_mod
-from mlso_cli.codegen import generate, hostemu, rowfuse, siblings
+from mlso_cli.codegen import generate, rowfuse, siblings
 from mlso_cli.codegen.plan import plan
 from mlso_cli.codegen.roots import kernel_roots
 from mlso_cli.ir import DType, Op, check
@@ -27,7 +25,6 @@ from mlso_cli.search.cost import program_cost
 from tests import test_codegen_graphs as T
 from tests.helpers import fresh_cache
 
-ROOT = Path(__file__).resolve().parent.parent
 F16, F32 = DType.F16, DType.F32
 
 
@@ -104,13 +101,6 @@ def other_row(dt: DType = F32):
     return check(b.kernel_graph([x], [b.mul(x, st)], ["x"], ["p"]))
 
 
-def transformer_region0():
-    from mlso_cli.frontend.lift import lift_model
-
-    kgs = lift_model(str(ROOT / "models" / "transformer_tiny.onnx"), {"hidden": (1, 16, 64)})
-    return check(kgs[0])
-
-
 # ---- the decision ---------------------------------------------------------------------------------
 
 
@@ -155,7 +145,7 @@ def test_a_short_row_is_not_fused():
     assert not kernel_roots(kg).rows and _launches(kg) == 2
 
 
-@pytest.mark.parametrize("build", [rmsnorm, norm_linear, transformer_region0])
+@pytest.mark.parametrize("build", [rmsnorm, norm_linear, T.transformer_region0])
 def test_cost_model_prices_one_launch(build, monkeypatch):
     kg = build()
     fused = program_cost(kg)
@@ -169,7 +159,7 @@ def test_cost_model_prices_one_launch(build, monkeypatch):
 def test_rotary_region_takes_three_launches(monkeypatch):
     """RMSNorm -> q/k/v GEMM -> v, q rotary, k rotary: the norm's reduction and its staging are
     one kernel, the three elementwise kernels one more (6 launches before either rule)."""
-    kg = transformer_region0()
+    kg = T.transformer_region0()
     assert _kinds(kg) == ["row", "gemm", "siblings"] and _launches(kg) == 3
     _no_rows(monkeypatch)
     monkeypatch.setattr(siblings, "MAX_PARTS", 1)
@@ -186,18 +176,10 @@ def test_rotary_region_takes_three_launches(monkeypatch):
         ("rmsnorm_f32_sum", lambda: rmsnorm(F32, rows=40, n=300, op=Op.REDUCE_SUM)),
         ("centred", centred),
         ("norm_linear", norm_linear),
-        ("transformer_region0", transformer_region0),
+        ("transformer_region0", T.transformer_region0),
     ],
 )
 def test_emulated_row_kernel_matches_the_interpreter(name, build, monkeypatch):
     kg = build()
     assert any(len(k.parts) == 2 and k.kind == "row" for k in plan(kg).kernels)
-    ins = T.make_inputs(kg, name)
-    want = T.reference(kg, ins)
-    got = hostemu.run(generate(kg), ins)
-    tol = T.TOLERANCE[T.out_dtype(kg)]
-    for k, (g, w) in enumerate(zip(got, want, strict=True)):
-        g = np.asarray(g, dtype=np.float64)
-        assert not np.isnan(g).any(), f"{name} output {k}: NaN (unwritten)"
-        err = T.rel_error(g, w)
-        assert err <= tol, f"{name} output {k}: relative error {err:.2e} > {tol:.0e}"
+    T.assert_emulated_matches(name, kg)

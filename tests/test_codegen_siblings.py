@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from pathlib import Path
 
-import numpy as np
 import pytest
 
-from mlso_cli.codegen import generate, hostemu, rowfuse, siblings
+from mlso_cli.codegen import generate, rowfuse, siblings
 from mlso_cli.codegen.plan import plan
 from mlso_cli.codegen.roots import kernel_roots
 from mlso_cli.ir import DType, Op, check
@@ -28,7 +26,6 @@ from mlso_cli.search.cost import program_cost
 from tests import test_codegen_graphs as T
 from tests.helpers import fresh_cache
 
-ROOT = Path(__file__).resolve().parent.parent
 F16, F32 = DType.F16, DType.F32
 
 
@@ -68,27 +65,6 @@ def many_siblings(count: int):
     x = b.input_(0, (8, 32), F32)
     outs = [b.mul(x, b.const(Fraction(k + 1))) for k in range(count)]
     return check(b.kernel_graph([x], outs, ["x"], [f"y{k}" for k in range(count)]))
-
-
-def transformer_region0():
-    """transformer_tiny's first lifted region: RMSNorm, the q/k/v GEMM, then v and the q and k
-    rotaries, three sibling elementwise kernels reading the GEMM's result."""
-    from mlso_cli.frontend.lift import lift_model
-
-    kgs = lift_model(str(ROOT / "models" / "transformer_tiny.onnx"), {"hidden": (1, 16, 64)})
-    return check(kgs[0])
-
-
-def _emulated_matches_interpreter(name: str, kg) -> None:
-    ins = T.make_inputs(kg, name)
-    want = T.reference(kg, ins)
-    got = hostemu.run(generate(kg), ins)
-    tol = T.TOLERANCE[T.out_dtype(kg)]
-    for k, (g, w) in enumerate(zip(got, want, strict=True)):
-        g = np.asarray(g, dtype=np.float64)
-        assert not np.isnan(g).any(), f"{name} output {k}: NaN (unwritten)"
-        err = T.rel_error(g, w)
-        assert err <= tol, f"{name} output {k}: relative error {err:.2e} > {tol:.0e}"
 
 
 def _no_fusion(monkeypatch) -> None:
@@ -141,7 +117,7 @@ def test_siblings_plan_json_names_its_parts():
 # ---- cost model and runtime plan ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("build", [three_siblings, transformer_region0])
+@pytest.mark.parametrize("build", [three_siblings, T.transformer_region0])
 def test_cost_model_prices_one_launch(build, monkeypatch):
     kg = build()
     fused = program_cost(kg)
@@ -163,7 +139,7 @@ def test_runtime_validator_accepts_a_sibling_launch():
 
 def test_rotary_region_goes_from_six_launches_to_four(monkeypatch):
     monkeypatch.setattr(rowfuse, "ROW_LEN", (0, -1))  # horizontal fusion alone (no row kernel)
-    kg = transformer_region0()
+    kg = T.transformer_region0()
     kinds = [k.kind for k in plan(kg).kernels]
     assert kinds == ["reduce", "stage", "gemm", "siblings"]
     assert _launches(kg) == 4
@@ -180,8 +156,8 @@ def test_rotary_region_goes_from_six_launches_to_four(monkeypatch):
         ("three_siblings_f16", three_siblings),
         ("three_siblings_f32", lambda: three_siblings(F32)),
         ("shared_producer", shared_producer),
-        ("transformer_region0", transformer_region0),
+        ("transformer_region0", T.transformer_region0),
     ],
 )
 def test_emulated_sibling_launch_matches_the_interpreter(name, build):
-    _emulated_matches_interpreter(name, build())
+    T.assert_emulated_matches(name, build())
