@@ -204,28 +204,27 @@ SYMMETRIC = frozenset({"max"})
 # ---- polys and monomials ---------------------------------------------------------------------
 
 
-def poly(terms: dict[int, Fraction]) -> int:
-    # integral coefficients are stored as ints: equal and hash-equal to the Fraction, and hashing
-    # a Fraction (a modular inverse each time) was a tenth of the cost of building a term
+def _entries(d: dict[int, Exp]) -> tuple[tuple[int, Exp], ...]:
+    """The nonzero (key, value) pairs of a poly's terms or a monomial's exponents, sorted.
+
+    Integral values are stored as ints: equal and hash-equal to the Fraction, and hashing a
+    Fraction (a modular inverse each time) was a tenth of the cost of building a term."""
     out = []
-    for m, c in terms.items():
-        if c:
-            if type(c) is not int and c.denominator == 1:
-                c = int(c)
-            out.append((m, c))
+    for k, v in d.items():
+        if v:
+            if type(v) is not int and v.denominator == 1:
+                v = int(v)
+            out.append((k, v))
     out.sort()
-    return mk(("P", tuple(out)))
+    return tuple(out)
+
+
+def poly(terms: dict[int, Fraction]) -> int:
+    return mk(("P", _entries(terms)))
 
 
 def mono(facs: dict[int, Exp]) -> int:
-    out = []
-    for f, e in facs.items():
-        if e:
-            if type(e) is not int and e.denominator == 1:
-                e = int(e)
-            out.append((f, e))
-    out.sort()
-    return mk(("M", tuple(out)))
+    return mk(("M", _entries(facs)))
 
 
 UNIT = mono({})
