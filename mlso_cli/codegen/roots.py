@@ -163,8 +163,8 @@ def _roots(
     for n in reversed(order):
         if n.op in (Op.INPUT, Op.CONST, Op.PROJ) or n in roots:
             continue
-        if n in aliased or (n.op in VIEW and any(c in aliased for c in consumers.get(n, []))):
-            continue  # a view the graph-defined kernel saves through: no kernel
+        if n in aliased:
+            continue  # the graph-defined kernel saves through these views: no kernel
         u: set[Node] = set()
         for c in consumers.get(n, []):
             u |= {c} if c in roots else users.get(c, set())
