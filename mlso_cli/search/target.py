@@ -74,17 +74,7 @@ def _form(key: tuple) -> int:
     return k
 
 
-_NEAR: dict[frozenset, tuple[frozenset, frozenset]] = {}
 _AT_START = frozenset({None})
-
-
-def _neighbours(s: frozenset) -> tuple[frozenset, frozenset]:
-    """A variable's (previous digits, next digits) over its occurrences, from its adjacency
-    set; memoised on the set's value (children share adjacency sets, so most are seen)."""
-    got = _NEAR.get(s)
-    if got is None:
-        got = _NEAR[s] = (frozenset(p for p, _ in s), frozenset(n for _, n in s))
-    return got
 
 
 class _Pattern:
@@ -112,17 +102,10 @@ class _Pattern:
     term order), so the numbering cannot depend on variable names."""
 
     def __init__(self, p: int) -> None:
-        # T.mergeable_pairs and the offset test, on each variable's neighbour summary
-        near = {v: _neighbours(s) for v, s in T.adjacency(p).items()}
+        # the offset test reads each variable's neighbour summary
+        near = {v: T.neighbours(s) for v, s in T.adjacency(p).items()}
         free = T.deps(p)
-        succ: dict[int, int] = {}
-        for a in free:
-            nb = near.get(a)
-            if nb is None or len(nb[1]) != 1:
-                continue
-            (b,) = nb[1]
-            if b is not None and b != a and b in free and near[b][0] == {a}:
-                succ[a] = b
+        succ = dict(T.mergeable_pairs(p, free))
         tails = set(succ.values())
         skip: set[int] = set()
         for v in free:

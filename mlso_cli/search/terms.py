@@ -450,18 +450,33 @@ def adjacency(i: int) -> dict[int, frozenset[tuple[int | None, int | None]]]:
     return a
 
 
-def mergeable_pairs(i: int, among: set[int]) -> list[tuple[int, int]]:
+_NEAR: dict[frozenset, tuple[frozenset, frozenset]] = {}
+
+
+def neighbours(s: frozenset) -> tuple[frozenset, frozenset]:
+    """A variable's (previous digits, next digits) over its occurrences, from its adjacency set;
+    memoised on the set's value (children share adjacency sets, so most are seen before)."""
+    got = _NEAR.get(s)
+    if got is None:
+        got = _NEAR[s] = (frozenset(p for p, _ in s), frozenset(n for _, n in s))
+    return got
+
+
+def mergeable_pairs(i: int, among: set[int] | frozenset[int]) -> list[tuple[int, int]]:
     """Pairs (a, b) of variables in `among` where b always follows a and a always precedes b."""
     adj = adjacency(i)
     out = []
     for a in among:
-        nxt = {n for _, n in adj.get(a, ())}
+        s = adj.get(a)
+        if s is None:
+            continue
+        nxt = neighbours(s)[1]
         if len(nxt) != 1:
             continue
         (b,) = nxt
         if b is None or b == a or b not in among:
             continue
-        if {p for p, _ in adj[b]} == {a}:
+        if neighbours(adj[b])[0] == {a}:
             out.append((a, b))
     return out
 
