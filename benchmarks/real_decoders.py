@@ -7,7 +7,9 @@ stream feeds the next), fp16, batch 1, sequence 128, and compares:
 
 * the original model under ONNX Runtime (CUDA EP), plain and under its CUDA graph;
 * ORT after its own fusions: onnxscript's ``ort_fusions.optimize_for_ort`` (RMSNorm,
-  skip-RMSNorm, RotaryEmbedding, SDPA as contrib ops);
+  skip-RMSNorm, RotaryEmbedding, SDPA as contrib ops), and ONNX Runtime's transformers optimizer
+  (``onnxruntime.transformers.optimizer.optimize_model``, generic decoder settings, opt level 1:
+  on these dynamo exports it fuses the RMSNorms into SimplifiedLayerNormalization);
 * ``mlso optimize --gpu 0`` (timed, with its per-region report);
 * torch eager and ``torch.compile(mode="reduce-overhead")`` on the same module, in the same
   process as the export, timed by CUDA events around CUDA-graph replays.
@@ -242,6 +244,10 @@ def bench(args: argparse.Namespace) -> int:
             rec["verify_tail"] = ver.stderr[-600:]
         models = [str(orig), str(orig)]
         labels = ["original", "original (self)"]
+        tto = _transformers_optimized(orig, rec)
+        if tto is not None:
+            models.append(str(tto))
+            labels.append("ort_transformers")
         if fast.exists():
             models.append(str(fast))
             labels.append("mlso")
@@ -276,6 +282,32 @@ def bench(args: argparse.Namespace) -> int:
     if args.record:
         _record(results, _machine())
     return 0
+
+
+def _transformers_optimized(orig: Path, rec: dict) -> Path | None:
+    """ONNX Runtime's transformers optimizer on the export, or None (the reason in ``rec``).
+
+    Its fusions are keyed by model type; these decoders have none of their own there, so the
+    generic GPT-2 settings and ORT's level-1 graph optimizations (run on the CUDA EP) are what a
+    user gets from it.
+    """
+    path = orig.with_name(orig.name.replace(".onnx", ".ortopt.onnx"))
+    try:
+        from onnxruntime.transformers import optimizer
+
+        t0 = time.time()
+        m = optimizer.optimize_model(
+            str(orig), model_type="gpt2", num_heads=0, hidden_size=0, opt_level=1, use_gpu=True
+        )
+        m.save_model_to_file(str(path))
+        rec["ort_transformers_s"] = round(time.time() - t0, 1)
+        rec["ort_transformers_fused"] = {
+            k: v for k, v in m.get_fused_operator_statistics().items() if v
+        }
+        return path
+    except Exception as exc:  # noqa: BLE001 - a peer that fails is a cell that says so
+        rec["ort_transformers_error"] = f"{type(exc).__name__}: {exc}"[:400]
+        return None
 
 
 def _record(results: dict, machine: str) -> None:
@@ -323,10 +355,15 @@ def _figures(rec: dict) -> dict:
         orig = by.get(("original", mode))
         if orig:
             figs[f"original {tag} µs"] = round(orig["median_us"], 1)
-        for label in ("original (self)", "mlso", "ort_fusions"):
+        for label in ("original (self)", "mlso", "ort_fusions", "ort_transformers"):
             r = by.get((label, mode))
             if r:
-                short = {"original (self)": "self", "mlso": "mlso", "ort_fusions": "ORT fusions"}
+                short = {
+                    "original (self)": "self",
+                    "mlso": "mlso",
+                    "ort_fusions": "ORT fusions",
+                    "ort_transformers": "ORT transformers optimizer",
+                }
                 figs[f"{short[label]} {tag}"] = (
                     f"{r['median_us']:.1f} µs ({r['speedup']:.2f}x, IQR "
                     f"{r['speedup_iqr'][0]:.2f}-{r['speedup_iqr'][1]:.2f})"
@@ -343,9 +380,10 @@ def _figures(rec: dict) -> dict:
 
 def _table(results: dict) -> None:
     print(
-        "| family | mode | original µs | self | mlso | ORT fusions | torch eager | torch.compile |"
+        "| family | mode | original µs | self | mlso | ORT fusions | ORT transformers optimizer "
+        "| torch eager | torch.compile |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, rec in results.items():
         rows = rec.get("bench", [])
         labels = rec.get("bench_labels", [])
@@ -363,7 +401,8 @@ def _table(results: dict) -> None:
             print(
                 f"| {name} | {mode} | {cells.get('original', '-')} | "
                 f"{cells.get('original (self)', '-')} | {cells.get('mlso', '-')} | "
-                f"{cells.get('ort_fusions', '-')} | {rec.get('torch_eager_us', '-')} | "
+                f"{cells.get('ort_fusions', '-')} | {cells.get('ort_transformers', '-')} | "
+                f"{rec.get('torch_eager_us', '-')} | "
                 f"{rec.get('torch_compile_us', '-')} |"
             )
 
