@@ -220,6 +220,7 @@ def optimize_cmd(
         use_cache=not no_cache,
         serve=serve,
         verify_seed=verify_seed(seed, fresh=fresh),
+        verify_seed_fresh=fresh,
     )
     with _Display(as_json) as display:
         outcome = optimize(
@@ -239,7 +240,12 @@ def optimize_cmd(
     summary(
         f"optimize: {len(outcome.regions)} region(s), {outcome.packaged} packaged, "
         f"{sum(r.searched.result.partial for r in outcome.regions)} search(es) cut short; "
-        f"wrote {out}"
+        + (
+            "checks before writing reused (these bytes were checked before); "
+            if outcome.verdict_cached
+            else ""
+        )
+        + f"wrote {out}"
         if not dry_run
         else f"optimize: {len(outcome.regions)} region(s), {outcome.packaged} would be packaged "
         "(dry run: nothing written)"
@@ -437,6 +443,7 @@ def _report(outcome: Outcome, out: str | None, as_json: bool, streamed: bool = F
                     "packaged": outcome.packaged,
                     "bound": outcome.bound,
                     "verify_seed": outcome.verify_seed,
+                    "verdict_cached": outcome.verdict_cached,
                     "searched": sum(r.searched.searched for r in outcome.regions),
                     "cached": sum(r.searched.cached for r in outcome.regions),
                     "serve": outcome.serve,

@@ -50,6 +50,9 @@ class PipelineOptions:
     verify_seed: int | None = None
     """Seed of the check before writing (pipeline/verifying.py); None: a stream derived from
     `seed`, never the search's own (`mlso optimize` passes a fresh one unless --seed is given)."""
+    verify_seed_fresh: bool = False
+    """`verify_seed` was drawn fresh for this run (no --seed): a stored verdict of the same
+    bytes under an earlier fresh seed is reused (pipeline/verdicts.py)."""
     check_rounds: int = 15
     check_iters: int = 50
     """With a GPU: rounds and calls per round of the whole-model check (`mlso bench`'s defaults)."""
@@ -183,6 +186,9 @@ class Outcome:
     """The whole-model check; None without a GPU, for a dry run, or when no region was packaged."""
     verify_seed: int | None = None
     """The seed the check before writing used (None for a dry run: nothing was checked)."""
+    verdict_cached: bool = False
+    """The check before writing's outcome came from the verdict cache: these very bytes were
+    checked, under this code, by an earlier run (pipeline/verdicts.py)."""
 
     @property
     def packaged(self) -> int:

@@ -37,6 +37,7 @@ from mlso_cli.pipeline.build import Builder, package, set_metadata
 from mlso_cli.pipeline.frontend import lift
 from mlso_cli.pipeline.searching import conform, default_search, search_region
 from mlso_cli.pipeline.select import MeasureFn, choose_bounded, measure_top_k
+from mlso_cli.pipeline.verdicts import VerdictCache
 from mlso_cli.pipeline.verifying import check_before_writing, verify_seed
 from mlso_cli.pipeline.wholemodel import ModelTimeFn, check_whole_model
 from mlso_cli.search.api import SearchFn
@@ -51,6 +52,17 @@ def _cache(options: PipelineOptions) -> SearchCache | None:
 
     k = knobs()  # MLSO_SEARCH_CACHE: a shared directory or an fsspec URL (search/remote_cache.py)
     return open_search_cache(options.cache_dir or k.search_cache or k.cache_dir / "search")
+
+
+def _verdicts(options: PipelineOptions) -> VerdictCache | None:
+    """Where verdicts of the check before writing are kept: beside the search cache's folder
+    when one was given, else `<MLSO_CACHE_DIR>/verdicts`; none with --no-cache."""
+    if not options.use_cache:
+        return None
+    from mlso_cli.knobs import knobs
+
+    root = options.cache_dir.parent if options.cache_dir else knobs().cache_dir
+    return VerdictCache(root / "verdicts")
 
 
 def _time_regions(model, gpu: int) -> list:
@@ -150,7 +162,7 @@ def optimize(
         for lr, s in zip(lifted.regions, searched)
     ]
     bound = run_bound(searched)
-    model, check, vseed = None, None, None
+    model, check, vseed, reused = None, None, None, False
     if not dry_run:
         meta = {META_SERVE: options.serve}
         vseed = options.verify_seed
@@ -166,9 +178,16 @@ def optimize(
             )
 
         checked = check_before_writing(
-            _original(source, input_shapes, lifted), choices, pack, vseed, source=source
+            _original(source, input_shapes, lifted),
+            choices,
+            pack,
+            vseed,
+            source=source,
+            verdicts=_verdicts(options),
+            fresh_seed=options.verify_seed_fresh,
         )
         model, choices, bound = checked.model, list(checked.choices), checked.bound
+        vseed, reused = checked.seed, checked.cached
         set_metadata(model, META_BOUND, str(bound))
         if time_models is None and measure is None:
             time_models = _pair_timer(options.check_rounds, options.check_iters)
@@ -186,7 +205,7 @@ def optimize(
     for rep in reports:  # final only now: timings and the checks before writing may change them
         if rep.searched.region not in decided:
             listener.region_decided(rep)
-    return Outcome(reports, model, bound, options.serve, check, vseed)
+    return Outcome(reports, model, bound, options.serve, check, vseed, reused)
 
 
 def _original(source: str, input_shapes, lifted: Lifted) -> onnx.ModelProto:

@@ -31,6 +31,7 @@ import onnx
 
 from mlso_cli.errors import EnvironmentProblem, MlsoError
 from mlso_cli.pipeline.artifacts import Choice
+from mlso_cli.pipeline.verdicts import Verdict, VerdictCache, model_digest
 from mlso_cli.verify.packaged import (
     Failure,
     VerifyOptions,
@@ -51,8 +52,11 @@ class Checked:
     choices: tuple[Choice, ...]
     bound: float
     report: VerifyReport | None
-    """None when nothing was packaged (there was nothing to check)."""
+    """None when nothing was packaged (there was nothing to check) or the verdict was cached."""
     seed: int
+    cached: bool = False
+    """The verdict came from the verdict cache (pipeline/verdicts.py): the same original, the
+    same bytes to write, the same seed and code were checked before; `report` is None then."""
 
 
 def verify_seed(seed: int, fresh: bool) -> int:
@@ -75,13 +79,61 @@ def check_before_writing(
     seed: int,
     *,
     source: str = "the input model",
+    verdicts: VerdictCache | None = None,
+    fresh_seed: bool = False,
 ) -> Checked:
     """Package `choices`, verify the result against `original` (A, with its weights) and drop
-    refused regions until what is left passes (module docstring)."""
+    refused regions until what is left passes (module docstring). With `verdicts`, a check of
+    these very bytes done before is reused (pipeline/verdicts.py), and a new one is stored;
+    `fresh_seed`: `seed` was drawn for this run, so an earlier check under another seed counts."""
     choices = tuple(choices)
+    model = package(choices)
+    if not any(c.packaged for c in choices):
+        return Checked(model, choices, 0.0, None, seed)
+    key = None
+    if verdicts is not None:
+        key = verdicts.key(original, model, None if fresh_seed else seed)
+        hit = _reused(verdicts.get(key), choices, model, package)
+        if hit is not None:
+            return hit
+    checked = _check(original, choices, model, package, seed, source)
+    if verdicts is not None and key is not None:
+        verdicts.put(key, Verdict.of(checked.choices, checked.bound, checked.model, seed))
+    return checked
+
+
+def _reused(
+    verdict: Verdict | None,
+    choices: tuple[Choice, ...],
+    model: onnx.ModelProto,
+    package: PackageFn,
+) -> Checked | None:
+    """The stored verdict applied, when it is for these choices and the model it passed is the
+    one packaged again now (byte for byte); else None: the check runs. Its seed is the one the
+    stored check ran with."""
+    final = verdict.applied(choices) if verdict is not None else None
+    if final is None:
+        return None
+    same = all(a.packaged == b.packaged for a, b in zip(final, choices))
+    passed = model if same else package(final)
+    if model_digest(passed) != verdict.model_sha256:
+        return None
+    return Checked(passed, final, verdict.bound, None, verdict.seed, cached=True)
+
+
+def _check(
+    original: onnx.ModelProto,
+    choices: tuple[Choice, ...],
+    model: onnx.ModelProto,
+    package: PackageFn,
+    seed: int,
+    source: str,
+) -> Checked:
+    """The check itself: verify, drop refused regions, package again, until it passes."""
     options = VerifyOptions(seed=seed, trust_binary=True, distinct=True)
-    for _ in range(len(choices) + 1):
-        model = package(choices)
+    for round_ in range(len(choices) + 1):
+        if round_:
+            model = package(choices)
         if not any(c.packaged for c in choices):
             return Checked(model, choices, 0.0, None, seed)
         try:
