@@ -32,8 +32,11 @@ demo: $(STAMP)
 	$(MLSO) -v optimize models/transformer_tiny.onnx $(DEMO_SHAPE) -o build/demo/transformer_tiny.mlso.onnx --min-speedup 0 --force --max-states 20000
 	$(MLSO) -v verify models/transformer_tiny.onnx build/demo/transformer_tiny.mlso.onnx $(DEMO_SHAPE)
 
+# Two pytest workers (pytest-xdist): the suite is CPU-bound and single-threaded per test, so on
+# 2 cores it takes about half the time of one process. TEST_JOBS=0 runs it in this process.
+TEST_JOBS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) tests
 	$(VENV)/bin/ruff check mlso_cli models tests
 
 # Long CPU tests (marked `slow`; `make test` deselects them): thousands of generated graphs on
