@@ -228,9 +228,9 @@ def chain_check_kernels(
         try:
             program = loads(checked.ugraph_json)
             targets = tuple(checked.plan.get("targets") or DEFAULT_TARGETS)
-            masks = mask_constants(
-                program.input_names, constants or (lambda _: None), list(checked.node.input)
-            )
+            # main-graph nodes only: a subgraph's own initializers could shadow the names
+            lookup = constants if constants is not None and not checked.graph_path else None
+            masks = mask_constants(program.input_names, lookup or (lambda _: None), checked.inputs)
             gp = generate(program, targets, masks)
         except Exception as exc:  # a μGraph codegen refuses cannot have made this binary
             row["detail"] = (
