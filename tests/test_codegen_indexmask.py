@@ -183,7 +183,8 @@ def test_verify_regenerates_the_computed_form_and_a_changed_mask_fails(tmp_path)
     """A causal Where/Softmax packaged as optimize would: its kernel computes the mask; verify's
     chain check, regenerating from the packaged μGraph and the packaged mask, reaches the same
     source (exit 0). A packaged mask moved by one diagonal is still an index predicate, but
-    another one: the regenerated source differs from the recorded hash (exit 3)."""
+    another one, and all ones is none: either way the regenerated source differs from the
+    recorded hash (exit 3)."""
     from tests.test_attacks_more import _masked_softmax, _ok, _packaged, _save, _verify
 
     a = _masked_softmax(tmp_path / "a.onnx")
@@ -194,7 +195,8 @@ def test_verify_regenerates_the_computed_form_and_a_changed_mask_fails(tmp_path)
     _ok(_verify(a, _save(b, tmp_path / "b.onnx")))
 
     moved = np.broadcast_to(np.tril(np.ones(mask.shape[-2:]), k=1), mask.shape)
-    init.CopyFrom(numpy_helper.from_array(moved.astype(mask.dtype), init.name))
-    r = _verify(a, _save(b, tmp_path / "b2.onnx"), "--no-emulate")
-    assert r.returncode == 3, r.stderr.decode()[-3000:]
-    assert "source_sha256" in r.stderr.decode(), r.stderr.decode()[-3000:]
+    for k, changed in enumerate((moved, np.ones_like(mask))):
+        init.CopyFrom(numpy_helper.from_array(changed.astype(mask.dtype), init.name))
+        r = _verify(a, _save(b, tmp_path / f"b{k}.onnx"), "--no-emulate")
+        assert r.returncode == 3, r.stderr.decode()[-3000:]
+        assert "source_sha256" in r.stderr.decode(), r.stderr.decode()[-3000:]
