@@ -8,18 +8,24 @@ constant, so anything else (one flipped entry, a random or a padding mask) keeps
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 import numpy as np
 import pytest
 from onnx import numpy_helper
 
-from mlso_cli.codegen import generate
+from mlso_cli.codegen import generate, hostemu
 from mlso_cli.codegen.indexmask import computed_inputs, recognise
+from mlso_cli.ir import KernelGraph, Op
+from mlso_cli.ir import build as b
 from tests.test_codegen_graphs import (
     F16,
+    F32,
+    _Blk,
     assert_emulated_matches,
     causal_gqa,
     constants,
+    make_inputs,
     masked_softmax,
 )
 
@@ -174,6 +180,34 @@ def test_a_kernel_level_elementwise_read_is_computed_too():
     gp = generate(kg, constants=consts)
     assert all("in1" not in p for p in _kernel_params(gp.source))
     assert_emulated_matches("masked_softmax_f32", kg, consts)
+
+
+def looped_masked(dt, g: int = 1, s: int = 32, d: int = 16, rows: int = 8, loop: int = 2):
+    """Keys walked in `loop` steps: the [1, s, s] mask is a loop tile, so each step's tile is
+    computed at that step's key offset (`(it + 1) * 16` in the source)."""
+    q, k, v = b.input_(0, (g, s, d), dt), b.input_(1, (g, d, s), dt), b.input_(2, (g, s, d), dt)
+    m = b.input_(3, (1, s, s), dt)
+    blk = _Blk((g, s // rows, 1), loop)
+    bq, bk = blk.it(q, (0, 1, None)), blk.it(k, (0, None, None), 2)
+    bv, bm = blk.it(v, (0, None, None), 1), blk.it(m, (None, 1, None), 2)
+    e = b.mul(b.unary(Op.EXP, b.mul(b.matmul(bq, bk), b.const(Fraction(1, 4)))), bm)
+    num = b.accumulate(Op.ACC_SUM, b.matmul(e, bv))
+    den = b.accumulate(Op.ACC_SUM, b.reduce(Op.REDUCE_SUM, e, 2))
+    (out,) = blk.launch([b.save(b.div(num, den), 0, (0, 1, None), dt)])
+    return b.kernel_graph([q, k, v, m], [out], ["Q", "K", "V", "mlso_mask_causal"], ["O"])
+
+
+@pytest.mark.parametrize("dt,g", [(F16, 2), (F32, 2)])
+def test_a_loop_tile_of_the_mask_is_computed_per_step(dt, g):
+    kg: KernelGraph = looped_masked(dt, g)
+    consts = constants(kg)
+    gp = generate(kg, constants=consts)
+    assert all("in3" not in p for p in _kernel_params(gp.source))
+    assert "(it + 1) * 16) <= (" in gp.source
+    assert_emulated_matches("looped_masked", kg, consts)
+    ins = make_inputs(kg, "looped_masked")
+    loaded = hostemu.run(generate(kg), ins)[0]
+    assert np.array_equal(hostemu.run(gp, ins)[0], loaded)
 
 
 # ---- verify reaches the same decision ----------------------------------------------------------
