@@ -150,6 +150,13 @@ def test_small_causal_core_reads_no_mask_and_matches_the_reference():
     gp = generate(kg, constants=consts)
     params = _kernel_params(gp.source)
     assert params and all("in3" not in p and "in0" in p for p in params)
+    # the lowering plan (no constants: the cost model's and the budget's) is what generate did
+    from mlso_cli.codegen.plan import plan
+
+    lp = plan(kg)
+    assert [(k.layout.smem, k.layout.threads) for k in lp.kernels] == [
+        (k.smem, k.block[0]) for k in gp.kernels
+    ]
     assert_emulated_matches("causal_gqa_f16", kg, consts)
 
 
