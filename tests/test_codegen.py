@@ -90,7 +90,7 @@ def graphs() -> dict[str, object]:
 
 @pytest.fixture(scope="session")
 def programs(graphs):
-    return {k: generate(kg) for k, kg in graphs.items()}
+    return {k: generate(kg, constants=T.constants(kg)) for k, kg in graphs.items()}
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ logits of about +-100. This module holds no tests; test_codegen.py and test_code
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from functools import partial
@@ -284,6 +285,59 @@ def chained(dt: DType = BF16, rows: int = 16, h: int = 32, n: int = 32) -> Kerne
     return b.kernel_graph([x, w1, w2], [z, y], ["X", "W1", "W2"], ["Z", "Y"])
 
 
+MASKS: dict[str, Callable[[tuple[int, ...]], np.ndarray]] = {
+    # a masked graph's mask input (an `mlso_mask_*` name, as lifting makes) -> its value: what
+    # make_inputs feeds and `constants` hands code generation (codegen/indexmask.py)
+    "mlso_mask_causal": lambda shape: np.broadcast_to(np.tril(np.ones(shape[-2:])), shape).copy(),
+    "mlso_mask_random": lambda shape: np.broadcast_to(
+        np.where(np.arange(shape[-1]) == 0, 1.0, np.random.default_rng(7).random(shape[-2:]) > 0.3),
+        shape,
+    ).copy(),
+}
+
+
+def constants(kg: KernelGraph) -> dict[str, np.ndarray]:
+    """The constant mask inputs of kg (MASKS), in their dtypes, by input name: what the packager
+    hands code generation for a region (LiftedRegion.extra_inputs)."""
+    return {
+        nm: MASKS[nm](n.shape).astype(np_dtype(n.dtype))
+        for n, nm in zip(kg.inputs, kg.input_names)
+        if nm in MASKS
+    }
+
+
+def causal_gqa(
+    dt: DType = F16,
+    heads: int = 32,
+    kv: int = 8,
+    s: int = 128,
+    d: int = 64,
+    rows: int = 8,
+    mask: str = "mlso_mask_causal",
+) -> KernelGraph:
+    """A decoder's masked GQA attention core as the search writes it for the exported region
+    (Qwen2 width at the defaults: 32 query heads over 8 KV heads of 64, 128 tokens): one block
+    per (KV head, `rows` query rows) holds its query heads' scores, exp(scores / sqrt(d)) times
+    the [1, 1, s, s] constant mask lifting invents, P V over V's head columns, and the row sum;
+    the result is handed on as [1, s, heads * d]. `mask` names the mask input (MASKS)."""
+    v = b.input_(0, (1, s, kv * d), dt)
+    k = b.input_(1, (1, kv, s, d), dt)
+    q = b.input_(2, (1, heads, s, d), dt)
+    m = b.input_(3, (1, 1, s, s), dt)
+    blk = _Blk((kv, s // rows, 1), 1)
+    bv = blk.it(v, (2, None, None))
+    bk = blk.it(k, (1, None, None))
+    bq = blk.it(q, (1, 2, None))
+    bm = blk.it(m, (None, 2, None))
+    scores = b.matmul(bq, b.transpose(bk, (0, 1, 3, 2)))
+    e = b.mul(b.unary(Op.EXP, b.mul(scores, b.const(Fraction(1, math.isqrt(d))))), bm)
+    vh = b.transpose(b.reshape(bv, (1, s, 1, d)), (0, 2, 1, 3))
+    o = b.div(b.matmul(e, vh), b.reduce(Op.REDUCE_SUM, e, 3))
+    (out,) = blk.launch([b.save(o, 0, (1, 2, None), dt)])
+    flat = b.reshape(b.transpose(out, (0, 2, 1, 3)), (1, s, heads * d))
+    return b.kernel_graph([v, k, q, m], [flat], ["V", "K", "Q", mask], ["O"])
+
+
 GRAPHS: dict[str, Callable[[], KernelGraph]] = {
     "plain_attention_f16": partial(plain_attention, F16),
     "plain_attention_f32": partial(plain_attention, F32, m=24, d=12, n=40),
@@ -305,6 +359,8 @@ GRAPHS: dict[str, Callable[[], KernelGraph]] = {
     "flash_bf16": partial(flash_attention, BF16),
     "flash_v_factor_f16": flash_v_factor,
     "flash_relaid_f16": flash_relaid,
+    # the causal mask is an index predicate: computed in the kernel when `constants` are given
+    "causal_gqa_f16": partial(causal_gqa, heads=4, kv=2, s=32, d=16),
     "flash_wide_v_f16": partial(flash_attention, d=64, dv=256),
     "flash_wide_v_bf16": partial(flash_attention, BF16, dv=264),
     "partial_outputs_f32": partial_outputs,
@@ -327,6 +383,7 @@ LOGIT_SCALE: dict[str, tuple[int, float]] = {
     "split_kv_wide_f16": (0, 100.0),
     "flash_f16": (0, 25.0),
     "flash_relaid_f16": (0, 25.0),
+    "causal_gqa_f16": (2, 25.0),
     "flash_bf16": (0, 25.0),
     "flash_v_factor_f16": (0, 25.0),
     "flash_wide_v_f16": (0, 12.5),  # d = 64: logits of about +-100 as for d = 16 at 25
@@ -362,6 +419,8 @@ def make_inputs(kg: KernelGraph, name: str, seed: int = 0, large: bool = False) 
         if nm == "mask":
             x = (rng.random(n.shape) > 0.3).astype(np.float64)
             x[:, 0] = 1.0
+        if nm in MASKS:
+            x = MASKS[nm](n.shape)
         if large and name in LOGIT_SCALE and LOGIT_SCALE[name][0] == i:
             x = x * LOGIT_SCALE[name][1]
         out.append(x.astype(np_dtype(n.dtype)))
@@ -546,14 +605,17 @@ def transformer_region0() -> KernelGraph:
     return check(lift_model(str(model), {"hidden": (1, 16, 64)})[0])
 
 
-def assert_emulated_matches(name: str, kg: KernelGraph) -> None:
+def assert_emulated_matches(
+    name: str, kg: KernelGraph, consts: dict[str, np.ndarray] | None = None
+) -> None:
     """kg's generated program, run on the host emulator, agrees with the float64 reference:
-    every output element written (no NaN left) and within its dtype's tolerance."""
+    every output element written (no NaN left) and within its dtype's tolerance. `consts`:
+    constant inputs handed to code generation (`constants`)."""
     from mlso_cli.codegen import generate, hostemu
 
     ins = make_inputs(kg, name)
     want = reference(kg, ins)
-    got = hostemu.run(generate(kg), ins)
+    got = hostemu.run(generate(kg, constants=consts), ins)
     tol = TOLERANCE[out_dtype(kg)]
     for k, (g, w) in enumerate(zip(got, want, strict=True)):
         g = np.asarray(g, dtype=np.float64)

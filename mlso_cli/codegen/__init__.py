@@ -42,11 +42,17 @@ Strategy per construct (details in each module's docstring):
   emitter.py   fused elementwise evaluation (thread graphs), views as index maps
   scale.py     values kept relative to a running max (softmax safety at logits of +-100);
                a matmul is linear in a row-scaled A or a column-scaled B
+  indexmask.py constant mask inputs that are exactly an index predicate (causal: col <= row + k)
+               are computed from coordinates, not read (generate's `constants`)
   stabilise.py which EXPs are softmax numerators (reaching a sum or a contracting matmul)
   nvcc.py      fatbin compilation with a content-hash cache
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
 
 from mlso_cli.codegen.budget import check
 from mlso_cli.codegen.errors import CodegenError, CompileError
@@ -57,17 +63,27 @@ from mlso_cli.ir.graph import KernelGraph
 DEFAULT_TARGETS: tuple[str, ...] = ("sm_80", "sm_90a")
 
 
-def generate(kg: KernelGraph, arch_targets: tuple[str, ...] = DEFAULT_TARGETS) -> GeneratedProgram:
-    """CUDA source and launch plan of a μGraph that passes mlso_cli.codegen.budget.check."""
+def generate(
+    kg: KernelGraph,
+    arch_targets: tuple[str, ...] = DEFAULT_TARGETS,
+    constants: Mapping[str, np.ndarray] | None = None,
+) -> GeneratedProgram:
+    """CUDA source and launch plan of a μGraph that passes mlso_cli.codegen.budget.check.
+    `constants`: values of constant inputs by input name (indexmask.mask_constants picks them);
+    an `mlso_mask_*` input that is exactly an index predicate is then computed, not read."""
     check(kg)
-    return Lowering(kg, tuple(arch_targets)).generate()
+    return Lowering(kg, tuple(arch_targets), constants=constants).generate()
 
 
-def compile_program(kg: KernelGraph, arch_targets: tuple[str, ...] = DEFAULT_TARGETS):
+def compile_program(
+    kg: KernelGraph,
+    arch_targets: tuple[str, ...] = DEFAULT_TARGETS,
+    constants: Mapping[str, np.ndarray] | None = None,
+):
     """generate() then nvcc (cached): a CompiledProgram ready for the launcher or packaging."""
     from mlso_cli.codegen.nvcc import compile_generated
 
-    return compile_generated(generate(kg, arch_targets), tuple(arch_targets))
+    return compile_generated(generate(kg, arch_targets, constants), tuple(arch_targets))
 
 
 __all__ = [

@@ -49,6 +49,8 @@ class SmemStorage:
     scale: BufferScale | None = None
     buffer: object = None
     """Always None: shared memory has no plan buffer (the field mirrors scale.Storage)."""
+    computed: object = None
+    """Always None: a shared tile is stored (the field mirrors scale.Storage)."""
 
 
 def _acc_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -200,6 +200,8 @@ class Emitter:
     # ---- leaves ------------------------------------------------------------------------------
     def _leaf(self, n: Node, coords: Coords) -> Val:
         st = self.storage[n]
+        if st.computed is not None:  # an index predicate (indexmask.py): computed, not loaded
+            return Val(self.var(st.computed.expr(coords)))
         off = self._flats.get((coords, st.shape))
         if off is None or st.strides != contiguous(st.shape):
             off = offset(coords, st.strides)

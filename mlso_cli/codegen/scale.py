@@ -91,6 +91,9 @@ class Storage:
     scale: BufferScale | None = None
     buffer: object = None
     """The plan buffer (global storages) or None (shared memory)."""
+    computed: object = None
+    """An input whose values are an index predicate (indexmask.IndexMask): every read computes
+    the element from its coordinates, nothing is loaded (buffer is then None)."""
 
 
 def _rescaled(s: Scale, degree: int) -> Scale | None:

@@ -58,7 +58,8 @@ def view_strides(
 def strided(n: Node, storage: Mapping[Node, Storage]) -> Strided | None:
     """n as a strided view of a stored tensor, or None (computed values, non-view reshapes)."""
     if n in storage:
-        return Strided(n, storage[n].strides)
+        # a computed input (indexmask) has no memory to view: readers evaluate it instead
+        return None if storage[n].computed is not None else Strided(n, storage[n].strides)
     if n.op is Op.CAST:
         return strided(n.src[0], storage)
     if n.op is Op.TRANSPOSE:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import onnx
 
 from mlso_cli.frontend.lift import LiftedRegion
@@ -25,19 +26,26 @@ class Builder:
         self.targets = tuple(targets)
         self._built: dict[str, Built] = {}
 
-    def build(self, program: KernelGraph) -> Built:
+    def build(
+        self, program: KernelGraph, constants: Mapping[str, np.ndarray] | None = None
+    ) -> Built:
+        """`constants`: the region's lifted constants (LiftedRegion.extra_inputs); a mask among
+        them that is an index predicate is computed in the code, not read (codegen/indexmask.py)."""
         from mlso_cli.codegen import compile_program
+        from mlso_cli.codegen.indexmask import computed_inputs
 
+        masks = computed_inputs(program, constants)
         key = (
             graph_hash(program)
             + "|"
             + ",".join(program.input_names)
             + "|"
             + ",".join(program.output_names)
+            + "".join(f"|{i}:{m.describe()}" for i, m in sorted(masks.items()))
         )
         got = self._built.get(key)
         if got is None:
-            compiled = compile_program(program, self.targets)
+            compiled = compile_program(program, self.targets, constants)
             got = Built(program, compiled.fatbin, compiled.plan, compiled.source_sha256)
             self._built[key] = got
         return got

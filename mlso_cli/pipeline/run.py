@@ -299,7 +299,7 @@ def _package(
     items = []
     for lr, c in zip(lifted.regions, choices):
         if c.packaged:
-            items.append((lr, builder.build(c.candidate.graph)))
+            items.append((lr, builder.build(c.candidate.graph, lr.extra_inputs)))
             listener.compiled(lr.region.id)
     return package(
         lifted.loaded, items, targets=builder.targets, seed=seed, bound=bound, extra=meta

@@ -256,7 +256,13 @@ def measure_top_k(
     for j in range(max(len(p) for p in picks.values()) if picks else 0):
         members = [lr for lr in regions if j < len(picks[lr.region.id])]
         items = [
-            (lr, builder.build(ranked[lr.region.id][picks[lr.region.id][j]].candidate.graph))
+            (
+                lr,
+                builder.build(
+                    ranked[lr.region.id][picks[lr.region.id][j]].candidate.graph,
+                    lr.extra_inputs,
+                ),
+            )
             for lr in members
         ]
         trial = package(loaded, items, targets=builder.targets, seed=seed, bound=0.0)

@@ -178,8 +178,24 @@ def _algebraic(
     }
 
 
+def packaged_constants(model: onnx.ModelProto):
+    """name -> value of `model`'s initializers that no graph input can override (None for any
+    other name), converted when asked: the constants the chain check hands code generation,
+    as optimize handed it the region's lifted constants (codegen/indexmask.py)."""
+    from onnx import numpy_helper
+
+    inputs = {i.name for i in model.graph.input}
+    inits = {t.name: t for t in model.graph.initializer if t.name not in inputs}
+
+    def lookup(name: str) -> np.ndarray | None:
+        t = inits.get(name)
+        return None if t is None else numpy_helper.to_array(t)
+
+    return lookup
+
+
 def chain_check_kernels(
-    kernels: list, trust_binary: bool, generated: dict | None = None
+    kernels: list, trust_binary: bool, generated: dict | None = None, constants=None
 ) -> list[dict]:
     """Tie each MlsoKernel's binary to its μGraph: regenerate the CUDA source and launch plan from
     the embedded μGraph and compare them with the node's source_sha256 and plan, then recompile
@@ -188,10 +204,13 @@ def chain_check_kernels(
     unchecked. nvcc output is deterministic for one nvcc version (checked across cache folders),
     so a model optimized with another nvcc version fails here: re-run optimize, or pass
     --trust-binary to check only source and plan. `generated`, when given, receives each node's
-    regenerated program by node index (the emulator check runs that very source)."""
+    regenerated program by node index (the emulator check runs that very source). `constants`
+    (packaged_constants): the model's values of the nodes' `mlso_mask_*` inputs, which decide,
+    as they did in optimize, whether a mask is computed from indices instead of read."""
     import hashlib
 
     from mlso_cli.codegen import DEFAULT_TARGETS, generate
+    from mlso_cli.codegen.indexmask import mask_constants
     from mlso_cli.codegen.nvcc import compile_generated
     from mlso_cli.ir import loads
 
@@ -209,7 +228,10 @@ def chain_check_kernels(
         try:
             program = loads(checked.ugraph_json)
             targets = tuple(checked.plan.get("targets") or DEFAULT_TARGETS)
-            gp = generate(program, targets)
+            # main-graph nodes only: a subgraph's own initializers could shadow the names
+            lookup = constants if constants is not None and not checked.graph_path else None
+            masks = mask_constants(program.input_names, lookup or (lambda _: None), checked.inputs)
+            gp = generate(program, targets, masks)
         except Exception as exc:  # a μGraph codegen refuses cannot have made this binary
             row["detail"] = (
                 f"its μGraph does not generate code: {type(exc).__name__}: {str(exc)[:200]}"
@@ -588,7 +610,9 @@ def check_kernels(
     kernels = check_model(model) if kernels is None else kernels
     generated: dict = {}
     try:
-        chain_rows = chain_check_kernels(kernels, options.trust_binary, generated)
+        chain_rows = chain_check_kernels(
+            kernels, options.trust_binary, generated, packaged_constants(model)
+        )
     except EnvironmentProblem as exc:
         raise EnvironmentProblem(
             f"binary not checked: {exc.what.rstrip('.')}",
