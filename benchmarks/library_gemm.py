@@ -46,6 +46,7 @@ SHAPES = [
     ("qwen2-0.5b down", _plain, (128, 4864, 896)),
     ("llama-1b up", _plain, (128, 2048, 8192)),
     ("llama-1b down", _plain, (128, 8192, 2048)),
+    ("llama-1b gate/up merged", _plain, (128, 2048, 16384)),
     ("qwen2-0.5b qkv merged", _plain, (128, 896, 1152)),
     ("llama-1b q", _plain, (128, 2048, 2048)),
     ("rmsnorm+linear", _norm_linear, (128, 896, 4864)),
@@ -109,6 +110,7 @@ def main() -> int:
         default=10**9,
         help="skip the generated matmul where m*k*n exceeds this (it can take minutes)",
     )
+    ap.add_argument("--rows", default="", help="only rows whose name contains this text")
     args = ap.parse_args()
     rows = []
     print(
@@ -117,6 +119,8 @@ def main() -> int:
     )
     print("|---|---|---|---|---|---|")
     for name, build, (m, k, n) in CASES:
+        if args.rows not in name:
+            continue
         kg = build(m, k, n)
         lib = _time_program(kg, True)
         timed = _time_program(kg, True, "timed")
