@@ -28,6 +28,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from mlso_cli.cachefiles import write_atomic
 from mlso_cli.codegen.errors import CompileError
 from mlso_cli.codegen.program import GeneratedProgram
 from mlso_cli.errors import EnvironmentProblem
@@ -119,18 +120,6 @@ def cache_key(source: str, flags: list[str], version: str) -> str:
     return h.hexdigest()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _first_errors(text: str, n: int = 12) -> str:
     lines = text.splitlines()
     errs = [s for s in lines if "error" in s.lower()]
@@ -176,7 +165,7 @@ def compile_source(source: str, targets: tuple[str, ...]) -> bytes:
             _interrupted_child(res)
         if res is None or res.returncode != 0:
             kept = root / "failed" / f"{key}.cu"
-            _write_atomic(kept, source.encode())
+            write_atomic(kept, source.encode())
             shown = " ".join(shlex.quote(c) for c in cmd[:-1] + [str(kept)])
             detail = "timed out" if res is None else f"exit {res.returncode}"
             errors = "" if res is None else _first_errors(res.stderr + res.stdout)
@@ -192,7 +181,7 @@ def compile_source(source: str, targets: tuple[str, ...]) -> bytes:
                 "Check the CUDA Toolkit installation (disk full?) and run again.",
             )
         if knobs().keep_temps:
-            _write_atomic(root / f"{key}.cu", source.encode())
+            write_atomic(root / f"{key}.cu", source.encode())
     write_cache_entry(fatbin, data)
     return data
 
@@ -203,8 +192,8 @@ def _digest_path(fatbin: Path) -> Path:
 
 def write_cache_entry(fatbin: Path, data: bytes) -> None:
     """Store a fatbin and, after it, the SHA-256 of its content (each renamed into place)."""
-    _write_atomic(fatbin, data)
-    _write_atomic(_digest_path(fatbin), (hashlib.sha256(data).hexdigest() + "\n").encode())
+    write_atomic(fatbin, data)
+    write_atomic(_digest_path(fatbin), (hashlib.sha256(data).hexdigest() + "\n").encode())
 
 
 def read_cache_entry(fatbin: Path) -> bytes | None:

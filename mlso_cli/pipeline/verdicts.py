@@ -21,10 +21,9 @@ hashes to the stored digest; otherwise the check runs in full. `--no-cache` skip
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache
@@ -33,6 +32,7 @@ from pathlib import Path
 import onnx
 
 from mlso_cli import __version__
+from mlso_cli.cachefiles import seal, unseal, write_atomic
 from mlso_cli.pipeline.artifacts import Choice
 
 SCHEMA = 1
@@ -148,8 +148,8 @@ class VerdictCache:
             raw = self.path(key).read_bytes()
         except OSError:
             return None
-        head, sep, body = raw.partition(b"\n")
-        if not sep or hashlib.sha256(body).hexdigest().encode() != head.strip():
+        body = unseal(raw)
+        if body is None:
             return None
         try:
             doc = json.loads(body)
@@ -165,17 +165,5 @@ class VerdictCache:
         body = json.dumps(
             {"schema": SCHEMA, "key": key, "verdict": verdict.to_dict()}, sort_keys=True
         ).encode()
-        path = self.path(key)
-        tmp = None
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                f.write(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
-            os.replace(tmp, path)
-            tmp = None
-        except OSError:
-            pass
-        finally:
-            if tmp is not None:
-                Path(tmp).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            write_atomic(self.path(key), seal(body))

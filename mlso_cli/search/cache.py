@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from mlso_cli import __version__
+from mlso_cli.cachefiles import seal, unseal, write_atomic
 from mlso_cli.ir.serialize import SchemaError, from_dict, to_dict
 from mlso_cli.search.api import Candidate, SearchResult
 
@@ -150,8 +149,8 @@ class SearchCache:
         raw = self._read(key)
         if raw is None:
             return None
-        head, sep, body = raw.partition(b"\n")
-        if not sep or hashlib.sha256(body).hexdigest().encode() != head.strip():
+        body = unseal(raw)
+        if body is None:
             return None
         try:
             doc = json.loads(body)
@@ -171,7 +170,7 @@ class SearchCache:
             sort_keys=True,
             separators=(",", ":"),
         ).encode()
-        self._write(key, hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+        self._write(key, seal(body))
         return True
 
     def _read(self, key: CacheKey) -> bytes | None:
@@ -184,13 +183,4 @@ class SearchCache:
 
     def _write(self, key: CacheKey, data: bytes) -> None:
         """Place the entry's bytes atomically: a temporary file renamed into place."""
-        path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(self.path(key), data)
