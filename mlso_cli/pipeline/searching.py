@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib
 import time
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import replace
 
 from mlso_cli.errors import MlsoError
 from mlso_cli.frontend.lift import LiftedRegion
@@ -44,6 +46,22 @@ def no_search(
             "candidate",
         ),
     )
+
+
+WORKER_LOST = (
+    "a search worker process was killed (by the operating system, most likely for lack of "
+    "memory); the region keeps its lifted program. Fix: fewer workers (--jobs), or a machine "
+    "with more memory"
+)
+
+
+def _worker_lost(target: KernelGraph, options: SearchOptions, exc: BaseException) -> SearchResult:
+    """The region's result when the search's process pool broke under it: the lifted program
+    alone, marked partial (so it is never cached, and a rerun searches again), with the reason.
+    Why not an error: the other regions' searches and the model are still good, and a user who
+    gets a model with one region less beats one who gets a traceback."""
+    lifted = no_search(target, options)
+    return replace(lifted, partial=True, notes=(f"{WORKER_LOST} ({type(exc).__name__})",))
 
 
 def default_search() -> SearchFn:
@@ -116,9 +134,11 @@ def search_region(
     if hit is not None:
         result = conform(hit, lr.graph, rid)
         return Searched(rid, digest, result, True, time.perf_counter() - t0)
-    result = conform(
-        search(lr.graph, options, lambda p: listener.search_progress(rid, p)), lr.graph, rid
-    )
+    try:
+        found = search(lr.graph, options, lambda p: listener.search_progress(rid, p))
+    except BrokenProcessPool as exc:
+        found = _worker_lost(lr.graph, options, exc)
+    result = conform(found, lr.graph, rid)
     if cache is not None:
         cache.put(key, result)  # refuses partial results
     return Searched(rid, digest, result, False, time.perf_counter() - t0)
