@@ -527,20 +527,19 @@ def _subst_node(i: int, ren: dict[int, tuple[int, ...]]) -> int:
                 ),
             )
         )
-    if k == "P":
-        acc: dict[int, Fraction] = {}
-        for m, c in t[1]:
-            m2 = subst(m, ren)
-            prev = acc.get(m2)
-            acc[m2] = c if prev is None else prev + c
-        return poly(acc)
-    if k == "M":
-        f: dict[int, Exp] = {}
-        for g, e in t[1]:
-            g2 = subst(g, ren)
-            prev = f.get(g2)
-            f[g2] = e if prev is None else prev + e
-        return mono(f)
+    if k == "P" or k == "M":
+        # a child none of whose variables is renamed stays as it is: tested here, without a
+        # call (most children of a poly or monomial are untouched)
+        out: dict[int, Any] = {}
+        for c, x in t[1]:
+            d = _DEPS.get(c)
+            if d is None:
+                d = deps(c)
+            if not d.isdisjoint(ren):
+                c = subst(c, ren)
+            prev = out.get(c)
+            out[c] = x if prev is None else prev + x
+        return poly(out) if k == "P" else mono(out)
     return _rebuild(i, lambda c: subst(c, ren), None, set(ren))
 
 
