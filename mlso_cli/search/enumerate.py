@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Protocol
 
+from mlso_cli.ir import build as b
 from mlso_cli.ir.graph import PARTIAL, KernelGraph
 from mlso_cli.ir.node import Node, const_value, toposort
 from mlso_cli.ir.ops import ELEMENTWISE, REDUCE, Op, Phase
@@ -96,16 +97,12 @@ class SearchAlgebra:
         A target that divides by y has 1 / y in its canonical forms; one that never does, not."""
         if node.op is not Op.DIV or node.src[1].op is Op.CONST:
             return True
-        from mlso_cli.ir import build as b
-
         return check(b.unary(Op.RECIPROCAL, node.src[1]), [srcs[1].abstract]) is not None
 
     def admits_accumulated(self, node: Node, e: Expr) -> bool:
         """Is the sum of this loop-phase value over all steps a subexpression of the target?"""
         if self.pruner is None:
             return True
-        from mlso_cli.ir import build as b
-
         return self.pruner.op(b.accumulate(Op.ACC_SUM, node), [e.abstract]) is not None
 
     def key(self, e: Expr) -> Hashable:
@@ -392,8 +389,6 @@ class BlockSearch:
 
     @staticmethod
     def _const(c: Fraction) -> Node:
-        from mlso_cli.ir import build as b
-
         return b.const(c)
 
     # ---- seeding -----------------------------------------------------------------------------
@@ -893,8 +888,6 @@ class KernelCompletion:
         return st is not None and st.op in (Op.TRANSPOSE, Op.RESHAPE)
 
     def run(self) -> Iterator[Recipe]:
-        from mlso_cli.ir import build as b
-
         bs = self.search
         fp = bs.alg.fp
         ranked = sorted(bs.partials, key=lambda i: (bs.values[i].cost, i))
@@ -986,8 +979,6 @@ class KernelCompletion:
     def _singles(self, values: list, consts: list) -> Iterator[tuple[Callable[[], Node], list]]:
         """Kernel-level candidates on one value each: the target's unary ops, and its constants
         in their roles (builders, so that a shape error counts as an invalid state)."""
-        from mlso_cli.ir import build as b
-
         binary = self.search.vocab.binary
         for x in values:
             for op in self.search.vocab.unary:
@@ -999,8 +990,6 @@ class KernelCompletion:
     def _pairs(self, new: list, pool: list) -> Iterator[tuple[Callable[[], Node], list]]:
         """Kernel-level candidates on a new value and a pool value: the target's binary ops,
         both operand orders unless the op commutes."""
-        from mlso_cli.ir import build as b
-
         for x in new:
             for y in pool:
                 for op in self.search.vocab.binary:
@@ -1029,8 +1018,6 @@ class KernelCompletion:
     def _consts(self) -> list[tuple[str, tuple[Node, Expr]]]:
         """The target's constants with their roles ('scale' or 'shift'), as kernel-level
         operands."""
-        from mlso_cli.ir import build as b
-
         bs = self.search
         out = []
         for c, role in sorted(bs.vocab.roles):

@@ -501,10 +501,13 @@ _SUBST: dict[tuple[int, frozenset[tuple[int, tuple[int, ...]]]], int] = {}
 def subst(i: int, ren: dict[int, tuple[int, ...]]) -> int:
     """Replace each free variable v of term i by the digit sequence ren[v] (a split, or a
     rename when the sequence has one digit), rebuilding the normal form."""
-    d = deps(i)
+    d = _DEPS.get(i)
+    if d is None:
+        d = deps(i)
     if d.isdisjoint(ren):
         return i
-    ren = {v: r for v, r in ren.items() if v in d}
+    if not d.issuperset(ren):
+        ren = {v: r for v, r in ren.items() if v in d}
     key = (i, frozenset(ren.items()))
     r = _SUBST.get(key)
     if r is None:
@@ -544,7 +547,14 @@ def _subst_node(i: int, ren: dict[int, tuple[int, ...]]) -> int:
 
 
 def _split_digits(dim: tuple[int, ...], ren: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
-    return tuple(x for v in dim for x in ren.get(v, (v,)))
+    out: list[int] = []
+    for v in dim:
+        r = ren.get(v)
+        if r is None:
+            out.append(v)
+        else:
+            out.extend(r)
+    return tuple(out)
 
 
 _MERGE: dict[tuple[int, int, int, int], int] = {}
