@@ -120,8 +120,10 @@ def deps(i: int) -> frozenset[int]:
             cs = children(i)
             if len(cs) == 1:
                 d = deps(cs[0])
+            elif cs:
+                d = frozenset().union(*[deps(c) for c in cs])
             else:
-                d = frozenset().union(*(deps(c) for c in cs)) if cs else frozenset()
+                d = frozenset()
             bs = binders(i)
             if bs:
                 d = d - {v for v, _ in bs}
@@ -133,7 +135,13 @@ def height(i: int) -> int:
     """1 + the deepest binder nesting inside term i (0 without binders)."""
     h = _HEIGHT.get(i)
     if h is None:
-        h = max((height(c) for c in children(i)), default=0)
+        h = 0
+        for c in children(i):
+            hc = _HEIGHT.get(c)
+            if hc is None:
+                hc = height(c)
+            if hc > h:
+                h = hc
         if binders(i):
             h += 1
         _HEIGHT[i] = h
