@@ -42,3 +42,21 @@ def test_value_classes_memo_matches_the_rules(op, arg, srcs, rank):
     want = answer(dims._value_classes)
     assert answer(dims.value_classes) == want
     assert answer(dims.value_classes) == want  # from the memo this time
+
+
+@settings(max_examples=200, deadline=None)
+@given(kept=st.integers(0, 60), added=st.integers(0, 400))
+def test_truncate_keeps_the_prefix_in_order(kept, added):
+    """state._truncate (popping in C, or rebuilding when nearly all goes) leaves exactly the
+    first `kept` items in insertion order, as popping one by one did; lists likewise."""
+    from mlso_cli.search import state
+
+    d = {(i * 7919) % 1009 + i * 1009: i for i in range(kept + added)}
+    want = list(d.items())[:kept]
+    state._truncate(d, kept)
+    assert list(d.items()) == want
+    d[-1] = -1  # still a working dict: new items go after the kept ones
+    assert list(d)[-1] == -1
+    xs = list(range(kept + added))
+    state._truncate(xs, kept)
+    assert xs == list(range(kept))
