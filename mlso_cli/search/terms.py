@@ -177,9 +177,9 @@ def ordered(i: int) -> list[int]:
     """Children of i in canonical traversal order (name-free key first, id as tie-break)."""
     t = _T[i]
     if t[0] in ("P", "M"):
-        return sorted((c for c, _ in t[1]), key=lambda c: (erased(c), c))
+        return [c for _, c in sorted([(erased(c), c) for c, _ in t[1]])]
     if t[0] == "fn" and t[1] in SYMMETRIC:
-        return sorted(t[2], key=lambda c: (erased(c), c))
+        return [c for _, c in sorted([(erased(c), c) for c in t[2]])]
     return children(i)
 
 
@@ -376,7 +376,7 @@ def _sum_mono(bound: list[tuple[int, int]], m: int) -> tuple[int, int]:
     todo = list(factors(m))
     while todo:
         f, e = todo.pop()
-        if not deps(f) & names:
+        if deps(f).isdisjoint(names):
             prev = outer.get(f)
             outer[f] = e if prev is None else prev + e
         elif _T[f][0] == "sum" and e == 1:
