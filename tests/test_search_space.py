@@ -146,3 +146,32 @@ def test_a_reshape_replays_on_a_tile_only_where_the_regrouped_dims_are_whole():
     assert _tile_reshape((8, 4096), (8, 32, 128), (8, 64)) is None
     assert _tile_reshape((8, 32, 128), (8, 4096), (8, 32, 64)) is None
     assert _tile_reshape((32,), (32, 1), (32,)) == (32, 1)
+
+
+@pytest.mark.parametrize("keep", [1, 3, 1000])
+def test_choose_dims_answers_what_checking_every_size_answers(tmp_path, keep):
+    """choose_dims prices a size before its spec check and drops, unchecked, one that cannot
+    enter the `keep` cheapest so far: the answer must be the brute force's (every size
+    instantiated, checked, priced, sorted)."""
+    from mlso_cli.codegen.budget import problems
+    from mlso_cli.search.select import GRID_Y_Z_LIMIT, sizes
+
+    target = _target(tmp_path, "gated_mlp")
+    small, _ = shrink(target)
+    recipe = _gated_recipe(dim_classes(small))
+    dcf = dim_classes(target)
+    want = []
+    for dims in sizes(dcf, recipe):
+        grid = tuple(dims.grid) + (1,) * (3 - len(dims.grid))
+        if grid[1] > GRID_Y_Z_LIMIT or grid[2] > GRID_Y_Z_LIMIT:
+            continue
+        try:
+            kg = instantiate(target, dcf, recipe, dims, (0,))
+        except RecipeError:
+            continue
+        if not problems(kg):
+            want.append((program_cost(kg).seconds, dims.grid, dims.loop, kg))
+    want.sort(key=lambda w: w[:3])
+    got = choose_dims(target, dcf, recipe, (0,), keep=keep)
+    assert [(s.cost.seconds, s.dims.grid, s.dims.loop, s.graph) for s in got] == want[:keep]
+    assert len(want) > 3  # the case has sizes to drop

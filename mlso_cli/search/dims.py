@@ -307,6 +307,23 @@ filter that runs before the abstract-expression check."""
 
 
 def value_classes(op: Op, arg, srcs: list[Classes], out_rank: int) -> Classes | None:
+    """TYPING's answer, memoised: the enumeration asks it for every pair it tries (a million
+    times in a large region), about a few hundred distinct (op, arg, classes) combinations."""
+    try:
+        key = (op, arg, tuple(srcs), out_rank)
+        got = _TYPED.get(key, _UNTYPED)
+    except TypeError:  # an unhashable arg: answer without the memo
+        return _value_classes(op, arg, srcs, out_rank)
+    if got is _UNTYPED:
+        got = _TYPED[key] = _value_classes(op, arg, srcs, out_rank)
+    return got
+
+
+_TYPED: dict[tuple, Classes | None] = {}
+_UNTYPED = object()
+
+
+def _value_classes(op: Op, arg, srcs: list[Classes], out_rank: int) -> Classes | None:
     rule = TYPING.get(op)
     try:
         return None if rule is None else rule(arg, srcs, out_rank)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Protocol
 
+from mlso_cli.ir import build as b
 from mlso_cli.ir.graph import PARTIAL, KernelGraph
 from mlso_cli.ir.node import Node, const_value, toposort
 from mlso_cli.ir.ops import ELEMENTWISE, REDUCE, Op, Phase
@@ -96,16 +97,12 @@ class SearchAlgebra:
         A target that divides by y has 1 / y in its canonical forms; one that never does, not."""
         if node.op is not Op.DIV or node.src[1].op is Op.CONST:
             return True
-        from mlso_cli.ir import build as b
-
         return check(b.unary(Op.RECIPROCAL, node.src[1]), [srcs[1].abstract]) is not None
 
     def admits_accumulated(self, node: Node, e: Expr) -> bool:
         """Is the sum of this loop-phase value over all steps a subexpression of the target?"""
         if self.pruner is None:
             return True
-        from mlso_cli.ir import build as b
-
         return self.pruner.op(b.accumulate(Op.ACC_SUM, node), [e.abstract]) is not None
 
     def key(self, e: Expr) -> Hashable:
@@ -188,6 +185,22 @@ class Limits:
     pool: int = 600
     """Distinct values kept per signature; beyond it, new values are dropped (counted)."""
     max_states: int | None = None
+
+
+_RANGES = tuple(tuple(range(n)) for n in range(8))
+"""(), (0,), (0, 1), ...: a step's operand numbers as `_add` rebuilds them."""
+_STEPS: dict[tuple, Step] = {}
+
+
+def _step(op: Op, srcs: tuple[int, ...], arg: Any = None) -> Step:
+    """Step(op, srcs, arg), made once: the enumeration tries the same few steps on every pair
+    of values, and a frozen dataclass costs a microsecond to build (steps are immutable and
+    compared by value, so sharing one is the same as building it again)."""
+    key = (op, srcs, arg)
+    got = _STEPS.get(key)
+    if got is None:
+        got = _STEPS[key] = Step(op, srcs, arg)
+    return got
 
 
 _CONST_FAMILY = {Op.MUL: "scale", Op.DIV: "scale", Op.ADD: "shift", Op.SUB: "shift"}
@@ -392,8 +405,6 @@ class BlockSearch:
 
     @staticmethod
     def _const(c: Fraction) -> Node:
-        from mlso_cli.ir import build as b
-
         return b.const(c)
 
     # ---- seeding -----------------------------------------------------------------------------
@@ -505,11 +516,22 @@ class BlockSearch:
         if self.stopped:
             return None
         srcs = [self.values[o] if isinstance(o, int) else o for o in operands]
-        counted = frozenset().union(*(v.counted for v in srcs))
-        ops = len(counted) + (1 if step.op in _COUNTED else 0)
+        # (written out for one or two operands: this preamble runs for every pair tried)
+        if len(srcs) == 1:
+            counted = srcs[0].counted
+            rank = len(srcs[0].node.shape)
+        elif len(srcs) == 2:
+            counted = srcs[0].counted | srcs[1].counted
+            rank = max(len(srcs[0].node.shape), len(srcs[1].node.shape))
+        else:
+            counted = frozenset().union(*(v.counted for v in srcs))
+            rank = max((len(v.node.shape) for v in srcs), default=0)
+        is_counted = step.op in _COUNTED
+        ops = len(counted) + (1 if is_counted else 0)
         if ops > self.limits.block_ops:
             return None
-        rank = max((len(v.node.shape) for v in srcs), default=0) + (1 if step.arg == ROW else 0)
+        if step.arg == ROW:
+            rank += 1
         if classes is None:
             classes = value_classes(step.op, step.arg, [v.classes for v in srcs], rank)
         if classes is None and self.typed:
@@ -517,7 +539,9 @@ class BlockSearch:
             return None
         try:
             node = apply_step(
-                Step(step.op, tuple(range(len(srcs))), step.arg),
+                step
+                if step.srcs == _RANGES[len(srcs)]
+                else Step(step.op, _RANGES[len(srcs)], step.arg),
                 [v.node for v in srcs],
                 self.target,
             )
@@ -566,7 +590,7 @@ class BlockSearch:
         if key in self.seen:
             self.stats.duplicates += 1
             old = self.seen[key]
-            value.counted = counted | {old} if step.op in _COUNTED else counted
+            value.counted = counted | {old} if is_counted else counted
             if cost < self.values[old].cost:
                 self.values[old] = value
                 self._check_goal(old)
@@ -580,7 +604,7 @@ class BlockSearch:
             return None
         if len(self.values) >= self.limits.pool:
             return None
-        value.counted = counted | {len(self.values)} if step.op in _COUNTED else counted
+        value.counted = counted | {len(self.values)} if is_counted else counted
         self.values.append(value)
         if rep is None or value.scalings < self.values[rep].scalings:
             self.rays[ray] = len(self.values) - 1
@@ -693,11 +717,11 @@ class BlockSearch:
                 continue  # views of input tiles only: a transposed result is the same value again
             if len(n.shape) >= 2 and n.shape[-1] > 1 and n.shape[-2] > 1:
                 perm = tuple(range(len(n.shape) - 2)) + (len(n.shape) - 1, len(n.shape) - 2)
-                v = self._add(Step(Op.TRANSPOSE, (0,), perm), [x], rnd)
+                v = self._add(_step(Op.TRANSPOSE, (0,), perm), [x], rnd)
                 if v is not None:
                     views.append(v)
             if len(n.shape) == 1:
-                v = self._add(Step(Op.RESHAPE, (0,), ROW), [x], rnd)
+                v = self._add(_step(Op.RESHAPE, (0,), ROW), [x], rnd)
                 if v is not None:
                     views.append(v)
         # views (transposed tiles, a vector as one row) only serve as contraction operands
@@ -708,18 +732,18 @@ class BlockSearch:
             for y in operands:
                 for a, b_ in ((v, y), (y, v)):
                     if not (self._is_transpose(a) and self._is_transpose(b_)):
-                        self._add(Step(Op.MATMUL, (0, 1)), [a, b_], rnd)
+                        self._add(_step(Op.MATMUL, (0, 1)), [a, b_], rnd)
         for x in new:
             for op in self.vocab.unary:
-                self._add(Step(op, (0,)), [x], rnd)
+                self._add(_step(op, (0,)), [x], rnd)
             for op in self.vocab.reduce:
                 for ax, size in enumerate(self.values[x].node.shape):
                     if size > 1:
-                        self._add(Step(op, (0,), ax), [x], rnd)
+                        self._add(_step(op, (0,), ax), [x], rnd)
             if self.values[x].node.phase is Phase.LOOP:
-                self._add(Step(Op.ACC_SUM, (0,)), [x], rnd)
+                self._add(_step(Op.ACC_SUM, (0,)), [x], rnd)
                 if self.vocab.exp_accumulators and len(self.values[x].node.shape) >= 2:
-                    self._add(Step(Op.ACC_EXP_SUM, (0,)), [x], rnd)
+                    self._add(_step(Op.ACC_EXP_SUM, (0,)), [x], rnd)
             last = self._const_op(x)
             for c in self.consts:
                 for op, (a, b_) in (
@@ -735,28 +759,38 @@ class BlockSearch:
                         and (c.step.arg, _CONST_FAMILY[op]) in self.vocab.roles
                     ):
                         # no chains of one kind of constant arithmetic: (x * c1) * c2, (x + c1) + c2
-                        self._add(Step(op, (0, 1)), [a, b_], rnd)
+                        self._add(_step(op, (0, 1)), [a, b_], rnd)
         newset = set(new)
         # every view made so far (views are made in the round their tile is new, so a later value
         # must still meet them as a contraction operand: a normalised row times W^T)
         all_views = [y for y in operands if self._is_view(y) and y not in views]
+        # the pair loop below runs for every pair of values: its steps are made once
+        add = self._add
+        binary = [(op, _step(op, (0, 1)), op not in _COMMUTATIVE) for op in self.vocab.binary]
+        mul = _step(Op.MUL, (0, 1))
+        matmul = _step(Op.MATMUL, (0, 1))
+        wsum = _step(Op.ACC_EXP_WSUM, (0, 1)) if self.vocab.exp_accumulators else None
+        partners = everything + all_views
         for x in new:
-            for y in everything + all_views:
+            for y in partners:
                 if y in newset and y < x:
                     continue  # the pair was tried when y's turn came
                 if not self._is_view(y):
-                    for op in self.vocab.binary:
-                        if x == y and op is not Op.MUL:
-                            continue  # x+x, x-x, x/x, max(x,x): a constant multiple or a constant
-                        self._add(Step(op, (0, 1)), [x, y], rnd)
-                        if op not in _COMMUTATIVE and x != y:
-                            self._add(Step(op, (0, 1)), [y, x], rnd)
+                    if x == y:
+                        # x+x, x-x, x/x, max(x,x): a constant multiple or a constant
+                        if Op.MUL in self.vocab.binary:
+                            add(mul, [x, y], rnd)
+                    else:
+                        for _, st, swap in binary:
+                            add(st, [x, y], rnd)
+                            if swap:
+                                add(st, [y, x], rnd)
                 for a, b_ in ((x, y), (y, x)) if x != y else ((x, y),):
                     if self._is_transpose(a) and self._is_transpose(b_):
                         continue  # (B^T A^T) is (A B)^T: the same value, transposed
-                    self._add(Step(Op.MATMUL, (0, 1)), [a, b_], rnd)
-                    if self.vocab.exp_accumulators:
-                        self._add(Step(Op.ACC_EXP_WSUM, (0, 1)), [a, b_], rnd)
+                    add(matmul, [a, b_], rnd)
+                    if wsum is not None:
+                        add(wsum, [a, b_], rnd)
 
     def _is_const(self, i: int) -> bool:
         st = self.values[i].step
@@ -893,8 +927,6 @@ class KernelCompletion:
         return st is not None and st.op in (Op.TRANSPOSE, Op.RESHAPE)
 
     def run(self) -> Iterator[Recipe]:
-        from mlso_cli.ir import build as b
-
         bs = self.search
         fp = bs.alg.fp
         ranked = sorted(bs.partials, key=lambda i: (bs.values[i].cost, i))
@@ -986,8 +1018,6 @@ class KernelCompletion:
     def _singles(self, values: list, consts: list) -> Iterator[tuple[Callable[[], Node], list]]:
         """Kernel-level candidates on one value each: the target's unary ops, and its constants
         in their roles (builders, so that a shape error counts as an invalid state)."""
-        from mlso_cli.ir import build as b
-
         binary = self.search.vocab.binary
         for x in values:
             for op in self.search.vocab.unary:
@@ -999,8 +1029,6 @@ class KernelCompletion:
     def _pairs(self, new: list, pool: list) -> Iterator[tuple[Callable[[], Node], list]]:
         """Kernel-level candidates on a new value and a pool value: the target's binary ops,
         both operand orders unless the op commutes."""
-        from mlso_cli.ir import build as b
-
         for x in new:
             for y in pool:
                 for op in self.search.vocab.binary:
@@ -1029,8 +1057,6 @@ class KernelCompletion:
     def _consts(self) -> list[tuple[str, tuple[Node, Expr]]]:
         """The target's constants with their roles ('scale' or 'shift'), as kernel-level
         operands."""
-        from mlso_cli.ir import build as b
-
         bs = self.search
         out = []
         for c, role in sorted(bs.vocab.roles):

@@ -60,6 +60,25 @@ class Print:
         would be dropped; its key stands in."""
         if self.value.p.size < 2:
             return ("one", self.key())
+        return RayKey(self)
+
+    def key(self) -> Hashable:
+        return ValueKey(self)
+
+    def digest_key(self) -> bytes:
+        """`key()` as a digest of every residue: what ValueKey's equality stands for (tests)."""
+        v = self.value
+        h = hashlib.blake2b(digest_size=16)
+        h.update(repr(v.shape).encode())
+        h.update(np.ascontiguousarray(v.p).tobytes())
+        if v.q_known():
+            h.update(np.ascontiguousarray(v.q).tobytes())
+        return h.digest()
+
+    def digest_ray(self) -> Hashable:
+        """`ray()` as a digest of the normalised residues: what RayKey's equality stands for."""
+        if self.value.p.size < 2:
+            return ("one", self.digest_key())
         h = hashlib.blake2b(digest_size=16)
         h.update(repr(self.value.shape).encode())
         for res, r in (
@@ -77,14 +96,113 @@ class Print:
             h.update((flat * inv % r).tobytes())  # r < 2^27: products fit int64
         return h.digest()
 
-    def key(self) -> Hashable:
-        v = self.value
-        h = hashlib.blake2b(digest_size=16)
-        h.update(repr(v.shape).encode())
-        h.update(np.ascontiguousarray(v.p).tobytes())
+
+# ---- dict keys of values ---------------------------------------------------------------------
+# Why not a digest: the search asks "seen this value?" (and "seen a constant multiple of it?")
+# once per admitted state, and hashing every residue of a large tile (blake2b over the bytes,
+# after normalising each entry for a ray) was 30% of a linear region's exploration (deepseek_v3
+# tiny's first one). These keys hash a few sampled residues and a residue sum, and compare the
+# whole arrays only when the hashes meet: equal exactly when the digests were (tests/
+# test_search_valuekeys.py), so every dict lookup, and with it the search, is unchanged.
+
+_SAMPLE = 48
+"""Residues a key's hash reads (spread over the array), besides their sum."""
+_POSITIONS: dict[int, np.ndarray] = {}
+
+
+def _positions(n: int) -> np.ndarray:
+    got = _POSITIONS.get(n)
+    if got is None:
+        got = _POSITIONS[n] = np.unique(np.linspace(0, n - 1, min(n, _SAMPLE)).astype(np.int64))
+    return got
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal bytes, as the digest compared them (residues are nonnegative: the signedness of
+    the dtype does not change the bytes, its width does)."""
+    return a.dtype.itemsize == b.dtype.itemsize and np.array_equal(a, b)
+
+
+class ValueKey:
+    """A value's identity as a dict key: its shape and residues (the q-residue while known)."""
+
+    __slots__ = ("_h", "res", "shape")
+
+    def __init__(self, pr: Print) -> None:
+        v = pr.value
+        self.shape = v.shape
+        self.res = (_flat(v.p),) + ((_flat(v.q),) if v.q_known() else ())
+        pos = _positions(self.res[0].size)
+        self._h = hash(
+            (self.shape, len(self.res)) + tuple((int(r.sum()), r[pos].tobytes()) for r in self.res)
+        )
+
+    def __hash__(self) -> int:
+        return self._h
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ValueKey):
+            return NotImplemented
+        return (
+            self._h == other._h
+            and self.shape == other.shape
+            and len(self.res) == len(other.res)
+            and all(_same(a, b) for a, b in zip(self.res, other.res))
+        )
+
+
+class RayKey:
+    """A value up to a constant factor as a dict key: per residue field, zero, or the index of
+    the first nonzero residue and the residues over it (compared by cross-multiplying, so the
+    array is never normalised: x / x0 = y / y0 exactly when x * y0 = y * x0)."""
+
+    __slots__ = ("_h", "res", "shape")
+
+    def __init__(self, pr: Print) -> None:
+        v = pr.value
+        self.shape = v.shape
+        fields = [(_flat(v.p), pr.field_p)]
         if v.q_known():
-            h.update(np.ascontiguousarray(v.q).tobytes())
-        return h.digest()
+            fields.append((_flat(v.q), pr.field_q))
+        parts: list[tuple] = []
+        res: list[tuple] = []
+        for flat, r in fields:
+            first = 0 if flat[0] else (int(np.argmax(flat != 0)) if flat.any() else -1)
+            if first < 0:
+                parts.append(("zero",))
+                res.append((None, -1, r))
+                continue
+            x0 = int(flat[first])
+            inv = pow(x0, -1, r)
+            pos = _positions(flat.size)
+            parts.append((first, int(flat.sum()) % r * inv % r, (flat[pos] * inv % r).tobytes()))
+            res.append((flat, first, r))
+        self.res = tuple(res)
+        self._h = hash((self.shape, tuple(parts)))
+
+    def __hash__(self) -> int:
+        return self._h
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RayKey):
+            return NotImplemented
+        if self._h != other._h or self.shape != other.shape or len(self.res) != len(other.res):
+            return False
+        for (a, fa, r), (b, fb, _) in zip(self.res, other.res):
+            if fa != fb:
+                return False
+            if a is None:
+                continue
+            if a.dtype.itemsize != b.dtype.itemsize or a.size != b.size:
+                return False
+            a0, b0 = int(a[fa]), int(b[fb])
+            if not np.array_equal(a * b0 % r, b * a0 % r):  # r < 2^27: products fit int64
+                return False
+        return True
 
 
 def _lead_node(n: Node, lead: tuple[int, int], srcs: Sequence[FieldArray]) -> Any:

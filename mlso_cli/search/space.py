@@ -20,6 +20,7 @@ from mlso_cli.ir import build as b
 from mlso_cli.ir.graph import PARTIAL, InputMap, KernelGraph
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import ACCUMULATORS, BINARY, ELEMENTWISE, REDUCE, UNARY, DType, Op
+from mlso_cli.ir.shapes import ShapeError
 from mlso_cli.ir.spec import tile_shape
 from mlso_cli.search.dims import DimClasses, reshape_groups
 
@@ -331,8 +332,6 @@ def _block_step(
 def apply_step(step: Step, values: list[Node], target: KernelGraph | None = None) -> Node:
     """Build one step's node from earlier values (ShapeError becomes RecipeError); `target`
     resolves Regroup reshapes."""
-    from mlso_cli.ir.shapes import ShapeError
-
     try:
         return _apply(step.op, [values[i] for i in step.srcs], step.arg, target)
     except (ShapeError, AssertionError, IndexError) as exc:

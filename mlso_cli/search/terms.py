@@ -120,8 +120,10 @@ def deps(i: int) -> frozenset[int]:
             cs = children(i)
             if len(cs) == 1:
                 d = deps(cs[0])
+            elif cs:
+                d = frozenset().union(*[deps(c) for c in cs])
             else:
-                d = frozenset().union(*(deps(c) for c in cs)) if cs else frozenset()
+                d = frozenset()
             bs = binders(i)
             if bs:
                 d = d - {v for v, _ in bs}
@@ -133,7 +135,13 @@ def height(i: int) -> int:
     """1 + the deepest binder nesting inside term i (0 without binders)."""
     h = _HEIGHT.get(i)
     if h is None:
-        h = max((height(c) for c in children(i)), default=0)
+        h = 0
+        for c in children(i):
+            hc = _HEIGHT.get(c)
+            if hc is None:
+                hc = height(c)
+            if hc > h:
+                h = hc
         if binders(i):
             h += 1
         _HEIGHT[i] = h
@@ -169,9 +177,9 @@ def ordered(i: int) -> list[int]:
     """Children of i in canonical traversal order (name-free key first, id as tie-break)."""
     t = _T[i]
     if t[0] in ("P", "M"):
-        return sorted((c for c, _ in t[1]), key=lambda c: (erased(c), c))
+        return [c for _, c in sorted([(erased(c), c) for c, _ in t[1]])]
     if t[0] == "fn" and t[1] in SYMMETRIC:
-        return sorted(t[2], key=lambda c: (erased(c), c))
+        return [c for _, c in sorted([(erased(c), c) for c in t[2]])]
     return children(i)
 
 
@@ -368,7 +376,7 @@ def _sum_mono(bound: list[tuple[int, int]], m: int) -> tuple[int, int]:
     todo = list(factors(m))
     while todo:
         f, e = todo.pop()
-        if not deps(f) & names:
+        if deps(f).isdisjoint(names):
             prev = outer.get(f)
             outer[f] = e if prev is None else prev + e
         elif _T[f][0] == "sum" and e == 1:
@@ -501,10 +509,13 @@ _SUBST: dict[tuple[int, frozenset[tuple[int, tuple[int, ...]]]], int] = {}
 def subst(i: int, ren: dict[int, tuple[int, ...]]) -> int:
     """Replace each free variable v of term i by the digit sequence ren[v] (a split, or a
     rename when the sequence has one digit), rebuilding the normal form."""
-    d = deps(i)
+    d = _DEPS.get(i)
+    if d is None:
+        d = deps(i)
     if d.isdisjoint(ren):
         return i
-    ren = {v: r for v, r in ren.items() if v in d}
+    if not d.issuperset(ren):
+        ren = {v: r for v, r in ren.items() if v in d}
     key = (i, frozenset(ren.items()))
     r = _SUBST.get(key)
     if r is None:
@@ -527,25 +538,31 @@ def _subst_node(i: int, ren: dict[int, tuple[int, ...]]) -> int:
                 ),
             )
         )
-    if k == "P":
-        acc: dict[int, Fraction] = {}
-        for m, c in t[1]:
-            m2 = subst(m, ren)
-            prev = acc.get(m2)
-            acc[m2] = c if prev is None else prev + c
-        return poly(acc)
-    if k == "M":
-        f: dict[int, Exp] = {}
-        for g, e in t[1]:
-            g2 = subst(g, ren)
-            prev = f.get(g2)
-            f[g2] = e if prev is None else prev + e
-        return mono(f)
+    if k == "P" or k == "M":
+        # a child none of whose variables is renamed stays as it is: tested here, without a
+        # call (most children of a poly or monomial are untouched)
+        out: dict[int, Any] = {}
+        for c, x in t[1]:
+            d = _DEPS.get(c)
+            if d is None:
+                d = deps(c)
+            if not d.isdisjoint(ren):
+                c = subst(c, ren)
+            prev = out.get(c)
+            out[c] = x if prev is None else prev + x
+        return poly(out) if k == "P" else mono(out)
     return _rebuild(i, lambda c: subst(c, ren), None, set(ren))
 
 
 def _split_digits(dim: tuple[int, ...], ren: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
-    return tuple(x for v in dim for x in ren.get(v, (v,)))
+    out: list[int] = []
+    for v in dim:
+        r = ren.get(v)
+        if r is None:
+            out.append(v)
+        else:
+            out.extend(r)
+    return tuple(out)
 
 
 _MERGE: dict[tuple[int, int, int, int], int] = {}
