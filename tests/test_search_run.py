@@ -639,3 +639,31 @@ def test_timed_searches_keep_two_sizings_of_each_structure():
                 assert sized[0].dims != sized[1].dims
                 two_sizings += 1
     assert two_sizings >= 1
+
+
+def test_a_value_over_the_print_cap_is_refused(monkeypatch):
+    """A value with more entries (blocks x steps x tile) than MAX_PRINT_ELEMENTS gets no
+    fingerprint: the enumeration refuses it, as it refuses a zero denominator, instead of
+    allocating it (a Phi-3-width search worker died of the 800 MB ones)."""
+    from mlso_cli.search import fingerprint
+    from mlso_cli.search.dims import dim_classes
+    from mlso_cli.search.enumerate import BlockSearch, Limits, SearchAlgebra, Stats, Vocabulary
+    from mlso_cli.search.fingerprint import Fingerprints
+    from mlso_cli.search.space import Dims, Signature, Step
+
+    x = b.input_(0, (1, 16), DType.F32)
+    target = check(b.kernel_graph([x], [b.unary(Op.SQUARE, x)]))
+    dc = dim_classes(target)
+    sig, dims = Signature((), None), Dims((), 1)
+
+    def square_of_x():
+        alg = SearchAlgebra(Fingerprints(target, dc, sig, dims, 0), None)
+        bs = BlockSearch(
+            target, dc, sig, dims, alg, Vocabulary.of(target), Limits(max_states=10), Stats()
+        )
+        return bs._add(Step(Op.SQUARE, (0,)), [0], 1)
+
+    monkeypatch.setattr(fingerprint, "MAX_PRINT_ELEMENTS", 16)
+    assert square_of_x() is not None  # 16 entries: at the cap
+    monkeypatch.setattr(fingerprint, "MAX_PRINT_ELEMENTS", 15)
+    assert square_of_x() is None

@@ -16,6 +16,7 @@ those two dims, so the search and the verifier share one meaning of every op.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from itertools import product
@@ -35,6 +36,14 @@ from mlso_cli.verify.semantics import ACC_TERMS, SEMANTICS, canonical_const
 from mlso_cli.verify.walk import chunk_bounds, step_index
 
 LEAD = 2
+MAX_PRINT_ELEMENTS = 1 << 23
+"""The largest value (blocks x steps x tile) a fingerprint is computed for; a larger one is refused
+as a zero denominator is. Why: at a real width the reduced target can keep 128 rows and a 3,072-wide
+hidden index, and the enumeration then spells outer products of rows by rows by hidden (the tiny
+zoo exports' norm -> linear regions have them too, at 8-32x their largest tensor): 50M residues,
+800 MB with both fields, several GB with the hashing temporaries. A search worker of the
+Phi-3-width export was killed by the OOM killer for it. The largest value any search of the
+zoo_small exports computes is 524,288 entries (gemma3_tiny's first region), 1/16 of the cap."""
 _BROADCASTING = ELEMENTWISE | {Op.MATMUL, Op.ACC_EXP_WSUM}
 """Leading dims of every fingerprint: (blocks, loop steps)."""
 
@@ -288,7 +297,8 @@ class Fingerprints:
 
     # ---- ops ---------------------------------------------------------------------------------
     def op(self, node: Node, srcs: Sequence[Print]) -> Print | None:
-        """The fingerprint of `node` from its sources' (None: a zero denominator)."""
+        """The fingerprint of `node` from its sources' (None: a zero denominator, or a value over
+        MAX_PRINT_ELEMENTS)."""
         A = self.fld
         vals = [s.value for s in srcs]
         if node.op in _BROADCASTING:  # numpy aligns trailing dims: pad tiles to the result's rank
@@ -312,6 +322,8 @@ class Fingerprints:
                 v = A.reduce_sum(ACC_TERMS[node.op](A, *vals), 1)
             else:
                 lead = tuple(max(v.shape[i] for v in vals) for i in range(LEAD)) if vals else (1, 1)
+                if math.prod(lead) * math.prod(node.shape) > MAX_PRINT_ELEMENTS:
+                    return None
                 v = SEMANTICS[node.op](A, _lead_node(node, lead, vals), *vals)
             return self._print(v.force())
         except ZeroDenominator:
