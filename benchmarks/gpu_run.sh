@@ -77,7 +77,8 @@ if [ "$what" = real ]; then
   # Real exported decoders (benchmarks/real_decoders.py): export and torch peers in the system
   # Python (torch, transformers, onnxscript; the staged onnxruntime-gpu kept off its path), then
   # optimize/verify/bench with the staged onnxruntime-gpu. REAL_FAMILIES, REAL_OPT_ARGS optional.
-  # At the default search budget one family fits a call: run REAL_FAMILIES=qwen2, =llama, ...
+  # At the default search budget one family fits a call: run REAL_FAMILIES=qwen2, =llama, =phi3
+  # (pass MLSO_BENCH_COMMIT=<commit>: the copy of .git there is stale)
   # back to back on the warm machine (each call records its own rows; /tmp/real is kept).
   mkdir -p "$OUT/real"
   PYTHONPATH="$PWD" timeout ${EXPORT_TIMEOUT:-240} python3 benchmarks/real_decoders.py export \
