@@ -130,7 +130,7 @@ def _check(
     source: str,
 ) -> Checked:
     """The check itself: verify, drop refused regions, package again, until it passes."""
-    options = VerifyOptions(seed=seed, trust_binary=True, distinct=True)
+    options = VerifyOptions(seed=seed, trust_binary=True, distinct=True, float_headroom=0.5)
     for round_ in range(len(choices) + 1):
         if round_:
             model = package(choices)

@@ -259,9 +259,12 @@ def chain_check_kernels(
     return rows
 
 
-def field_check_kernels(model: onnx.ModelProto, kernels: list, seed: int) -> list[dict]:
+def field_check_kernels(
+    model: onnx.ModelProto, kernels: list, seed: int, float_headroom: float = 1.0
+) -> list[dict]:
     """Check each MlsoKernel's μGraph (`kernels`: runtime.check_model's results for `model`)
-    against its lifted fallback body in the finite field."""
+    against its lifted fallback body in the finite field (and, where equivalent, its float
+    error; `float_headroom`: VerifyOptions')."""
     from mlso_cli.frontend.lift import (
         LiftError,
         lift_whole_graph,
@@ -313,7 +316,7 @@ def field_check_kernels(model: onnx.ModelProto, kernels: list, seed: int) -> lis
         if verdict.heuristic:
             row["assumes"] = verdict.heuristic
         if verdict.equivalent:
-            _float_check(row, reference, program, seed)
+            _float_check(row, reference, program, seed, float_headroom)
     return rows
 
 
@@ -322,11 +325,12 @@ FLOAT_CHECK_ELEMENTS = 1 << 22
 is numpy, and a full-size attention region takes seconds."""
 
 
-def _float_check(row: dict, reference, program, seed: int) -> None:
+def _float_check(row: dict, reference, program, seed: int, headroom: float = 1.0) -> None:
     """The μGraph as code generation computes it (the interpreter's float32 mode: 16-bit staging,
     casts, stabilised exps) against the reference region in float64. Why: the field treats CAST
     as the identity, so a μGraph that rounds softmax row sums to bf16 is equivalent there; here
-    it must stay within its dtype's limit or twice the reference's own float32 error."""
+    it must stay within its dtype's limit or twice the reference's own float32 error (times
+    `headroom`: below 1 before optimize writes, VerifyOptions.float_headroom)."""
     from mlso_cli.runtime.launcher import numpy_dtype
     from mlso_cli.verify import interpreter
 
@@ -354,16 +358,15 @@ def _float_check(row: dict, reference, program, seed: int) -> None:
         e_prog, e_ref = _rel(np.asarray(g), np.asarray(w)), _rel(np.asarray(o), np.asarray(w))
         limit = LIMITS.get(node.dtype, LIMITS[DType.BF16])
         worst = max(worst, e_prog)
-        if e_prog > max(limit, 2 * e_ref):
+        if e_prog > headroom * max(limit, 2 * e_ref):
+            margin = "" if headroom == 1.0 else f"; optimize keeps {1 / headroom:g}x headroom"
+            why = f"{e_prog:.3g} (limit {limit:g}, the region's own {e_ref:.3g}{margin})"
             row["equivalent"] = False
             row["status"] = "float"
             row["detail"] = (
-                f"equivalent in the field, but as code generation computes it the error is "
-                f"{e_prog:.3g} (limit {limit:g}, the region's own {e_ref:.3g})"
+                f"equivalent in the field, but as code generation computes it the error is {why}"
             )
-            row["float_check"] = (
-                f"FAILED: {e_prog:.3g} (limit {limit:g}, the region's own {e_ref:.3g})"
-            )
+            row["float_check"] = f"FAILED: {why}"
             return
     row["float_check"] = f"ok: {worst:.3g}"
 
@@ -512,6 +515,13 @@ class VerifyOptions:
     algebraic: bool = True
     numeric: bool = False
     """Accept an algebraic difference when B is numerically equivalent (the report says so)."""
+    float_headroom: float = 1.0
+    """The float check accepts an error up to this fraction of its limit. Why optimize passes 0.5:
+    the check draws random inputs from its seed, so a kernel whose error sits near the limit
+    passes under one seed and fails under another; optimize's seed and verify's differ, and a
+    deepseek_v3_tiny attention kernel passed optimize's check and then failed `mlso verify` at
+    1 seed in 18 (1.68e-05 against 1e-05). With half the limit before writing, verify refuses
+    only a kernel whose error more than doubles from one draw to the next."""
     distinct: bool = False
     """Check each distinct kernel once (optimize before writing): kernels with the same μGraph
     and the same fallback body (a transformer's repeated layers) share the first one's field,
@@ -620,7 +630,11 @@ def check_kernels(
             "source hash and plan",
         ) from None
     reps, of = _representatives(model, kernels) if options.distinct else (kernels, None)
-    field_rows = field_check_kernels(model, reps, options.seed) if options.field else []
+    field_rows = (
+        field_check_kernels(model, reps, options.seed, options.float_headroom)
+        if options.field
+        else []
+    )
     emulate = _emulate_skip(options.emulate, options.gpu, kernels)
     outcomes = independent_check_kernels(
         original, model, reps, generated, options.seed, lift=options.lift, emulate=emulate

@@ -1,0 +1,41 @@
+"""The float check's headroom (VerifyOptions.float_headroom): optimize checks against half the
+limit, so that `mlso verify`, drawing other random inputs, does not refuse what it wrote."""
+
+from __future__ import annotations
+
+from mlso_cli.pipeline import verifying
+from mlso_cli.verify import packaged
+from tests.fixtures.ugraphs import fixture
+
+
+def test_headroom_scales_the_limit():
+    prog = fixture("rmsnorm_linear", small=True)
+    ok: dict = {}
+    packaged._float_check(ok, prog, prog, seed=3, headroom=1.0)
+    assert ok["float_check"].startswith("ok")  # its own float32 error is within 2x itself
+    tight: dict = {}
+    packaged._float_check(tight, prog, prog, seed=3, headroom=1e-9)
+    assert tight["float_check"].startswith("FAILED") and "headroom" in tight["float_check"]
+    assert tight["equivalent"] is False and tight["status"] == "float"
+
+
+def test_the_check_before_writing_keeps_half_the_limit(monkeypatch, tmp_path):
+    from mlso_cli.pipeline import PipelineOptions, optimize
+    from mlso_cli.search.api import SearchOptions
+    from tests.test_pipeline import SRC, FakeSearch
+
+    seen = []
+    real = verifying.verify_models
+
+    def spy(original, model, options, **kw):
+        seen.append(options.float_headroom)
+        return real(original, model, options, **kw)
+
+    monkeypatch.setattr(verifying, "verify_models", spy)
+    opts = PipelineOptions(
+        search=SearchOptions(max_states=10, seed=0), min_speedup=0.0, use_cache=False
+    )
+    out = optimize(str(SRC), None, opts, search=FakeSearch())
+    assert any(r.choice.packaged for r in out.regions)
+    assert seen and set(seen) == {0.5}
+    assert packaged.VerifyOptions(seed=1).float_headroom == 1.0  # verify keeps the full limit
