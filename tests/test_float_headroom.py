@@ -39,3 +39,31 @@ def test_the_check_before_writing_keeps_half_the_limit(monkeypatch, tmp_path):
     assert any(r.choice.packaged for r in out.regions)
     assert seen and set(seen) == {0.5}
     assert packaged.VerifyOptions(seed=1).float_headroom == 1.0  # verify keeps the full limit
+
+
+def test_the_float_check_draws_from_the_kernel_not_the_run_seed(monkeypatch):
+    """optimize and verify run with different seeds; the float check must see the same inputs
+    on both sides, or a kernel near its limit passes one and fails the other."""
+    from mlso_cli.pipeline import PipelineOptions, optimize
+    from mlso_cli.search.api import SearchOptions
+    from tests.test_pipeline import SRC, FakeSearch
+
+    seeds = []
+    real = packaged._float_check
+
+    def spy(row, reference, program, seed, headroom=1.0):
+        seeds.append(seed)
+        return real(row, reference, program, seed, headroom)
+
+    monkeypatch.setattr(packaged, "_float_check", spy)
+    for vseed in (5, 6):
+        opts = PipelineOptions(
+            search=SearchOptions(max_states=10, seed=0),
+            min_speedup=0.0,
+            use_cache=False,
+            verify_seed=vseed,
+        )
+        optimize(str(SRC), None, opts, search=FakeSearch())
+    assert len(seeds) == 2 and seeds[0] == seeds[1]
+    other = fixture("lora", small=True)
+    assert packaged._float_seed(other) != seeds[0]
