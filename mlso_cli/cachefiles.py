@@ -17,6 +17,17 @@ import tempfile
 from pathlib import Path
 
 
+def source_digest(root: Path, subdirs: tuple[str, ...] = ("",), salt: str = "") -> str:
+    """sha256 over `salt` and every `*.py` under `root`/each of `subdirs`, by relative path and
+    bytes. Why the source and not a version string: an edit to the code a cached entry depends on
+    changes the entry's key, and nobody bumps a version for that."""
+    h = hashlib.sha256(salt.encode())
+    for sub in subdirs:
+        for p in sorted((root / sub).rglob("*.py")):
+            h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """`data` at `path`, or nothing there at all (the temporary file is removed on any failure)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ from pathlib import Path
 import onnx
 
 from mlso_cli import __version__
-from mlso_cli.cachefiles import seal, unseal, write_atomic
+from mlso_cli.cachefiles import seal, source_digest, unseal, write_atomic
 from mlso_cli.pipeline.artifacts import Choice
 
 SCHEMA = 1
@@ -45,10 +45,7 @@ def code_digest() -> str:
     code generation (which the check regenerates and compares) or to packaging is a new key."""
     from mlso_cli.codegen.nvcc import templates_digest
 
-    h = hashlib.sha256(templates_digest().encode())
-    for p in sorted(_PACKAGE_ROOT.rglob("*.py")):
-        h.update(p.relative_to(_PACKAGE_ROOT).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
+    return source_digest(_PACKAGE_ROOT, ("",), templates_digest())
 
 
 def model_digest(model: onnx.ModelProto) -> str:
@@ -76,9 +73,10 @@ class Verdict:
     """The seed the check ran with."""
 
     @staticmethod
-    def of(choices: Sequence[Choice], bound: float, model: onnx.ModelProto, seed: int) -> Verdict:
+    def of(choices: Sequence[Choice], bound: float, model_sha256: str, seed: int) -> Verdict:
+        """`model_sha256`: the `model_digest` of the model that passed."""
         regions = tuple(RegionVerdict(c.packaged, c.why, c.bound, c.checks) for c in choices)
-        return Verdict(regions, float(bound), model_digest(model), int(seed))
+        return Verdict(regions, float(bound), model_sha256, int(seed))
 
     def applied(self, choices: Sequence[Choice]) -> tuple[Choice, ...] | None:
         """The choices as the check left them, or None when the stored verdict is for other
@@ -124,15 +122,16 @@ class VerdictCache:
         self.root = Path(root)
 
     @staticmethod
-    def key(original: onnx.ModelProto, packaged: onnx.ModelProto, seed: int | None) -> str:
-        """`seed`: the fixed seed, or None for a fresh one (module docstring)."""
+    def key(original_sha256: str, packaged_sha256: str, seed: int | None) -> str:
+        """The models by their `model_digest`; `seed`: the fixed seed, or None for a fresh one
+        (module docstring)."""
         text = json.dumps(
             {
                 "schema": SCHEMA,
                 "version": __version__,
                 "code": code_digest(),
-                "original": model_digest(original),
-                "packaged": model_digest(packaged),
+                "original": original_sha256,
+                "packaged": packaged_sha256,
                 "seed": None if seed is None else int(seed),
             },
             sort_keys=True,

@@ -90,15 +90,17 @@ def check_before_writing(
     model = package(choices)
     if not any(c.packaged for c in choices):
         return Checked(model, choices, 0.0, None, seed)
-    key = None
-    if verdicts is not None:
-        key = verdicts.key(original, model, None if fresh_seed else seed)
-        hit = _reused(verdicts.get(key), choices, model, package)
-        if hit is not None:
-            return hit
+    if verdicts is None:
+        return _check(original, choices, model, package, seed, source)
+    # each model is serialized and hashed once: a real-width model is gigabytes
+    packed = model_digest(model)
+    key = verdicts.key(model_digest(original), packed, None if fresh_seed else seed)
+    hit = _reused(verdicts.get(key), choices, model, packed, package)
+    if hit is not None:
+        return hit
     checked = _check(original, choices, model, package, seed, source)
-    if verdicts is not None and key is not None:
-        verdicts.put(key, Verdict.of(checked.choices, checked.bound, checked.model, seed))
+    final = packed if checked.model is model else model_digest(checked.model)
+    verdicts.put(key, Verdict.of(checked.choices, checked.bound, final, seed))
     return checked
 
 
@@ -106,6 +108,7 @@ def _reused(
     verdict: Verdict | None,
     choices: tuple[Choice, ...],
     model: onnx.ModelProto,
+    model_sha256: str,
     package: PackageFn,
 ) -> Checked | None:
     """The stored verdict applied, when it is for these choices and the model it passed is the
@@ -114,9 +117,12 @@ def _reused(
     final = verdict.applied(choices) if verdict is not None else None
     if final is None:
         return None
-    same = all(a.packaged == b.packaged for a, b in zip(final, choices))
-    passed = model if same else package(final)
-    if model_digest(passed) != verdict.model_sha256:
+    if all(a.packaged == b.packaged for a, b in zip(final, choices)):
+        passed, sha = model, model_sha256
+    else:
+        passed = package(final)
+        sha = model_digest(passed)
+    if sha != verdict.model_sha256:
         return None
     return Checked(passed, final, verdict.bound, None, verdict.seed, cached=True)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mlso_cli import __version__
-from mlso_cli.cachefiles import seal, unseal, write_atomic
+from mlso_cli.cachefiles import seal, source_digest, unseal, write_atomic
 from mlso_cli.ir.serialize import SchemaError, from_dict, to_dict
 from mlso_cli.search.api import Candidate, SearchResult
 
@@ -37,19 +37,11 @@ _CODE_DIRS = ("codegen", "search")
 
 @cache
 def code_digest() -> str:
-    """sha256 over the CUDA templates and the Python source of code generation and search.
-
-    Why the source and not a version string: an edit to the enumerator or the cost model changes
-    which program wins, and nobody bumps a version for that."""
+    """sha256 over the CUDA templates and the Python source of code generation and search (an
+    edit to the enumerator or the cost model changes which program wins)."""
     from mlso_cli.codegen.nvcc import templates_digest
 
-    h = hashlib.sha256(templates_digest().encode())
-    for sub in _CODE_DIRS:
-        for p in sorted((_PACKAGE_ROOT / sub).rglob("*.py")):
-            h.update(
-                p.relative_to(_PACKAGE_ROOT).as_posix().encode() + b"\0" + p.read_bytes() + b"\0"
-            )
-    return h.hexdigest()
+    return source_digest(_PACKAGE_ROOT, _CODE_DIRS, templates_digest())
 
 
 @dataclass(frozen=True)
