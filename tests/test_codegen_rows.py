@@ -15,7 +15,7 @@ from fractions import Fraction
 import pytest
 
 from mlso_cli import knobs as knobs_mod
-from mlso_cli.codegen import generate, rowfuse, siblings
+from mlso_cli.codegen import generate, rowfuse, rowkernel, siblings
 from mlso_cli.codegen.plan import plan
 from mlso_cli.codegen.roots import kernel_roots
 from mlso_cli.ir import DType, Op, check
@@ -177,9 +177,46 @@ def test_rotary_region_takes_three_launches(monkeypatch):
         ("centred", centred),
         ("norm_linear", norm_linear),
         ("transformer_region0", T.transformer_region0),
+        ("rmsnorm_block_rows", lambda: rmsnorm(rows=2, n=2048)),
+        ("centred_block_rows", lambda: centred(rows=3, n=1000)),
+        ("norm_linear_block_rows", lambda: norm_linear(m=6, k=1536, n=32)),
     ],
 )
 def test_emulated_row_kernel_matches_the_interpreter(name, build, monkeypatch):
     kg = build()
     assert any(len(k.parts) == 2 and k.kind == "row" for k in plan(kg).kernels)
     T.assert_emulated_matches(name, kg)
+
+
+# ---- the team: a warp per row, or a block per row when the rows are few and long -------------------
+
+
+def test_many_rows_or_short_rows_keep_a_warp_per_row():
+    assert rowkernel.row_team(rows=4096, length=4096) == 32
+    assert rowkernel.row_team(rows=rowkernel.WARPS_IN_FLIGHT, length=8192) == 32
+    assert rowkernel.row_team(rows=8, length=300) == 32  # 8 elements per lane at most
+
+
+def test_few_long_rows_share_a_block():
+    """128 tokens of a 2048- or 3072-wide norm (Llama-1B, Phi-3): 256 threads per row, 8 or 12
+    elements each, 1,024 warps in flight (a warp per row gave 128)."""
+    assert rowkernel.row_team(rows=128, length=2048) == 256
+    assert rowkernel.row_team(rows=128, length=3072) == 256
+    assert rowkernel.row_team(rows=1, length=1 << 20) == rowkernel.BLOCK_THREADS_MAX
+    for rows, length in [(3, 1000), (128, 896), (512, 4096), (2, 64 * 1024)]:
+        team = rowkernel.row_team(rows, length)
+        assert team % 32 == 0 and team <= rowkernel.BLOCK_THREADS_MAX
+        assert team == 32 or length >= team * rowkernel.MIN_PER_THREAD
+
+
+def test_a_block_per_row_kernel_is_planned_and_printed_as_one():
+    kg = rmsnorm(rows=64, n=2048)  # 128 rows
+    gp = generate(kg)
+    (kernel,) = gp.kernels
+    (launch,) = gp.plan["launches"]
+    assert launch["grid"] == [128, 1, 1] and launch["block"] == [256, 1, 1]
+    assert launch["smem"] == 8 * 4  # a float per warp for the all-reduce
+    assert "block_allreduce<mlso::SumOp, 256>" in kernel.source
+    assert "a block of 256 per row" in kernel.what
+    many = generate(rmsnorm(rows=2048, n=2048))
+    assert "warp_allreduce" in many.kernels[0].source and "red[" not in many.kernels[0].source

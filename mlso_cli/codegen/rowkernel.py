@@ -1,12 +1,19 @@
 """One kernel for a row reduction and its row-wise reader (rowfuse.py decides which): planned,
 then printed.
 
-A warp owns a row at a time (grid-stride over the rows): its 32 lanes stride the row folding the
-reduction's input, a shuffle all-reduce leaves the result in every lane, and the lanes then
-stride the same row again writing the reader's value, the reduced value read from a register
-(Emitter.known), the row's inputs re-read from memory (they were just read: cached). No shared
-memory and no block barrier. Lane 0 also stores the reduced value in its buffer, then the warp
-synchronises, so a read the register does not serve still finds the value in memory.
+A team owns a row at a time (grid-stride over the rows): its threads stride the row folding the
+reduction's input, an all-reduce leaves the result in every thread, and the threads then stride
+the same row again writing the reader's value, the reduced value read from a register
+(Emitter.known), the row's inputs re-read from memory (they were just read: cached). One thread
+also stores the reduced value in its buffer, then the team synchronises, so a read the register
+does not serve still finds the value in memory.
+
+The team is a warp (a shuffle all-reduce; no shared memory, no block barrier) when the rows alone
+give the GPU enough warps in flight. With few long rows it is the whole block, one row per block
+(a block all-reduce through NT/32 floats of shared memory). Why: a norm before a projection at
+128 tokens has 128 rows of 2048-3072; a warp per row left one warp per SM walking 64-96
+dependent loads, and the kernel took 10.7 us (Llama-1B width) and 20 us (Phi-3) on an H100,
+where the DRAM floor is under 1 us (benchmarks/kernel_profile.py).
 """
 
 from __future__ import annotations
@@ -32,6 +39,12 @@ if TYPE_CHECKING:
 
 ROW_WARPS = 8
 """Most warps (rows in flight) per block; fewer when the rows would not fill the SMs."""
+WARPS_IN_FLIGHT = ROW_WARPS * SM_COUNT_HINT
+"""Warps the whole grid should keep in flight to hide load latency (8 per SM)."""
+MIN_PER_THREAD = 8
+"""Fewest elements of a row per thread when a block shares the row (more threads would only
+add barrier and all-reduce cost)."""
+BLOCK_THREADS_MAX = 512
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,9 @@ class RowKernelPlan:
     length: int
     rows: int
     threads: int
+    """The block's threads."""
+    team: int
+    """Threads per row: 32 (a warp) or `threads` (the block)."""
     grid: tuple[int, int, int]
     row: Coords
     """The reduction's coordinates at row `o`."""
@@ -59,20 +75,38 @@ def plan_row(storage: Mapping[Node, Storage], reduce: Node, value: Node) -> RowK
     reader itself or the staged node of its operand)."""
     x, axis = reduce.src[0], reduce.arg
     length, rows = x.shape[axis], reduce.numel
-    warps = max(1, min(ROW_WARPS, rows // SM_COUNT_HINT))
+    team = row_team(rows, length)
     row = canon(reduce.shape, decompose("o", reduce.shape))
     inner, element = list(row), list(row)
     inner[axis], element[axis] = LOOP_VAR, "j"
-    grid = (min(-(-rows // warps), GRID_CAP), 1, 1)
+    if team == 32:
+        warps = max(1, min(ROW_WARPS, rows // SM_COUNT_HINT))
+        threads, grid, who = 32 * warps, (min(-(-rows // warps), GRID_CAP), 1, 1), "a warp"
+    else:
+        threads, grid, who = team, (min(rows, GRID_CAP), 1, 1), f"a block of {team}"
     op = "max" if reduce.op is Op.REDUCE_MAX else "sum"
     kind = (
         "stage a library GEMM operand" if isinstance(value.arg, Staged) else value.op.value
     ) + f" -> {value.dtype.value}{list(value.shape)}"
-    what = f"{reduce.op.value} over rows of {length}, then {kind} (a warp per row)"
+    what = f"{reduce.op.value} over rows of {length}, then {kind} ({who} per row)"
     return RowKernelPlan(
-        reduce, value, op, length, rows, 32 * warps, grid,
+        reduce, value, op, length, rows, threads, team, grid,
         row, canon(x.shape, inner), canon(value.shape, element), what,
     )  # fmt: skip
+
+
+def row_team(rows: int, length: int) -> int:
+    """Threads per row: a warp while the rows give WARPS_IN_FLIGHT warps, else the fewest whole
+    warps (a power of two) that do, at most BLOCK_THREADS_MAX and keeping MIN_PER_THREAD
+    elements per thread."""
+    team = 32
+    while (
+        rows * team < 32 * WARPS_IN_FLIGHT
+        and team * 2 <= BLOCK_THREADS_MAX
+        and length >= team * 2 * MIN_PER_THREAD
+    ):
+        team *= 2
+    return team
 
 
 def print_row(plan: RowKernelPlan, site: KernelSite) -> tuple[Kernel, BufferScale | None]:
@@ -93,23 +127,35 @@ def print_row(plan: RowKernelPlan, site: KernelSite) -> tuple[Kernel, BufferScal
     v = body.compute(plan.value, plan.element)
     val, scale = stored_value(body, v_out, v, plan.element)
     nt, length = plan.threads, plan.length
+    warp = plan.team == 32
+    first, step = ("lane", "32") if warp else ("threadIdx.x", str(nt))
     code = Code()
     with code.block(uses.signature(site.name, nt)):
-        code("const int lane = threadIdx.x & 31;")
-        with code.block(
-            f"for (int o = (blockIdx.x * {nt} + threadIdx.x) >> 5; o < {plan.rows}; "
-            f"o += (gridDim.x * {nt}) >> 5)"
-        ):
-            emit_passes(code, passes, length, "warp", nt)
+        if warp:
+            code("const int lane = threadIdx.x & 31;")
+            rows_loop = (
+                f"for (int o = (blockIdx.x * {nt} + threadIdx.x) >> 5; o < {plan.rows}; "
+                f"o += (gridDim.x * {nt}) >> 5)"
+            )
+        else:
+            code("MLSO_DYNAMIC_SMEM(smem);")
+            code("float* const red = reinterpret_cast<float*>(smem);  // all-reduce partials")
+            rows_loop = f"for (int o = blockIdx.x; o < {plan.rows}; o += gridDim.x)"
+        with code.block(rows_loop):
+            emit_passes(code, passes, length, "warp" if warp else "block", nt)
             code.extend(fin.lines)
-            with code.block("if (lane == 0)"):
+            with code.block(f"if ({first} == 0)"):
                 code(f"{r_out.ptr}[o] = mlso::from_f32<{CTYPE[r_out.dtype]}>({result});")
-            code("__syncwarp();  // the row's reduced value, stored, is visible to every lane")
-            with code.block(f"for (int j = lane; j < {length}; j += 32)"):
+            if warp:
+                code("__syncwarp();  // the row's reduced value, stored, is visible to every lane")
+            else:
+                code("__syncthreads();  // the row's reduced value, stored, is visible to all")
+            with code.block(f"for (int j = {first}; j < {length}; j += {step})"):
                 code(f"const int i = o * {length} + j;")
                 code.extend(body.lines)
                 code(f"{v_out.ptr}[i] = mlso::from_f32<{CTYPE[v_out.dtype]}>({val});")
-    kernel = Kernel(site.name, code.text(), plan.grid, (nt, 1, 1), 0, uses.params(), plan.what)
+    smem = 0 if warp else nt // 32 * 4
+    kernel = Kernel(site.name, code.text(), plan.grid, (nt, 1, 1), smem, uses.params(), plan.what)
     return kernel, scale
 
 
