@@ -169,6 +169,14 @@ def test_rotary_region_takes_three_launches(monkeypatch):
 # ---- results on the host emulator ------------------------------------------------------------------
 
 
+BLOCK_ROWS = [
+    ("rmsnorm_block_rows", lambda: rmsnorm(rows=2, n=2048)),
+    ("centred_block_rows", lambda: centred(rows=3, n=1000)),
+    ("norm_linear_block_rows", lambda: norm_linear(m=6, k=1536, n=32)),
+]
+"""Few long rows: a block per row (row_team), checked on the emulator and on the GPU."""
+
+
 @pytest.mark.parametrize(
     "name, build",
     [
@@ -177,9 +185,7 @@ def test_rotary_region_takes_three_launches(monkeypatch):
         ("centred", centred),
         ("norm_linear", norm_linear),
         ("transformer_region0", T.transformer_region0),
-        ("rmsnorm_block_rows", lambda: rmsnorm(rows=2, n=2048)),
-        ("centred_block_rows", lambda: centred(rows=3, n=1000)),
-        ("norm_linear_block_rows", lambda: norm_linear(m=6, k=1536, n=32)),
+        *BLOCK_ROWS,
     ],
 )
 def test_emulated_row_kernel_matches_the_interpreter(name, build, monkeypatch):
@@ -220,3 +226,15 @@ def test_a_block_per_row_kernel_is_planned_and_printed_as_one():
     assert "a block of 256 per row" in kernel.what
     many = generate(rmsnorm(rows=2048, n=2048))
     assert "warp_allreduce" in many.kernels[0].source and "red[" not in many.kernels[0].source
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "name, build", BLOCK_ROWS + [("rmsnorm_128x3072", lambda: rmsnorm(rows=64, n=3072))]
+)
+def test_block_row_kernels_on_gpu(name, build):
+    from tests import test_codegen_gpu as G
+
+    kg = build()
+    assert any(k.kind == "row" for k in plan(kg).kernels)
+    G._compare(name, kg, T.make_inputs(kg, name))
