@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     b = sub.add_parser("bench")
     b.add_argument("--out", required=True)
-    b.add_argument("--optimize-timeout", type=int, default=300)
+    b.add_argument("--optimize-timeout", type=int, default=540)
     b.add_argument("--verify-timeout", type=int, default=240)
     b.add_argument("--bench-timeout", type=int, default=240)
     b.add_argument("--optimize-args", type=lambda s: s.split(), default=[])
