@@ -87,6 +87,6 @@ if [ "$what" = real ]; then
   timeout ${REAL_TIMEOUT:-420} python3 benchmarks/real_decoders.py bench --out /tmp/real --record \
     ${REAL_OPT_ARGS:+--optimize-args "$REAL_OPT_ARGS"} > "$OUT/real/bench.md" 2>&1
   tail -30 "$OUT/real/bench.md"
-  cp /tmp/real/*.json "$OUT/real/" 2>/dev/null
+  cp /tmp/real/*.json /tmp/real/*.log "$OUT/real/" 2>/dev/null
   cp benchmarks/results/real_decoders.json "$OUT/real/records.json" 2>/dev/null
 fi

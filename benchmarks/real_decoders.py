@@ -168,13 +168,19 @@ def export(args: argparse.Namespace) -> int:
 
 
 def _cli(args: list[str], timeout: int) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "mlso_cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=timeout,
-    )
+    """The mlso command; past `timeout` it is stopped and returned with exit code 124 and what it
+    printed so far (the row records that tail: an optimize stopped at 300 s on Phi-3 used to
+    end the whole run with a traceback and nothing about where its time went)."""
+    cmd = [sys.executable, "-m", "mlso_cli", *args]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+
+        def text(b: bytes | str | None) -> str:
+            return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+        err = text(exc.stderr) + f"\nstopped after {timeout} s (the harness's timeout)\n"
+        return subprocess.CompletedProcess(cmd, 124, text(exc.stdout), err)
 
 
 def _json_lines(text: str) -> list[dict]:
@@ -212,10 +218,12 @@ def bench(args: argparse.Namespace) -> int:
                 "0",
                 "--force",
                 "--json",
+                "-v",  # progress and the stage table on stderr, kept in <family>.optimize.log
                 *args.optimize_args,
             ],
             timeout=args.optimize_timeout,
         )
+        (out / f"{name}.optimize.log").write_text(opt.stderr)
         rec["optimize_s"] = round(time.time() - t0, 1)
         rec["optimize_args"] = list(args.optimize_args)
         rec["optimize_rc"] = opt.returncode
