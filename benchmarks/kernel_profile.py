@@ -66,7 +66,9 @@ def _device_events(prof: Any) -> list[tuple[str, str, float]]:
 
 
 def _trace_events(prof: Any) -> list[tuple[str, str, float]]:
-    """The same from the exported Chrome trace (a fallback where events() holds no GPU rows)."""
+    """The same from the exported Chrome trace, read first: its kernel rows carry the launch's
+    grid and block, which tell mlso's kernels apart (every program names its first kernel
+    `mlso_k0`, so a norm and an attention kernel would share one row)."""
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
@@ -78,7 +80,11 @@ def _trace_events(prof: Any) -> list[tuple[str, str, float]]:
     for e in trace.get("traceEvents", []):
         cat = str(e.get("cat", "")).lower()
         if e.get("ph") == "X" and cat in ("kernel", "gpu_memcpy", "gpu_memset"):
-            out.append((str(e.get("name", "?")), _kind(e.get("name", ""), cat), float(e["dur"])))
+            name = str(e.get("name", "?"))
+            args = e.get("args") or {}
+            if name.startswith("mlso_") and "grid" in args and "block" in args:
+                name += f" grid {args['grid']} block {args['block']}"
+            out.append((name, _kind(name, cat), float(e["dur"])))
     return out
 
 
@@ -139,11 +145,11 @@ def profile_model(source: str, shapes: dict, args: argparse.Namespace) -> dict:
         torch.cuda.synchronize(args.gpu)
         profiled_wall_us = (time.perf_counter() - t0) / args.runs * 1e6
 
-    events = _device_events(prof)
-    source_of_events = "events()"
+    events = _trace_events(prof)
+    source_of_events = "chrome trace"
     if not events:
-        events = _trace_events(prof)
-        source_of_events = "chrome trace"
+        events = _device_events(prof)
+        source_of_events = "events()"
     rows = _aggregate(events, args.runs)
     notes = []
     if not rows:
