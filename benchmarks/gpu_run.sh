@@ -87,6 +87,15 @@ if [ "$what" = real ]; then
   timeout ${REAL_TIMEOUT:-420} python3 benchmarks/real_decoders.py bench --out /tmp/real --record \
     ${REAL_OPT_ARGS:+--optimize-args "$REAL_OPT_ARGS"} > "$OUT/real/bench.md" 2>&1
   tail -30 "$OUT/real/bench.md"
+  # where the time goes inside each optimized model (benchmarks/kernel_profile.py, ~15 s a family)
+  for fam in ${REAL_FAMILIES:-qwen2 llama phi3}; do
+    [ -f "/tmp/real/${fam}_real2l_fp16.mlso.onnx" ] || continue
+    timeout ${PROFILE_TIMEOUT:-90} python3 benchmarks/kernel_profile.py --cuda-graph \
+      "/tmp/real/${fam}_real2l_fp16.mlso.onnx" "/tmp/real/${fam}_real2l_fp16.onnx" \
+      --input-shape input_ids=1,128 --runs 20 --top 30 --json "$OUT/real/kernels_${fam}.json" \
+      > "$OUT/real/kernels_${fam}.md" 2> "$OUT/real/kernels_${fam}.err"
+    grep -A3 "^| model" "$OUT/real/kernels_${fam}.md"
+  done
   cp /tmp/real/*.json /tmp/real/*.log "$OUT/real/" 2>/dev/null
   cp benchmarks/results/real_decoders.json "$OUT/real/records.json" 2>/dev/null
 fi
