@@ -54,8 +54,13 @@ def main() -> int:
     args = ap.parse_args()
     chosen_team = rowkernel.row_team
     rows = []
-    print("| program (fp16) | warp per row µs | chosen µs (threads per row) | warp / chosen |")
-    print("|---|---|---|---|")
+    teams = (64, 128, 256, 512)
+    print(
+        "| program (fp16) | warp per row µs | chosen µs (threads per row) | warp / chosen | "
+        + " | ".join(f"{t} per row µs" for t in teams)
+        + " |"
+    )
+    print("|---|---|---|---|" + "---|" * len(teams))
     for name, build in CASES:
         rowkernel.row_team = lambda rows, length: 32
         warp = _time(build())
@@ -63,9 +68,20 @@ def main() -> int:
         chosen = _time(build())
         team = chosen_team(*_rows_length(name))
         ratio = warp["us"] / chosen["us"]
-        rows.append({"row": name, "warp": warp, "chosen": chosen, "team": team, "ratio": ratio})
+        # every block team, forced, to tune row_team's thresholds (MIN_PER_THREAD, the cap)
+        forced = {}
+        for t in teams:
+            rowkernel.row_team = lambda rows, length, t=t: t
+            forced[t] = _time(build())["us"]
+        rowkernel.row_team = chosen_team
+        rows.append(
+            {"row": name, "warp": warp, "chosen": chosen, "team": team, "ratio": ratio,
+             "forced_us": forced}
+        )  # fmt: skip
         print(
-            f"| {name} | {warp['us']:.1f} | {chosen['us']:.1f} ({team}) | {ratio:.2f}x |",
+            f"| {name} | {warp['us']:.1f} | {chosen['us']:.1f} ({team}) | {ratio:.2f}x | "
+            + " | ".join(f"{forced[t]:.1f}" for t in teams)
+            + " |",
             flush=True,
         )
     if args.out:
