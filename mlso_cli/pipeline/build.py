@@ -7,6 +7,7 @@ keeps its own content-hash cache across runs).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -26,16 +27,11 @@ class Builder:
         self.targets = tuple(targets)
         self._built: dict[str, Built] = {}
 
-    def build(
-        self, program: KernelGraph, constants: Mapping[str, np.ndarray] | None = None
-    ) -> Built:
-        """`constants`: the region's lifted constants (LiftedRegion.extra_inputs); a mask among
-        them that is an index predicate is computed in the code, not read (codegen/indexmask.py)."""
-        from mlso_cli.codegen import compile_program
+    def _key(self, program: KernelGraph, constants: Mapping[str, np.ndarray] | None) -> str:
         from mlso_cli.codegen.indexmask import computed_inputs
 
         masks = computed_inputs(program, constants)
-        key = (
+        return (
             graph_hash(program)
             + "|"
             + ",".join(program.input_names)
@@ -43,12 +39,68 @@ class Builder:
             + ",".join(program.output_names)
             + "".join(f"|{i}:{m.describe()}" for i, m in sorted(masks.items()))
         )
+
+    def build(
+        self, program: KernelGraph, constants: Mapping[str, np.ndarray] | None = None
+    ) -> Built:
+        """`constants`: the region's lifted constants (LiftedRegion.extra_inputs); a mask among
+        them that is an index predicate is computed in the code, not read (codegen/indexmask.py)."""
+        from mlso_cli.codegen import compile_program
+
+        key = self._key(program, constants)
         got = self._built.get(key)
         if got is None:
             compiled = compile_program(program, self.targets, constants)
             got = Built(program, compiled.fatbin, compiled.plan, compiled.source_sha256)
             self._built[key] = got
         return got
+
+    def prebuild(
+        self,
+        items: Sequence[tuple[KernelGraph, Mapping[str, np.ndarray] | None]],
+        jobs: int | None = None,
+    ) -> int:
+        """Compile the programs of `items` that are not built yet, nvcc runs side by side, so that
+        the `build` calls that follow find them. Returns how many were compiled here.
+
+        Why: `optimize --gpu` builds each region's top picks for its timing trials, one program
+        after another, and every distinct program is an nvcc run of seconds (Phi-3's 2-layer
+        export: 6 distinct regions, up to 4 picks each). Code generation stays in this thread
+        (pure Python, in order); only nvcc, a subprocess, runs in `jobs` threads (default: the
+        CPUs this process may use), so the programs and binaries are the ones `build` makes."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from mlso_cli.codegen import generate
+        from mlso_cli.codegen.nvcc import compile_generated
+
+        todo: dict[str, tuple[KernelGraph, object]] = {}
+        for program, constants in items:
+            key = self._key(program, constants)
+            if key not in self._built and key not in todo:
+                todo[key] = (program, generate(program, self.targets, constants))
+        if len(todo) < 2:
+            return 0  # one program: `build` compiles it as before
+        workers = min(jobs or _usable_cpus(), len(todo))
+        ex = ThreadPoolExecutor(max(1, workers), thread_name_prefix="mlso-nvcc")
+        try:
+            futures = {
+                key: ex.submit(compile_generated, gen, self.targets)
+                for key, (_, gen) in todo.items()
+            }
+            for key, future in futures.items():
+                compiled = future.result()  # a CompileError is raised as `build` would raise it
+                self._built[key] = Built(
+                    todo[key][0], compiled.fatbin, compiled.plan, compiled.source_sha256
+                )
+        finally:
+            ex.shutdown(wait=True, cancel_futures=True)
+        return len(todo)
+
+
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the OS says, else the count)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
 
 
 def package(

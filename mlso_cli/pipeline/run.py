@@ -296,6 +296,13 @@ def _package(
     listener: Listener,
     meta: dict[str, str],
 ):
+    builder.prebuild(
+        [
+            (c.candidate.graph, lr.extra_inputs)
+            for lr, c in zip(lifted.regions, choices)
+            if c.packaged
+        ]
+    )
     items = []
     for lr, c in zip(lifted.regions, choices):
         if c.packaged:

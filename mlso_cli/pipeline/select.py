@@ -252,6 +252,13 @@ def measure_top_k(
     ranked = {s.region: rank(s.result.candidates) for s in searched}
     picks = {r: _picks(ranked[r], k) for r in ranked}
     out: dict[int, list[Timing]] = {lr.region.id: [] for lr in regions}
+    builder.prebuild(
+        [
+            (ranked[lr.region.id][i].candidate.graph, lr.extra_inputs)
+            for lr in regions
+            for i in picks[lr.region.id]
+        ]
+    )
     trials, owners, rounds = [], [], []
     for j in range(max(len(p) for p in picks.values()) if picks else 0):
         members = [lr for lr in regions if j < len(picks[lr.region.id])]
