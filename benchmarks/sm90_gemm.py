@@ -337,7 +337,9 @@ class Sm90Gemm:
         try:
             self._module = ctypes.c_void_p()
             image = ctypes.create_string_buffer(fatbin, len(fatbin))
-            self._drv("cuModuleLoadData", ctypes.byref(self._module), image)
+            self._drv(
+                "cuModuleLoadData", ctypes.byref(self._module), ctypes.cast(image, ctypes.c_void_p)
+            )
             self._funcs: dict[str, ctypes.c_void_p] = {}
             self._allocs: list[Any] = []
             self.stream = cuda.Stream()
@@ -415,9 +417,8 @@ class Sm90Gemm:
             ctypes.c_int32(k),
             ctypes.c_int32(per),
         ]
-        params = (ctypes.c_void_p * len(args))(
-            *(ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args)
-        )
+        # kernelParams: one pointer per parameter, to a host copy of its value (the maps too)
+        params = (ctypes.c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
         grid = (math.ceil(n / cfg.bn), math.ceil(m / cfg.mt), z)
         handle = stream.handle if hasattr(stream, "handle") else int(stream or 0)
         self._drv(

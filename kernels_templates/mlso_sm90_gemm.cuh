@@ -163,6 +163,7 @@ __device__ __forceinline__ void ws_gemm(const CUtensorMap* tmap_w, const CUtenso
   for (int i = 0; i < nkt; ++i) {
     const int s = i % STAGES;
     mbar_wait(&full[s], static_cast<uint32_t>(i / STAGES) & 1u);
+    __syncwarp();  // lanes may leave the wait loop apart; wgmma (.sync.aligned) needs them together
     const unsigned char* stage = tiles + s * C::kStageBytes;
     const uint32_t a_base = smem_u32(stage + wg * C::kWSlabBytes);
     const uint32_t b_base = smem_u32(stage + CONSUMERS * C::kWSlabBytes);

@@ -150,6 +150,43 @@ def test_ptxas_parser():
     }
 
 
+def test_launch_passes_maps_by_value_and_the_grid(monkeypatch):
+    """cuLaunchKernel's kernelParams, read back through a fake driver: the two 128-byte maps by
+    value, then pointers and ints in the kernel's parameter order; grid, block and smem."""
+    import ctypes
+
+    seen = {}
+
+    def fake_driver(name, *args):
+        assert name == "cuLaunchKernel"
+        fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra = args
+        seen.update(grid=(gx, gy, gz), block=(bx, by, bz), smem=smem, extra=extra)
+        p = [params[i] for i in range(10)]
+        seen["tw"] = ctypes.string_at(p[0], 128)
+        seen["tx"] = ctypes.string_at(p[1], 128)
+        seen["ptrs"] = [ctypes.c_uint64.from_address(a).value for a in p[2:6]]
+        seen["ints"] = [ctypes.c_int32.from_address(a).value for a in p[6:10]]
+
+    g = object.__new__(G.Sm90Gemm)
+    g._drv = fake_driver
+    cfg, splits = G.choose(16, 2048, 8192, "bfloat16", sms=132)
+    g._funcs = {cfg.name: ctypes.c_void_p(1)}
+    tw = (ctypes.c_uint8 * 128).from_buffer_copy(bytes(range(128)))
+    tx = (ctypes.c_uint8 * 128).from_buffer_copy(bytes(range(128, 256)))
+    ops = G._Operands(x=0x1000, w=0x2000, y=0x3000, bias=0, tmap_w=tw, tmap_x=tx)
+    g._launch(cfg, ops, 0x4000, 0x5000, 16, 2048, 8192, splits, 0)
+    per = math.ceil(math.ceil(8192 / cfg.bk) / splits)
+    assert seen["grid"] == (2048 // cfg.bn, 1, splits)
+    assert seen["block"] == (cfg.threads, 1, 1) and seen["smem"] == cfg.smem_bytes
+    assert seen["tw"] == bytes(range(128)) and seen["tx"] == bytes(range(128, 256))
+    assert seen["ptrs"] == [0x3000, 0, 0x4000, 0x5000]
+    assert seen["ints"] == [16, 2048, 8192, per]
+    with pytest.raises(ValueError, match="empty split"):
+        g._launch(cfg, ops, 0, 0, 16, 2048, 8192, 63, 0)
+    with pytest.raises(ValueError, match="without split-K"):
+        g._launch(replace(cfg, splitk=False), ops, 0, 0, 16, 2048, 8192, 2, 0)
+
+
 # ---- CPU: tensor map validation -------------------------------------------------------------
 def _w_spec(**kw):
     base = dict(
