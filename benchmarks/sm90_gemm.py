@@ -327,11 +327,14 @@ class Sm90Gemm:
     g.close()
     """
 
-    def __init__(self, fatbin: bytes, device: int = 0) -> None:
+    def __init__(self, fatbin: bytes, device: int = 0, l2_promotion: str = "256b") -> None:
         from mlso_cli.runtime.launcher import _pycuda
 
         self._cuda = cuda = _pycuda()
         self._drv = _Driver()
+        # L2 fill granularity of the TMA loads (a knob to measure: 256 B also fetches the
+        # neighbouring block's 128-byte W segment, useful if it stays in L2 until read)
+        self.l2_promotion = l2_promotion
         self._ctx = cuda.Device(device).retain_primary_context()
         self._ctx.push()
         try:
@@ -366,10 +369,10 @@ class Sm90Gemm:
 
     def _maps(self, cfg: GemmConfig, x: int, w: int, m: int, n: int, k: int) -> tuple[Any, Any]:
         tw = tensormap.encode_tiled(
-            tensormap.row_major_2d(cfg.dtype, w, rows=k, cols=n, box_rows=cfg.bk, box_cols=64)
+            tensormap.row_major_2d(cfg.dtype, w, k, n, cfg.bk, 64, l2_promotion=self.l2_promotion)
         )
         tx = tensormap.encode_tiled(
-            tensormap.row_major_2d(cfg.dtype, x, rows=m, cols=k, box_rows=cfg.mt, box_cols=64)
+            tensormap.row_major_2d(cfg.dtype, x, m, k, cfg.mt, 64, l2_promotion=self.l2_promotion)
         )
         return (ctypes.c_uint8 * 128).from_buffer_copy(tw), (ctypes.c_uint8 * 128).from_buffer_copy(
             tx
@@ -663,6 +666,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stages", type=int, help="force this stage count (default: as many as fit)")
     ap.add_argument("--peak-tbs", type=float, help="DRAM peak in TB/s (default: by card name)")
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--l2-promotion", choices=list(tensormap.L2_PROMOTIONS), default="256b")
     ap.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = ap.parse_args(argv)
 
@@ -682,7 +686,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     fatbin = compile_configs([c for c, _ in chosen])
     rows = []
-    with Sm90Gemm(fatbin) as g:
+    with Sm90Gemm(fatbin, l2_promotion=args.l2_promotion) as g:
         peak = args.peak_tbs or dram_peak_tbs(g.device_name)
         print(f"# {g.device_name}, {g.sms} SMs, DRAM peak {peak} TB/s, {args.dtype}")
         print("| M | K | N | config | splits | µs | TB/s | % DRAM | torch µs | torch / ours |")
