@@ -53,6 +53,11 @@ def _sweep_source() -> str:
             f"static_assert({cfg}::kPartialFloats == {c.partial_floats}, "
             f'"partial mirror: {c.name}");'
         )
+    for addr, lbo, sbo in ((0x1400, 16384, 1024), (0x3FC20, 16, 1024), (0x400, 8192, 1024)):
+        lines.append(
+            f"static_assert(mlso::sm90::wgmma_desc_sw128({addr}u, {lbo}u, {sbo}u) == "
+            f'{desc_sw128(addr, lbo, sbo)}ull, "descriptor twin");'
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -185,6 +190,126 @@ def test_launch_passes_maps_by_value_and_the_grid(monkeypatch):
         g._launch(cfg, ops, 0, 0, 16, 2048, 8192, 63, 0)
     with pytest.raises(ValueError, match="without split-K"):
         g._launch(replace(cfg, splitk=False), ops, 0, 0, 16, 2048, 8192, 2, 0)
+
+
+# ---- CPU: a byte-level model of the TMA writes and wgmma reads ---------------------------------
+# What the hardware does, as documented (cuda.h for TMA's 128-byte swizzle; the PTX ISA's
+# canonical layouts for wgmma descriptors, in CUTLASS's form), applied to the kernel's own
+# offsets (mirrored from mlso_sm90_gemm.cuh): if a stage offset, a k-step advance, an LBO/SBO,
+# the swap-AB orientation or the accumulator fragment mapping were inconsistent, the product
+# below would not be X @ W. It cannot catch a misreading of the documents themselves.
+
+
+def desc_sw128(addr: int, lbo: int, sbo: int) -> int:
+    """Python twin of mlso::sm90::wgmma_desc_sw128 (the compile test pins them together)."""
+    return (
+        ((addr & 0x3FFFF) >> 4)
+        | (((lbo & 0x3FFFF) >> 4) << 16)
+        | (((sbo & 0x3FFFF) >> 4) << 32)
+        | (1 << 62)
+    )
+
+
+def _swizzle128(addr: np.ndarray) -> np.ndarray:
+    return addr ^ (((addr >> 7) & 7) << 4)
+
+
+def _tma_box_sw128(smem: np.ndarray, base: int, tensor: np.ndarray, c0: int, c1: int, rows: int):
+    """A box {64, rows} of a row-major 2-D tensor (dims {cols, rows}) at coordinates (c0, c1),
+    zero outside, written with the 128-byte swizzle: row r, 16-byte chunk c -> chunk c ^ (r % 8)."""
+    box = np.zeros((rows, 64), dtype=np.float32)
+    r_hi, c_hi = min(tensor.shape[0], c1 + rows), min(tensor.shape[1], c0 + 64)
+    if r_hi > c1 and c_hi > c0:
+        box[: r_hi - c1, : c_hi - c0] = tensor[c1:r_hi, c0:c_hi]
+    r, e = np.meshgrid(np.arange(rows), np.arange(64), indexing="ij")
+    addr = _swizzle128(base + r * 128 + e * 2)
+    smem[addr // 2] = box
+
+
+def _read_desc(desc: int):
+    return (
+        (desc & 0x3FFF) << 4,
+        ((desc >> 16) & 0x3FFF) << 4,
+        ((desc >> 32) & 0x3FFF) << 4,
+        desc >> 62,
+    )
+
+
+def _wgmma_a_mn_major(smem: np.ndarray, desc: int) -> np.ndarray:
+    """A (64 x 16) read MN-major: element (m, k) at 16-byte unit m//8 + LBO*(m//64) + 8*(k%8)
+    + SBO*(k//8), element m%8 inside it; then the 128-byte swizzle of the address."""
+    start, lbo, sbo, layout = _read_desc(desc)
+    assert layout == 1
+    m, k = np.meshgrid(np.arange(64), np.arange(16), indexing="ij")
+    unit = (m // 8) % 8 * 16 + (m // 64) * lbo + (k % 8) * 128 + (k // 8) * sbo
+    return smem[_swizzle128(start + unit + (m % 8) * 2) // 2]
+
+
+def _wgmma_b_k_major(smem: np.ndarray, desc: int, n: int) -> np.ndarray:
+    """B (16 x n) read K-major: element (k, j) at 16-byte unit 8*(j%8) + SBO*(j//8) + k//8,
+    element k%8 inside it; then the swizzle."""
+    start, _lbo, sbo, layout = _read_desc(desc)
+    assert layout == 1
+    k, j = np.meshgrid(np.arange(16), np.arange(n), indexing="ij")
+    unit = (j % 8) * 128 + (j // 8) * sbo + (k // 8) * 16
+    return smem[_swizzle128(start + unit + (k % 8) * 2) // 2]
+
+
+def _model_block(cfg, x, w, bx: int, by: int, kt_range: range) -> np.ndarray:
+    """One block's Y tile as the kernel computes it, with smem as an array of elements."""
+    m_total, _ = x.shape
+    n_total = w.shape[1]
+    smem = np.full(cfg.stage_bytes // 2, np.nan, dtype=np.float32)
+    wslab, xbox = cfg.bk * 64 * 2, cfg.mt * 64 * 2
+    n0, m0 = bx * cfg.bn, by * cfg.mt
+    acc = np.zeros((cfg.consumers, 64, cfg.mt), dtype=np.float64)
+    for kt in kt_range:  # one stage at offset 0 is enough for the model
+        k0 = kt * cfg.bk
+        for c in range(cfg.consumers):
+            _tma_box_sw128(smem, c * wslab, w, n0 + 64 * c, k0, cfg.bk)
+        for b in range(cfg.bk // 64):
+            _tma_box_sw128(smem, cfg.consumers * wslab + b * xbox, x, k0 + 64 * b, m0, cfg.mt)
+        for wg in range(cfg.consumers):
+            a_base, b_base = wg * wslab, cfg.consumers * wslab
+            for j in range(cfg.bk // 16):
+                da = desc_sw128(a_base + j * 16 * 128, wslab, 1024)
+                db = desc_sw128(b_base + (j // 4) * xbox + (j % 4) * 32, 16, 1024)
+                acc[wg] += _wgmma_a_mn_major(smem, da) @ _wgmma_b_k_major(smem, db, cfg.mt)
+    # epilogue: thread t's fragment d[v0 + 2 v1 + 4 v2] is at row 16(t/32) + (t%32)/4 + 8 v1,
+    # column 8 v2 + 2 (t%4) + v0; row -> W column, column -> token
+    y = np.full((m_total, n_total), np.nan)
+    for wg in range(cfg.consumers):
+        for t in range(128):
+            frag = [0.0] * (cfg.mt // 2)
+            row0, col0 = 16 * (t // 32) + (t % 32) // 4, 2 * (t % 4)
+            for v in range(cfg.mt // 2):
+                v0, v1, v2 = v % 2, (v // 2) % 2, v // 4
+                frag[v] = acc[wg, row0 + 8 * v1, 8 * v2 + col0 + v0]
+            for v1 in range(2):
+                n = n0 + 64 * wg + row0 + 8 * v1
+                for v2 in range(cfg.mt // 8):
+                    for v0 in range(2):
+                        m = m0 + 8 * v2 + col0 + v0
+                        if n < n_total and m < m_total:
+                            y[m, n] = frag[v0 + 2 * v1 + 4 * v2]
+    return y
+
+
+@pytest.mark.parametrize("mt, consumers, m, n, k", [(8, 1, 3, 72, 200), (16, 2, 16, 136, 256)])
+def test_layout_model_reproduces_the_product(mt, consumers, m, n, k):
+    cfg = G.GemmConfig(mt=mt, consumers=consumers, bk=128, stages=2)
+    rng = np.random.default_rng(3)
+    x = rng.integers(-3, 4, (m, k)).astype(np.float32)  # small integers: exact in fp32
+    w = rng.integers(-3, 4, (k, n)).astype(np.float32)
+    ktiles = math.ceil(k / cfg.bk)
+    y = np.full((m, n), np.nan)
+    for bx in range(math.ceil(n / cfg.bn)):
+        for by in range(math.ceil(m / cfg.mt)):
+            tile = _model_block(cfg, x, w, bx, by, range(ktiles))
+            done = ~np.isnan(tile)
+            assert not (done & ~np.isnan(y)).any(), "two blocks wrote one element"
+            y[done] = tile[done]
+    np.testing.assert_array_equal(y, x @ w)
 
 
 # ---- CPU: tensor map validation -------------------------------------------------------------
