@@ -437,6 +437,19 @@ class Sm90Gemm:
             None,
         )
 
+    def _wait(self, timeout_s: float) -> None:
+        import time
+
+        end = time.monotonic() + timeout_s
+        while not self.stream.is_done():
+            if time.monotonic() > end:
+                raise RuntimeError(
+                    f"the sm90 GEMM did not finish within {timeout_s:.0f} s: a pipeline hang "
+                    "(mbarrier parity or expect_tx bytes); the CUDA context is now unusable"
+                )
+            time.sleep(0.001)
+        self.stream.synchronize()
+
     @staticmethod
     def _check_shape(cfg: GemmConfig, m: int, n: int, k: int) -> None:
         if n % 8 or k % 8:
@@ -454,9 +467,12 @@ class Sm90Gemm:
         x: np.ndarray,
         w: np.ndarray,
         bias: np.ndarray | None = None,
+        timeout_s: float = 60.0,
     ) -> np.ndarray:
         """Y = X @ W (+ bias) once, numpy in (fp32 values, rounded to cfg.dtype) and numpy out
-        (cfg.dtype). Y is filled with NaN first, so an element the kernel misses shows."""
+        (cfg.dtype). Y is filled with NaN first, so an element the kernel misses shows. A launch
+        still running after `timeout_s` raises instead of blocking forever (an mbarrier phase
+        or byte count that never completes hangs the kernel)."""
         cuda = self._cuda
         m, k = x.shape
         k2, n = w.shape
@@ -488,7 +504,7 @@ class Sm90Gemm:
             ws, counters = self._workspace(cfg, splits, m, n)
             ops = _Operands(xp, wp, yp, bp, tw, tx)
             self._launch(cfg, ops, ws, counters, m, n, k, splits, self.stream)
-            self.stream.synchronize()
+            self._wait(timeout_s)
             from mlso_cli.runtime.launcher import numpy_dtype
 
             y = np.empty((m, n), dtype=numpy_dtype(cfg.dtype))
