@@ -183,8 +183,16 @@ def choose(
     cfg = base_config(m, dtype, bias)
     if stages is not None:
         cfg = replace(cfg, stages=stages)
-    s = splits if splits is not None else choose_splits(m, n, k, cfg, sms)
-    return replace(cfg, splitk=s > 1), max(1, s)
+    s = valid_splits(k, cfg, splits) if splits is not None else choose_splits(m, n, k, cfg, sms)
+    return replace(cfg, splitk=s > 1), s
+
+
+def valid_splits(k: int, cfg: GemmConfig, want: int) -> int:
+    """The split count the kernel runs for a requested one: k tiles are dealt out
+    ceil(ktiles / want) per split, so e.g. 63 splits of 64 tiles become 32 (no split is empty)."""
+    ktiles = math.ceil(k / cfg.bk)
+    per = math.ceil(ktiles / max(1, min(int(want), ktiles)))
+    return math.ceil(ktiles / per)
 
 
 def supported_configs() -> list[GemmConfig]:

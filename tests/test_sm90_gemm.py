@@ -141,6 +141,9 @@ def test_split_k_only_where_it_fills_the_machine():
         cfg, s = G.choose(m, n, k)
         kt = math.ceil(k / cfg.bk)
         assert math.ceil(kt / math.ceil(kt / s)) == s
+    cfg = G.base_config(16, "float16")
+    assert [G.valid_splits(8192, cfg, s) for s in (1, 3, 63, 64, 500)] == [1, 3, 32, 64, 64]
+    assert G.choose(16, 2048, 8192, splits=63)[1] == 32
 
 
 def test_ptxas_parser():
@@ -419,11 +422,7 @@ def _check(g, m, n, k, dtype, splits=None, bias=None, bias_mode="none", seed=0):
     x = rng.uniform(-1, 1, (m, k)).astype(np.float32)
     w = (rng.uniform(-1, 1, (k, n)) / math.sqrt(k)).astype(np.float32)
     cfg, s = G.choose(m, n, k, dtype, bias=bias_mode, sms=g.sms, splits=splits)
-    if (
-        splits is not None
-    ):  # a forced count: the nearest one with no empty split, kernel with split-K
-        kt = math.ceil(k / cfg.bk)
-        s = math.ceil(kt / math.ceil(kt / splits))
+    if splits is not None:  # a forced count (made valid by choose): run the split-K kernel
         cfg = replace(cfg, splitk=True)
     known = {c.name for c in G.supported_configs()}
     if cfg.name not in known:
