@@ -23,8 +23,9 @@
 // holds d[v], v = v0 + 2*v1 + 4*v2 (v0, v1 in {0,1}, v2 < N/8), at
 //   row = 16*w + l/4 + 8*v1,  col = 8*v2 + 2*(l%4) + v0.
 //
-// The wrappers below for N = 8..128 are mechanical (generated once by a script; one asm block
-// per N and type because the register list is part of the instruction text).
+// The wrappers below for N = 8..128 are mechanical, written out by a throwaway script: one asm
+// block per N and type, because the register list is part of the instruction text. Edit them
+// together (operand k is d[k] for k < N/2, then da, db, scale_d, TRANS_A, TRANS_B).
 #pragma once
 
 #include "mlso_sm90_mbarrier.cuh"
@@ -76,7 +77,7 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// ---- generated: wgmma_m64n{8,16,32,64,128}k16<BF16, TRANS_A, TRANS_B> ----------------------
+// ---- mechanical: wgmma_m64n{8,16,32,64,128}k16<BF16, TRANS_A, TRANS_B> ---------------------
 // d += A * B (scale_d != 0) or d = A * B (scale_d == 0); da/db are descriptors of A (64 x 16)
 // and B (16 x N) in shared memory.
 template <bool BF16, int TRANS_A, int TRANS_B>
@@ -214,7 +215,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t da, ui
   }
 }
 
-// ---- end of generated code ------------------------------------------------------------------
+// ---- end of the mechanical wrappers ---------------------------------------------------------
 
 // d (+)= A * B for a 64 x N x 16 step, N one of wgmma_n_supported.
 template <int N, bool BF16, int TRANS_A, int TRANS_B>
