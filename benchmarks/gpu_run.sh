@@ -23,6 +23,21 @@ if [ "$what" = pycuda ]; then
   tail -25 "$OUT/gpu_tests.log"
   what=gemm
 fi
+if [ "$what" = sm90 ]; then
+  # The sm_90a weight-streaming GEMM (docs/hopper.md), first run on a GPU: its GPU tests, then
+  # its timings against torch.matmul in fp16 and bf16 (PyCUDA staged: carry .device-stage/wheels).
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mlso-site .device-stage/wheels/*.whl
+  timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu tests/test_sm90_gemm.py -x \
+    -p no:cacheprovider -rfE > "$OUT/sm90_tests.log" 2>&1
+  tail -25 "$OUT/sm90_tests.log"
+  for dt in float16 bfloat16; do
+    timeout ${GEMM_TIMEOUT:-120} python3 benchmarks/sm90_gemm.py --dtype $dt --out "$OUT/sm90_$dt.json" \
+      > "$OUT/sm90_$dt.md" 2>&1
+    tail -20 "$OUT/sm90_$dt.md"
+  done
+  nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/machine.txt" 2>&1
+  exit 0
+fi
 { date -u; echo "commit ${MLSO_BENCH_COMMIT:-$(git log -1 --format=%H 2>/dev/null)}"; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; } > "$OUT/machine.txt" 2>&1
 if [ "$what" = scaleout ]; then
   # The search on a local Ray cluster against the process pool, per CPU count
