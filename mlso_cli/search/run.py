@@ -104,7 +104,8 @@ yield mostly exhaust early and leave states that `_passes` hands to the stopped 
 and the 2-layer Qwen2-0.5B-width export chose the same programs with the same estimates as at
 2,048, which took 1.0-4.8x less time (qknorm_gqa bs1 149 -> 31 s, gemma3_tiny 168 -> 89 s on
 2 cores; benchmarks/HISTORY.md, twenty-fourth session). Deeper shares found nothing that was
-chosen in any region measured. A user who wants a deeper search says so with --max-states."""
+chosen in any region measured; at 1,024 qknorm_gqa, layernorm_linear and groupnorm_linear at
+batch 1 lose the programs they choose at 2,048. A user who wants a deeper search says so with --max-states."""
 
 
 def provisional(dc: DimClasses, sig: Signature) -> Dims | None:
