@@ -23,6 +23,7 @@ if [ "$what" = pycuda ]; then
   tail -25 "$OUT/gpu_tests.log"
   what=gemm
 fi
+{ date -u; echo "commit ${MLSO_BENCH_COMMIT:-$(git log -1 --format=%H 2>/dev/null)}"; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; } > "$OUT/machine.txt" 2>&1
 if [ "$what" = sm90 ]; then
   # The sm_90a weight-streaming GEMM (docs/hopper.md), first run on a GPU: its GPU tests, then
   # its timings against torch.matmul in fp16 and bf16 (PyCUDA staged: carry .device-stage/wheels).
@@ -35,10 +36,8 @@ if [ "$what" = sm90 ]; then
       > "$OUT/sm90_$dt.md" 2>&1
     tail -20 "$OUT/sm90_$dt.md"
   done
-  nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/machine.txt" 2>&1
   exit 0
 fi
-{ date -u; echo "commit ${MLSO_BENCH_COMMIT:-$(git log -1 --format=%H 2>/dev/null)}"; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; } > "$OUT/machine.txt" 2>&1
 if [ "$what" = scaleout ]; then
   # The search on a local Ray cluster against the process pool, per CPU count
   # (benchmarks/scaleout.py; ray staged by gpu.sh: stage ray-part-N, install). Rows are printed
