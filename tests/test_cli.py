@@ -316,3 +316,14 @@ def test_verify_seed_is_fresh_unless_given(tmp_path):
         assert r.returncode == 0, r.stderr
         seeds.append(json.loads(r.stdout.decode().splitlines()[-1])["seed"])
     assert seeds[0] != seeds[1] and seeds[2] == 7
+
+
+def test_optimize_help_states_the_search_budget_in_force():
+    """--help names the per-signature budget the search uses, so the two cannot drift apart."""
+    from mlso_cli.search.run import DEFAULT_STATES_CAP, STATES_PER_SIGNATURE
+
+    r = run_cli("optimize", "--help")
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.decode().split())
+    assert f"[default: {STATES_PER_SIGNATURE:,} per tiling of the region" in text
+    assert f"up to {DEFAULT_STATES_CAP:,} in all" in text

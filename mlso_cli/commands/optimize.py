@@ -33,6 +33,7 @@ from mlso_cli.pipeline import (
 from mlso_cli.pipeline.verifying import verify_seed
 from mlso_cli.search.api import SearchOptions, SearchProgress
 from mlso_cli.search.executor import check_spec
+from mlso_cli.search.run import DEFAULT_STATES_CAP, STATES_PER_SIGNATURE
 
 
 def _check_paths(model: str, out: str, force: bool) -> None:
@@ -143,8 +144,8 @@ def _check_numbers(
     default=None,
     metavar="N",
     help="Explore at most N candidate programs per region. The same N gives the same result "
-    "on any machine, so it is cached; 20000 is enough for small models. [default: 8,192 per "
-    "tiling of the region, deepened only while nothing beats the original, up to 1,000,000: "
+    "on any machine, so it is cached; 20000 is enough for small models. [default: "
+    f"{STATES_PER_SIGNATURE:,} per tiling of the region, up to {DEFAULT_STATES_CAP:,} in all: "
     "up to minutes per region on 2 cores]",
 )
 @click.option(
