@@ -12,6 +12,11 @@ export MLSO_CACHE_DIR="$PWD/.mlso-cache" MLSO_ORT_INCLUDE="$PWD/.device-stage/on
 [ -d .device-stage/cublas_include ] && export MLSO_CUBLAS_INCLUDE="$PWD/.device-stage/cublas_include"
 OUT=${OUT:-/tmp/mlso-out}; mkdir -p "$OUT"
 what=${1:-all}
+if [ "$what" = ray-stage ]; then
+  # keep carried part $2 of the Ray wheel (benchmarks/stage_ray.sh) for `scaleout`
+  mkdir -p /tmp/ray-parts && cp ".device-stage/ray/ray-part-$2" /tmp/ray-parts/ && ls -la /tmp/ray-parts
+  exit 0
+fi
 if [ "$what" = pycuda ]; then
   # Without the onnxruntime-gpu parts (a short device budget): PyCUDA and its pure-Python
   # dependencies only (carry .device-stage/wheels), then the launcher's GPU tests of code
@@ -39,8 +44,18 @@ if [ "$what" = sm90 ]; then
   exit 0
 fi
 if [ "$what" = scaleout ]; then
+  if ! python3 -c "import ray" 2>/dev/null && [ -d /tmp/ray-parts ]; then
+    # Ray from the staged parts; a dependency only where the system Python lacks it, so that
+    # nothing the machine's torch or onnx rely on is shadowed
+    deps=.device-stage/ray/deps; name=$(cat "$deps/ray-wheel-name.txt")
+    cat /tmp/ray-parts/ray-part-* > "/tmp/$name"
+    need=$(for w in "$deps"/*.whl; do d=$(basename "$w" | cut -d- -f1)
+      python3 -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$d" 2>/dev/null || echo "$w"; done)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mlso-site "/tmp/$name" $need
+    python3 -c "import ray; print('ray', ray.__version__, 'with', '${need:-no extra wheels}')"
+  fi
   # The search on a local Ray cluster against the process pool, per CPU count
-  # (benchmarks/scaleout.py; ray staged by gpu.sh: stage ray-part-N, install). Rows are printed
+  # (benchmarks/scaleout.py; Ray staged by benchmarks/stage_ray.sh and `ray-stage N`). Rows are printed
   # and written as measured. SCALE_SPECS, SCALE_CPUS, SCALE_STATES optional.
   PYTHONPATH="$PWD" timeout ${EXPORT_TIMEOUT:-90} python3 benchmarks/real_decoders.py export \
     --no-peers --families qwen2 --out /tmp/real > "$OUT/export.log" 2>&1
