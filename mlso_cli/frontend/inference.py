@@ -16,6 +16,8 @@ inference function reads it; `tests/test_inference.py` compares both answers.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import onnx
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
@@ -77,6 +79,13 @@ def weightless_view(model: onnx.ModelProto) -> onnx.ModelProto | None:
         else:
             view.graph.initializer.append(t)
     return view
+
+
+def weight_bytes(model: onnx.ModelProto) -> Iterator[bytes]:
+    """The bytes of each initializer `weightless_view` leaves without them, in order."""
+    for t in model.graph.initializer:
+        if _strippable(t):
+            yield t.raw_data
 
 
 def _take_inferred(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
