@@ -5,6 +5,9 @@ packaging leaves the loaded model as it was."""
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -16,6 +19,8 @@ from mlso_cli.pipeline import verifying as verifying_mod
 from mlso_cli.pipeline.verdicts import model_digest, original_id
 from tests.test_pipeline import SRC, FakeSearch
 from tests.test_verdict_cache import _opts
+
+ZOO = Path(__file__).resolve().parents[1] / "models" / "zoo_small"
 
 
 def _model() -> onnx.ModelProto:
@@ -160,3 +165,42 @@ def test_packaging_leaves_the_loaded_model_as_it_was():
     assert any(n.domain == "ai.mlso" for n in out.graph.node)
     again = assemble(loaded.model, [(lr, built)], meta)
     assert again.SerializeToString() == out.SerializeToString()
+
+
+def _serialised_both_ways(m: onnx.ModelProto) -> tuple[bytes, bytes]:
+    from mlso_cli.package.chunks import serialized_chunks, serialized_sha256
+
+    pieces = serialized_chunks(m)
+    whole = m.SerializeToString()
+    assert serialized_sha256(m) == hashlib.sha256(whole).hexdigest()
+    return b"".join(pieces), whole
+
+
+def test_the_pieces_of_a_model_join_into_its_serialisation():
+    m = _model()
+    w = next(t for t in m.graph.initializer if t.name == "W")
+    w.doc_string = "a field after raw_data"  # fields on both sides of the split
+    w.metadata_props.add(key="k", value="v")
+    m.graph.doc_string = "after the initializers"
+    m.metadata_props.add(key="after", value="the graph")
+    m.doc_string = "before the graph"
+    joined, whole = _serialised_both_ways(m)
+    assert joined == whole
+
+
+def test_the_pieces_of_the_zoo_models_join_into_their_serialisation():
+    for path in sorted(ZOO.glob("*.onnx")):
+        joined, whole = _serialised_both_ways(onnx.load(path))
+        assert joined == whole, path.name
+
+
+def test_a_model_with_unknown_fields_is_serialised_whole():
+    from mlso_cli.package.chunks import serialized_chunks
+
+    m = _model()
+    data = m.SerializeToString() + bytes([0xF8, 0x7F, 1])  # field 2047, a varint: unknown
+    parsed = onnx.ModelProto()
+    parsed.ParseFromString(data)
+    assert serialized_chunks(parsed) == [parsed.SerializeToString()]
+    joined, whole = _serialised_both_ways(parsed)
+    assert joined == whole and whole.endswith(bytes([0xF8, 0x7F, 1]))

@@ -16,7 +16,7 @@ inference function reads it; `tests/test_inference.py` compares both answers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import onnx
 from google.protobuf.descriptor import FieldDescriptor
@@ -28,8 +28,8 @@ Why a floor at all: a small tensor costs nothing to copy, and below it stays eve
 folding may read (frontend/fold.py's SMALL_CONSTANT_ELEMENTS)."""
 
 
-def _strippable(t: onnx.TensorProto) -> bool:
-    """A weight whose bytes no inference function reads (module docstring)."""
+def large_weight(t: onnx.TensorProto) -> bool:
+    """A weight whose bytes no inference function reads (module docstring), held in raw_data."""
     if len(t.dims) < 2 or not t.HasField("raw_data"):
         return False
     n = 1
@@ -52,10 +52,16 @@ def _copy_field(dst: Message, fd: FieldDescriptor, value) -> None:
 
 
 def _copy_except(src: Message, dst: Message, skip: str) -> None:
-    """Every field of `src` but `skip` into `dst` (which has none of them). Why not ListFields:
-    it returns a bytes field's value, a copy of a weight's bytes even for the field skipped."""
+    """Every field of `src` but `skip` into `dst` (which has none of them)."""
+    copy_fields(src, dst, lambda fd: fd.name != skip)
+
+
+def copy_fields(src: Message, dst: Message, keep: Callable[[FieldDescriptor], bool]) -> None:
+    """The fields of `src` that `keep` accepts into `dst` (which has none of them). Why not
+    ListFields: it returns a bytes field's value, a copy of a weight's bytes even for a field
+    not kept."""
     for fd in src.DESCRIPTOR.fields:
-        if fd.name == skip:
+        if not keep(fd):
             continue
         if _repeated(fd):
             if len(getattr(src, fd.name)):
@@ -68,24 +74,17 @@ def weightless_view(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """A copy of `model` whose large initializers have no bytes, or None when none is large
     (then the model itself is as cheap to infer)."""
     inits = model.graph.initializer
-    if not any(_strippable(t) for t in inits):
+    if not any(large_weight(t) for t in inits):
         return None
     view = onnx.ModelProto()
     _copy_except(model, view, "graph")
     _copy_except(model.graph, view.graph, "initializer")
     for t in inits:
-        if _strippable(t):
+        if large_weight(t):
             _copy_except(t, view.graph.initializer.add(), "raw_data")
         else:
             view.graph.initializer.append(t)
     return view
-
-
-def weight_bytes(model: onnx.ModelProto) -> Iterator[bytes]:
-    """The bytes of each initializer `weightless_view` leaves without them, in order."""
-    for t in model.graph.initializer:
-        if _strippable(t):
-            yield t.raw_data
 
 
 def _take_inferred(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:

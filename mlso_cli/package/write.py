@@ -35,6 +35,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, external_data_helper
 
 from mlso_cli.errors import InputError, Interrupted
+from mlso_cli.package.chunks import serialized_chunks
 from mlso_cli.package.rewrite import BINARY_PREFIX
 
 PROTOBUF_LIMIT = 2**31 - 1
@@ -445,12 +446,16 @@ def _write_and_place(
             flight.temps.append(data_tmp)
             _fsync_write(data_tmp, chunks)
             del chunks
-            payload = work.SerializeToString()
+            payload = [work.SerializeToString()]
         else:
-            payload = model.SerializeToString()
+            # in pieces, each large weight's bytes one: serialising a model with hundreds of MB
+            # inline as one bytes object costs seconds (package/chunks.py)
+            payload = serialized_chunks(model)
+            if sum(map(len, payload)) > PROTOBUF_LIMIT:  # what SerializeToString would refuse
+                raise ValueError("the model is over protobuf's 2 GB limit")
         model_tmp = _temp_in(folder, out.name)
         flight.temps.append(model_tmp)
-        _fsync_write(model_tmp, [payload])
+        _fsync_write(model_tmp, payload)
         flight.abortable = False  # from here a stop signal waits: a half-placed pair is worse
         if use_external:
             _place(data_tmp, data_final, replace)

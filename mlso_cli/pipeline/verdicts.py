@@ -52,24 +52,11 @@ def code_digest() -> str:
 
 
 def model_digest(model: onnx.ModelProto) -> str:
-    """sha256 of the model: of its serialisation without the bytes of its large weights, then
-    of each such weight's bytes in order, each after its length (so the split is unambiguous).
+    """sha256 of the model's serialisation, hashed piece by piece (package/chunks.py: a 478 MB
+    model serialised whole costs seconds)."""
+    from mlso_cli.package.chunks import serialized_sha256
 
-    Why not of the whole serialisation: serialising a 478 MB model costs two seconds (upb grows
-    its buffer by copies, then copies it into a bytes object); a weight's bytes are read as
-    they are. Which tensors are left out of the serialisation is frontend/inference.py's rule;
-    a tensor left out still contributes its name, type and dims there."""
-    from mlso_cli.frontend.inference import weight_bytes, weightless_view
-
-    view = weightless_view(model)
-    if view is None:
-        return hashlib.sha256(model.SerializeToString()).hexdigest()
-    h = hashlib.sha256(view.SerializeToString())
-    del view
-    for data in weight_bytes(model):
-        h.update(len(data).to_bytes(8, "little"))
-        h.update(data)
-    return "w:" + h.hexdigest()
+    return serialized_sha256(model)
 
 
 def original_id(
