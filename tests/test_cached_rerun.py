@@ -204,3 +204,13 @@ def test_a_model_with_unknown_fields_is_serialised_whole():
     assert serialized_chunks(parsed) == [parsed.SerializeToString()]
     joined, whole = _serialised_both_ways(parsed)
     assert joined == whole and whole.endswith(bytes([0xF8, 0x7F, 1]))
+
+
+def test_the_file_written_holds_the_model_serialised(tmp_path):
+    from mlso_cli.package import write_model_atomic
+
+    m = _model()
+    m.metadata_props.add(key="after", value="the graph")
+    out = write_model_atomic(m, tmp_path / "m.onnx")
+    assert out.read_bytes() == m.SerializeToString()
+    assert not [p for p in tmp_path.iterdir() if p.name != "m.onnx"]  # no temp file left
