@@ -56,7 +56,7 @@ class Original:
     known_id: str | None = None
     """A's name for the verdict cache where it is known without loading A (else the
     `model_digest` of A once loaded)."""
-    _model: onnx.ModelProto | None = field(default=None, repr=False)
+    _model: onnx.ModelProto | None = field(default=None, init=False, repr=False)
 
     def model(self) -> onnx.ModelProto:
         if self._model is None:
