@@ -24,9 +24,9 @@ from mlso_cli.frontend.load import (
     _apply_input_shapes,
     _check_external_files,
     _static_input_shapes,
-    _uses_external_data,
     is_stream,
     read_proto,
+    uses_external_data,
     with_weights,
 )
 from mlso_cli.package.shapes import check_input_shapes
@@ -76,7 +76,7 @@ def open_model(source: str, shapes: dict[str, tuple[int, ...]]) -> BenchModel:
     model tampered)."""
     model, base = read_proto(source)
     where = "stdin" if source == "-" else source
-    if _uses_external_data(model):
+    if uses_external_data(model):
         _check_external_files(model, base, where)
     check_input_shapes(model, shapes, where)
     applicable = _applicable(model, shapes)

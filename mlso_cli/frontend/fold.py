@@ -110,7 +110,9 @@ def fold_with_notes(
     """`fold_constants`, also saying why each constant-only node that stays did not fold.
 
     Rounds repeat because shape inference after a fold can make more shapes static (a Shape of a
-    tensor whose Reshape target was just folded)."""
+    tensor whose Reshape target was just folded). `model` is changed in place (its nodes, then
+    its shapes: the inference sees it without its weights, frontend/inference.py)."""
+    from mlso_cli.frontend.inference import infer_in_place
     from mlso_cli.knobs import knobs
 
     limit = knobs().max_fold_bytes
@@ -121,7 +123,7 @@ def fold_with_notes(
         changed = _fold_round(model, derived, notes, limit)
         if not changed:
             break
-        model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        model = infer_in_place(model)
     model = _remove_dead(model)
     live = {o for n in model.graph.node for o in n.output}
     return FoldResult(model, {k: v for k, v in notes.items() if k in live})

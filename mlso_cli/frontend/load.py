@@ -6,9 +6,11 @@ keep models over 2 GB working), so partitioning a large model costs only its gra
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import sys
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +36,10 @@ class LoadedModel:
     fold_notes: dict[str, str] = field(default_factory=dict)
     """First output name of each node computed from constants only that did not fold -> why
     (`frontend/fold.py`); `inspect` adds it to the node's reason."""
+    bytes_sha256: str | None = None
+    """sha256 of the bytes the model was parsed from, when `load_model(digest=True)` read them
+    whole (None for a model over 2 GB, read by path). Why: the verdict cache names the original
+    by it (pipeline/verdicts.py) instead of loading and serialising the model a second time."""
 
     @property
     def graph(self) -> onnx.GraphProto:
@@ -217,6 +223,13 @@ def _read_file(source: str) -> bytes | None:
 
 
 def read_proto(source: str) -> tuple[onnx.ModelProto, Path | None]:
+    """The model at `source` (a path, or "-" for stdin) and the folder of its external data."""
+    model, base, _ = _read_model(source)
+    return model, base
+
+
+def _read_model(source: str) -> tuple[onnx.ModelProto, Path | None, bytes | None]:
+    """`read_proto`, and the bytes parsed (None for a model over 2 GB, read by path)."""
     if source == "-":
         data = _read_stdin()
         base = None
@@ -244,10 +257,11 @@ def read_proto(source: str) -> tuple[onnx.ModelProto, Path | None]:
             f"{where} does not hold an ONNX model (no IR version or no graph nodes)",
             "The file may be truncated or corrupt; export or download it again",
         )
-    return model, base
+    return model, base, data
 
 
-def _uses_external_data(model: onnx.ModelProto) -> bool:
+def uses_external_data(model: onnx.ModelProto) -> bool:
+    """Whether any initializer keeps its bytes in an external file."""
     return any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
 
 
@@ -345,14 +359,30 @@ def _static_input_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
 
 
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """onnx shape inference with data propagation; never fails the load on unknown ops."""
+    """onnx shape inference with data propagation, as a new model; never fails the load on
+    unknown ops."""
     try:
         return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception as exc:  # an inconsistent model: report it rather than crash
-        raise InputError(
-            f"shape inference failed: {str(exc).splitlines()[0]}",
-            "The model is inconsistent; check it with onnx.checker",
-        ) from None
+        raise _inference_failed(exc) from None
+
+
+def _infer_owned(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`infer_shapes` in place, for a model the load owns: the C++ pass sees it without its
+    weights (frontend/inference.py), so a large model's bytes are not copied for it."""
+    from mlso_cli.frontend.inference import infer_in_place
+
+    try:
+        return infer_in_place(model)
+    except Exception as exc:  # an inconsistent model: report it rather than crash
+        raise _inference_failed(exc) from None
+
+
+def _inference_failed(exc: Exception) -> InputError:
+    return InputError(
+        f"shape inference failed: {str(exc).splitlines()[0]}",
+        "The model is inconsistent; check it with onnx.checker",
+    )
 
 
 def collect_types(model: onnx.ModelProto) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
@@ -436,35 +466,76 @@ def loaded_from_proto(model: onnx.ModelProto, source: str = "<memory>") -> Loade
     return LoadedModel(model=model, source=source, base_dir=None, shapes=shapes, dtypes=dtypes)
 
 
-def load_model(
-    source: str, input_shapes: dict[str, tuple[int, ...]] | None = None, *, fold: bool = True
-) -> LoadedModel:
-    """Read, validate, fix shapes, fold shape arithmetic and infer shapes.
+def _hash_meanwhile(data: bytes) -> Future[str]:
+    """The sha256 of `data`, computed in a thread while the checker runs. Why: hashlib lets go
+    of the GIL while it hashes a large buffer, so on a second core the 478 MB of a Phi-3 export
+    are hashed in the checker's time rather than after it (a third of a second)."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    Raises InputError for unreadable files and UsageError for open dimensions.
-    """
-    from mlso_cli.frontend.fold import fold_with_notes
-
-    model, base = read_proto(source)
-    where = "stdin" if source == "-" else source
-    if _uses_external_data(model):
-        _check_external_files(model, base, where)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="mlso-sha256")
     try:
-        # by path where there is a file (models over 2 GB); a pipe's bytes are gone from it
-        onnx.checker.check_model(model if source == "-" or is_stream(source) else source)
+        return pool.submit(lambda: hashlib.sha256(data).hexdigest())
+    finally:
+        pool.shutdown(wait=False)  # the hash still runs; the pool's thread ends with it
+
+
+def _check(model: onnx.ModelProto, source: str, where: str, data: bytes | None) -> None:
+    """onnx's checker on the model read. `data`: the bytes it was parsed from, checked as they
+    are (the checker would otherwise serialise the model, or read and parse the file again);
+    None where the checker must see the file's folder (external data) or the model is over 2 GB:
+    then by path, except for a pipe, whose bytes are gone from it (the model is serialised)."""
+    if data is not None:
+        what: onnx.ModelProto | bytes | str = data
+    else:
+        what = model if source == "-" or is_stream(source) else source
+    try:
+        onnx.checker.check_model(what)
     except onnx.checker.ValidationError as exc:
         first = next((ln for ln in str(exc).splitlines() if ln.strip()), "invalid model")
         raise InputError(
             f"{where} is not a valid ONNX model: {first}", "Re-export the model"
         ) from None
+
+
+def load_model(
+    source: str,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    *,
+    fold: bool = True,
+    digest: bool = False,
+) -> LoadedModel:
+    """Read, validate, fix shapes, fold shape arithmetic and infer shapes. `digest`: also hash
+    the bytes read (LoadedModel.bytes_sha256).
+
+    Raises InputError for unreadable files and UsageError for open dimensions.
+    """
+    from mlso_cli.frontend.fold import fold_with_notes
+
+    model, base, data = _read_model(source)
+    where = "stdin" if source == "-" else source
+    external = uses_external_data(model)
+    if external:
+        _check_external_files(model, base, where)
+    hashing = _hash_meanwhile(data) if digest and data is not None else None
+    try:
+        _check(model, source, where, None if external else data)
+    finally:
+        sha = hashing.result() if hashing is not None else None
+    del data
     _apply_input_shapes(model, input_shapes or {})
     _static_input_shapes(model)
-    model = infer_shapes(model)
+    model = _infer_owned(model)
     notes: dict[str, str] = {}
     if fold:
         folded = fold_with_notes(model, base)
-        model, notes = infer_shapes(folded.model), folded.notes
+        model, notes = _infer_owned(folded.model), folded.notes
     shapes, dtypes = collect_types(model)
     return LoadedModel(
-        model=model, source=where, base_dir=base, shapes=shapes, dtypes=dtypes, fold_notes=notes
+        model=model,
+        source=where,
+        base_dir=base,
+        shapes=shapes,
+        dtypes=dtypes,
+        fold_notes=notes,
+        bytes_sha256=sha,
     )

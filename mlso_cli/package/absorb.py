@@ -66,8 +66,12 @@ def absorb_constants(
     regions: Sequence[tuple[Sequence[int], Sequence[str]]],
     constants: Mapping[str, np.ndarray],
     columns: Sequence[Mapping[str, tuple[str, int, int]]] | None = None,
+    *,
+    in_place: bool = False,
 ) -> tuple[onnx.ModelProto, list[list[int]]]:
     """regions: (node indices, the kernel's input names). Returns the new model and node indices.
+    `in_place`: change `model` itself and return it (for a caller that owns it: a copy of a
+    model's weights is a copy of every weight byte).
 
     columns: per region, LiftedRegion.columns (a merged sibling MatMul's output -> its
     concatenated weight, first and end column); each such MatMul whose concatenation the kernel
@@ -139,8 +143,10 @@ def absorb_constants(
             out_nodes.append(c)
         else:
             out_nodes.append(n)
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
+    m = model
+    if not in_place:
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
     del m.graph.node[:]
     m.graph.node.extend(out_nodes)
     return m, new_idx
@@ -165,12 +171,13 @@ def prune_unused(model: onnx.ModelProto) -> onnx.ModelProto:
         for n in dead:
             g.node.remove(n)
     read = {x for n in g.node for x in n.input} | {o.name for o in g.output}
-    init_names = {t.name for t in g.initializer}
-    keep = [t for t in g.initializer if t.name in read]
-    if len(keep) != len(g.initializer):
-        del g.initializer[:]
-        g.initializer.extend(keep)
-        dropped = init_names - {t.name for t in keep}
+    dead_at = [i for i, t in enumerate(g.initializer) if t.name not in read]
+    if dead_at:
+        # deleted one by one, from the end: clearing the list and adding back the tensors kept
+        # would copy every kept weight twice (out of the list, then into it)
+        dropped = {g.initializer[i].name for i in dead_at}
+        for i in reversed(dead_at):
+            del g.initializer[i]
         inputs = [i for i in g.input if i.name not in dropped]  # user inputs always stay
         del g.input[:]
         g.input.extend(inputs)

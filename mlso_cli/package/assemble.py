@@ -64,6 +64,8 @@ class Built:
 def assemble(
     model: onnx.ModelProto, items: Sequence[tuple[LiftedRegion, Built]], metadata: dict[str, str]
 ) -> onnx.ModelProto:
+    """A new model: `model` with each item's region packaged. `model` is copied once here, and
+    each step after works on that copy in place (a copy is a copy of every weight byte)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     have = {t.name for t in m.graph.initializer}
@@ -78,6 +80,7 @@ def assemble(
         [(lr.region.nodes, built.program.input_names) for lr, built in items],
         consts,
         [lr.columns for lr, _ in items],
+        in_place=True,
     )
     regions = [
         PackagedRegion(
@@ -92,4 +95,4 @@ def assemble(
         )
         for idx, (lr, built) in zip(indices, items)
     ]
-    return prune_unused(package_model(m, regions, metadata))
+    return prune_unused(package_model(m, regions, metadata, in_place=True))

@@ -361,14 +361,22 @@ def _output_value_info(model: onnx.ModelProto, built: list[tuple[PackagedRegion,
 
 
 def package_model(
-    model: onnx.ModelProto, regions: list[PackagedRegion], metadata: dict[str, str]
+    model: onnx.ModelProto,
+    regions: list[PackagedRegion],
+    metadata: dict[str, str],
+    *,
+    in_place: bool = False,
 ) -> onnx.ModelProto:
-    """A copy of `model` in which each region is one ai.mlso::MlsoKernel node (see module doc)."""
+    """A copy of `model` in which each region is one ai.mlso::MlsoKernel node (see module doc).
+    `in_place`: `model` itself is changed and returned (for a caller that owns it, so that its
+    weights are not copied once more); on an error it is left half-changed."""
     for key, value in metadata.items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise TypeError(f"metadata must map str to str, got {key!r}: {value!r}")
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out = model
+    if not in_place:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
     graph = out.graph
 
     claimed: dict[int, int] = {}

@@ -35,6 +35,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, external_data_helper
 
 from mlso_cli.errors import InputError, Interrupted
+from mlso_cli.package.chunks import serialized_chunks
 from mlso_cli.package.rewrite import BINARY_PREFIX
 
 PROTOBUF_LIMIT = 2**31 - 1
@@ -388,8 +389,12 @@ def write_model_atomic(
                 f"writing {out} would overwrite the input's external data {clash[0]}",
                 "Choose another output path with -o",
             )
+    pieces: list[bytes] | None = None
     if external_data is None:
-        external_data = has_external or bool(input_files) or _too_big(model)
+        external_data = has_external or bool(input_files)
+        if not external_data:
+            pieces = _pieces_if_small(model)
+            external_data = pieces is None and _too_big(model)
     if has_external and not external_data:
         raise InputError(
             "the model keeps weights in external files; it cannot be written inline without loading them",
@@ -406,9 +411,30 @@ def write_model_atomic(
     flight = _Flight()
     with _stop_signals_abort(flight):
         _write_and_place(
-            model, out, folder, inp, input_files, external_data, has_external, replace, flight
+            model,
+            out,
+            folder,
+            inp,
+            input_files,
+            external_data,
+            has_external,
+            replace,
+            flight,
+            pieces,
         )
     return out
+
+
+def _pieces_if_small(model: onnx.ModelProto) -> list[bytes] | None:
+    """The model's serialisation in pieces (package/chunks.py) when it fits inline with
+    _HEADROOM to spare: then so do its tensors' bytes, and `_too_big` need not copy every one
+    out only to count them (half a second on 478 MB). None otherwise, or when serialising fails
+    (the write itself then reports that)."""
+    try:
+        pieces = serialized_chunks(model)
+    except ValueError:
+        return None
+    return pieces if sum(map(len, pieces)) + _HEADROOM <= PROTOBUF_LIMIT else None
 
 
 def _write_and_place(
@@ -421,8 +447,10 @@ def _write_and_place(
     has_external: bool,
     replace: bool,
     flight: _Flight,
+    pieces: list[bytes] | None = None,
 ) -> None:
-    """The temp files, then the renames; on any failure (or a stop signal) nothing is left."""
+    """The temp files, then the renames; on any failure (or a stop signal) nothing is left.
+    `pieces`: the model serialised already (`_pieces_if_small`), for an inline write."""
     data_final: Path | None = None
     data_placed = placed = False
     try:
@@ -445,12 +473,16 @@ def _write_and_place(
             flight.temps.append(data_tmp)
             _fsync_write(data_tmp, chunks)
             del chunks
-            payload = work.SerializeToString()
+            payload = [work.SerializeToString()]
         else:
-            payload = model.SerializeToString()
+            # in pieces, each large weight's bytes one: serialising a model with hundreds of MB
+            # inline as one bytes object costs seconds (package/chunks.py)
+            payload = pieces if pieces is not None else serialized_chunks(model)
+            if sum(map(len, payload)) > PROTOBUF_LIMIT:  # what SerializeToString would refuse
+                raise ValueError("the model is over protobuf's 2 GB limit")
         model_tmp = _temp_in(folder, out.name)
         flight.temps.append(model_tmp)
-        _fsync_write(model_tmp, [payload])
+        _fsync_write(model_tmp, payload)
         flight.abortable = False  # from here a stop signal waits: a half-placed pair is worse
         if use_external:
             _place(data_tmp, data_final, replace)

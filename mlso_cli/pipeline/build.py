@@ -118,11 +118,10 @@ def package(
     from mlso_cli.package import standard_metadata
     from mlso_cli.package.assemble import assemble
 
-    model = onnx.ModelProto()
-    model.CopyFrom(with_weights(loaded))
     meta = standard_metadata(targets=targets, seed=seed, verification_bound=bound)
     meta.update(extra or {})
-    return assemble(model, list(items), meta)
+    # assemble copies the model (once): `loaded` stays as it is for the next packaging round
+    return assemble(with_weights(loaded), list(items), meta)
 
 
 def set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:

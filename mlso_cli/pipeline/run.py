@@ -37,8 +37,8 @@ from mlso_cli.pipeline.build import Builder, package, set_metadata
 from mlso_cli.pipeline.frontend import lift
 from mlso_cli.pipeline.searching import conform, default_search, search_region
 from mlso_cli.pipeline.select import MeasureFn, choose_bounded, measure_top_k
-from mlso_cli.pipeline.verdicts import VerdictCache
-from mlso_cli.pipeline.verifying import check_before_writing, verify_seed
+from mlso_cli.pipeline.verdicts import VerdictCache, original_id
+from mlso_cli.pipeline.verifying import Original, check_before_writing, verify_seed
 from mlso_cli.pipeline.wholemodel import ModelTimeFn, check_whole_model
 from mlso_cli.search.api import SearchFn
 from mlso_cli.search.cache import SearchCache
@@ -208,17 +208,22 @@ def optimize(
     return Outcome(reports, model, bound, options.serve, check, vseed, reused)
 
 
-def _original(source: str, input_shapes, lifted: Lifted) -> onnx.ModelProto:
+def _original(source: str, input_shapes, lifted: Lifted) -> Original:
     """A as `mlso verify A B` loads it: the file as written (no constant folding), with its
     weights. Why not the folded model optimize works on: folding can leave a float32 constant
     where the fp64 reference expects a promoted one (a MatMul of float64 by float32 in
     deepseek's export). Read from stdin there is no file to read again; the folded model is
-    the original then."""
-    from mlso_cli.frontend.load import load_model, with_weights
+    the original then. Loaded only if the check runs (verifying.Original); named by the bytes
+    the lift read where they are all of A (no external data)."""
+    from mlso_cli.frontend.load import load_model, uses_external_data, with_weights
 
+    loaded = lifted.loaded
+    known = None
+    if loaded.bytes_sha256 is not None and not uses_external_data(loaded.model):
+        known = original_id(loaded.bytes_sha256, input_shapes, source == "-")
     if source == "-":
-        return with_weights(lifted.loaded)
-    return with_weights(load_model(source, input_shapes or {}, fold=False))
+        return Original(lambda: with_weights(loaded), known)
+    return Original(lambda: with_weights(load_model(source, input_shapes or {}, fold=False)), known)
 
 
 def _checked(

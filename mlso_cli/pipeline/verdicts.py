@@ -3,7 +3,9 @@
 Why: with every region's search served from the cache, the check before writing is most of a
 rerun (on a 2-layer Llama-width export, about a minute of float64 reference and field checks),
 and it would check exactly what it checked before. The check is a deterministic function of
-  - the original model (A, with its weights),
+  - the original model (A, with its weights): named by the sha256 of the file's bytes, the input
+    shapes and the onnx version where A is loaded from those bytes alone (no external data), so
+    a rerun need not load A again; else by the sha256 of A serialised (`original_id`),
   - the model about to be written (B, first packaging round: kernels, binaries, constants),
   - the check's seed, where the user fixed it (`--seed`); with a fresh seed (the default) a
     verdict obtained under any earlier fresh seed is as good as a new one, so the key leaves it
@@ -35,7 +37,8 @@ from mlso_cli import __version__
 from mlso_cli.cachefiles import seal, source_digest, unseal, write_atomic
 from mlso_cli.pipeline.artifacts import Choice
 
-SCHEMA = 1
+SCHEMA = 2
+"""2: the original is named by `original_id` (1 named it by A serialised, always)."""
 _PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -49,7 +52,30 @@ def code_digest() -> str:
 
 
 def model_digest(model: onnx.ModelProto) -> str:
-    return hashlib.sha256(model.SerializeToString()).hexdigest()
+    """sha256 of the model's serialisation, hashed piece by piece (package/chunks.py: a 478 MB
+    model serialised whole costs seconds)."""
+    from mlso_cli.package.chunks import serialized_sha256
+
+    return serialized_sha256(model)
+
+
+def original_id(
+    bytes_sha256: str, input_shapes: dict[str, tuple[int, ...]] | None, from_stdin: bool
+) -> str:
+    """The original A named without loading it: A is what the loader makes of the bytes read
+    (their sha256), the input shapes fixed, the code (the key's own `code` part) and onnx's
+    parser and shape inference (its version). Read from stdin, A is the folded model, not the
+    file as written (pipeline/run.py `_original`), so that is part of the name too."""
+    text = json.dumps(
+        {
+            "bytes": bytes_sha256,
+            "input_shapes": sorted((k, list(v)) for k, v in (input_shapes or {}).items()),
+            "onnx": onnx.__version__,
+            "stdin": from_stdin,
+        },
+        sort_keys=True,
+    )
+    return "file:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -123,8 +149,8 @@ class VerdictCache:
 
     @staticmethod
     def key(original_sha256: str, packaged_sha256: str, seed: int | None) -> str:
-        """The models by their `model_digest`; `seed`: the fixed seed, or None for a fresh one
-        (module docstring)."""
+        """`original_sha256`: A by its `original_id` or `model_digest`; `packaged_sha256`: B by
+        its `model_digest`; `seed`: the fixed seed, or None for a fresh one (module docstring)."""
         text = json.dumps(
             {
                 "schema": SCHEMA,

@@ -25,7 +25,7 @@ in this run; the source and plan are still regenerated and compared.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import onnx
 
@@ -42,6 +42,29 @@ from mlso_cli.verify.packaged import (
 
 PackageFn = Callable[[Sequence[Choice]], onnx.ModelProto]
 """package(choices) -> the model with every packaged choice as an MlsoKernel node."""
+
+
+@dataclass
+class Original:
+    """A, the original the check compares with, loaded only when a check runs.
+
+    Why lazy: a rerun whose verdict is cached needs only A's name in the verdict cache's key,
+    and for a model read from its bytes alone that name is known without loading A a second
+    time (`verdicts.original_id`); on a 478 MB model the second load was a third of a rerun."""
+
+    load: Callable[[], onnx.ModelProto]
+    known_id: str | None = None
+    """A's name for the verdict cache where it is known without loading A (else the
+    `model_digest` of A once loaded)."""
+    _model: onnx.ModelProto | None = field(default=None, init=False, repr=False)
+
+    def model(self) -> onnx.ModelProto:
+        if self._model is None:
+            self._model = self.load()
+        return self._model
+
+    def id(self) -> str:
+        return self.known_id or model_digest(self.model())
 
 
 @dataclass(frozen=True)
@@ -83,7 +106,7 @@ def verify_seed(seed: int, fresh: bool) -> int:
 
 
 def check_before_writing(
-    original: onnx.ModelProto,
+    original: onnx.ModelProto | Original,
     choices: Sequence[Choice],
     package: PackageFn,
     seed: int,
@@ -92,23 +115,26 @@ def check_before_writing(
     verdicts: VerdictCache | None = None,
     fresh_seed: bool = False,
 ) -> Checked:
-    """Package `choices`, verify the result against `original` (A, with its weights) and drop
-    refused regions until what is left passes (module docstring). With `verdicts`, a check of
-    these very bytes done before is reused (pipeline/verdicts.py), and a new one is stored;
-    `fresh_seed`: `seed` was drawn for this run, so an earlier check under another seed counts."""
+    """Package `choices`, verify the result against `original` (A, with its weights, or an
+    `Original` that loads it when a check runs) and drop refused regions until what is left
+    passes (module docstring). With `verdicts`, a check of these very bytes done before is
+    reused (pipeline/verdicts.py), and a new one is stored; `fresh_seed`: `seed` was drawn for
+    this run, so an earlier check under another seed counts."""
+    if not isinstance(original, Original):
+        original = Original(lambda a=original: a)
     choices = tuple(choices)
     model = package(choices)
     if not any(c.packaged for c in choices):
         return Checked(model, choices, 0.0, None, seed)
     if verdicts is None:
-        return _check(original, choices, model, package, seed, source)
+        return _check(original.model(), choices, model, package, seed, source)
     # each model is serialized and hashed once: a real-width model is gigabytes
     packed = model_digest(model)
-    key = verdicts.key(model_digest(original), packed, None if fresh_seed else seed)
+    key = verdicts.key(original.id(), packed, None if fresh_seed else seed)
     hit = _reused(verdicts.get(key), choices, model, packed, package)
     if hit is not None:
         return hit
-    checked = _check(original, choices, model, package, seed, source)
+    checked = _check(original.model(), choices, model, package, seed, source)
     final = packed if checked.model is model else model_digest(checked.model)
     verdicts.put(key, Verdict.of(checked.choices, checked.bound, final, seed))
     return checked
