@@ -47,8 +47,15 @@ def _header(number: int, length: int) -> bytes:
 
 
 def _has_unknown(msg: Message) -> bool:
-    from google.protobuf import unknown_fields
-
+    """Whether `msg` holds unknown fields. A protobuf without either API answers True: the
+    message is then serialised whole, which is always right, only slower."""
+    try:
+        from google.protobuf import unknown_fields
+    except ImportError:  # protobuf < 4.24
+        try:
+            return len(msg.UnknownFields()) > 0
+        except (AttributeError, NotImplementedError):
+            return True
     return len(unknown_fields.UnknownFieldSet(msg)) > 0
 
 
