@@ -39,12 +39,15 @@ if TYPE_CHECKING:
 
 ROW_WARPS = 8
 """Most warps (rows in flight) per block; fewer when the rows would not fill the SMs."""
-WARPS_IN_FLIGHT = ROW_WARPS * SM_COUNT_HINT
-"""Warps the whole grid should keep in flight to hide load latency (8 per SM)."""
-MIN_PER_THREAD = 8
-"""Fewest elements of a row per thread when a block shares the row (more threads would only
-add barrier and all-reduce cost)."""
+MIN_PER_THREAD = 2
+"""Fewest elements of a row per thread when a block shares the row."""
 BLOCK_THREADS_MAX = 512
+BLOCK_ROW_THREADS = 256
+"""Threads per row when a block shares it (BLOCK_THREADS_MAX for FEW_ROWS rows or fewer)."""
+FEW_ROWS = 16
+WARP_ROW_LENGTH_MAX = 511
+"""Rows this short keep a warp each (at most 16 elements a lane): no measurement says a block
+would do better there, and a warp needs no barrier."""
 
 
 @dataclass(frozen=True)
@@ -96,16 +99,20 @@ def plan_row(storage: Mapping[Node, Storage], reduce: Node, value: Node) -> RowK
 
 
 def row_team(rows: int, length: int) -> int:
-    """Threads per row: a warp while the rows give WARPS_IN_FLIGHT warps, else the fewest whole
-    warps (a power of two) that do, at most BLOCK_THREADS_MAX and keeping MIN_PER_THREAD
-    elements per thread."""
-    team = 32
-    while (
-        rows * team < 32 * WARPS_IN_FLIGHT
-        and team * 2 <= BLOCK_THREADS_MAX
-        and length >= team * 2 * MIN_PER_THREAD
-    ):
-        team *= 2
+    """Threads per row: a warp for rows of at most WARP_ROW_LENGTH_MAX, else a block of
+    BLOCK_ROW_THREADS (BLOCK_THREADS_MAX when the rows are FEW_ROWS or fewer), halved while a
+    thread would get fewer than MIN_PER_THREAD elements.
+
+    Why, measured on an H100 (benchmarks/row_kernels.py, fp16 RMSNorm, 2026-12-07; µs by team
+    32/64/128/256/512 threads per row): 128x896 3.2/3.0/2.4/2.0/2.2, 128x2048 5.4/3.7/2.6/2.3/2.2,
+    128x3072 11.2/6.9/4.5/3.4/3.6, 8x4096 8.7/5.6/3.4/2.4/2.2, 4096x4096 42.4/39.5/28.8/27.7/27.7.
+    The rule before it kept a warp per row while the rows alone filled the GPU (4096x4096: 42.4 µs,
+    1.5x the 256-thread block) and gave 128x896 64 threads (eight elements each at least)."""
+    if length <= WARP_ROW_LENGTH_MAX:
+        return 32
+    team = BLOCK_THREADS_MAX if rows <= FEW_ROWS else BLOCK_ROW_THREADS
+    while team > 64 and length < team * MIN_PER_THREAD:
+        team //= 2
     return team
 
 
