@@ -46,6 +46,15 @@ TABLES: dict[str, tuple[str, str]] = {
         "from a warm L2 and `library / torch` overstates its lead. library_gemm.py now rotates "
         "torch's operand sets the same way.",
     ),
+    "sm90_gemm": (
+        "The sm_90a weight-streaming GEMM alone",
+        "`benchmarks/sm90_gemm.py --record`: Y = X @ W with X of M rows and W at layer widths, the "
+        "TMA + wgmma kernel of kernels_templates/mlso_sm90_gemm.cuh with `choose`'s configuration "
+        "(token tile, consumer warpgroups, stages) and split count, against torch.matmul "
+        "(cuBLAS) timed in a process of its own; both by CUDA-graph replay over operand sets "
+        "rotated out of L2 (median µs). `% DRAM` of the card's peak (H100 3.35 TB/s). Not yet "
+        "chosen by code generation.",
+    ),
     "model_level": (
         "Benchmark models, whole model",
         "`benchmarks/searched_models.py`: `mlso optimize --gpu 0` on the device, `mlso verify`, "

@@ -14,6 +14,7 @@ real layer widths and at ragged ones, fp16 and bf16, with and without split-K, w
 from __future__ import annotations
 
 import math
+import subprocess
 from dataclasses import replace
 
 import numpy as np
@@ -494,3 +495,27 @@ def test_gpu_split_k_is_deterministic(gemm):
     a = gemm.run(cfg, s, x, w)
     b = gemm.run(cfg, s, x, w)
     assert np.array_equal(a.view(np.uint16), b.view(np.uint16))
+
+
+def test_peer_times_under_the_dram_floor_are_dropped():
+    # 1 x 2048 x 8192 fp16 reads 33.6 MB: 10.0 µs at 3.35 TB/s; 0.15 µs was an in-process artefact
+    assert G.under_floor(0.15, 1, 8192, 2048, 3.35)
+    assert not G.under_floor(13.6, 1, 8192, 2048, 3.35)
+    assert not G.under_floor(9.5, 1, 8192, 2048, 3.35)  # within 10% of the floor: kept
+    assert not G.under_floor(None, 1, 8192, 2048, 3.35) and not G.under_floor(0.1, 1, 8, 8, None)
+
+
+def test_torch_times_come_from_a_child_process(monkeypatch):
+    seen = {}
+
+    def fake_run(cmd, **kw):
+        seen["cmd"] = cmd
+        out = '{"m": 1, "n": 8192, "k": 2048, "us": 13.6}\n{"m": 16, "n": 8192, "k": 2048, "us": null}\n'
+        return subprocess.CompletedProcess(cmd, 0, stdout=out, stderr="")
+
+    monkeypatch.setattr(G.subprocess, "run", fake_run)
+    got = G.torch_times([(1, 8192, 2048), (16, 8192, 2048)], "bfloat16", 9)
+    assert got == {(1, 8192, 2048): 13.6, (16, 8192, 2048): None}
+    cmd = seen["cmd"]
+    assert "--torch-only" in cmd and cmd[cmd.index("--dtype") + 1] == "bfloat16"
+    assert cmd[cmd.index("--shape") + 1 :] == ["2048x8192"]
