@@ -404,8 +404,15 @@ def binder(kind: str, bound: tuple[tuple[int, int], ...], body: int, name: str =
     names = {b for b, _ in bound}
     order = [v for v in occurrences(body) if v in names]
     size = dict(bound)
-    ren = {v: (bvar(h, r),) for r, v in enumerate(order)}
-    new = subst(body, ren)
+    # a variable already named canonically is left out of the renaming (a sum rebuilt by a
+    # substitution of its free variables keeps its bound names): renaming a term to itself
+    # rebuilt all of it only to intern tuples that exist, the same ids in the same order
+    ren = {}
+    for r, v in enumerate(order):
+        c = bvar(h, r)
+        if c != v:
+            ren[v] = (c,)
+    new = subst(body, ren) if ren else body
     bs = tuple((bvar(h, r), size[v]) for r, v in enumerate(order))
     return mk(("sum", bs, new)) if kind == "sum" else mk(("red", name, bs, new))
 
@@ -491,6 +498,8 @@ def mergeable_pairs(i: int, among: set[int] | frozenset[int]) -> list[tuple[int,
 
 def _merge_bound(live: list[tuple[int, int]], body: int) -> tuple[list[tuple[int, int]], int]:
     size = dict(live)
+    if len(size) < 2:
+        return list(size.items()), body  # a merge needs two bound variables (most bind one)
     while True:
         pairs = mergeable_pairs(body, set(size))
         if not pairs:
