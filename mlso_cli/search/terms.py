@@ -114,19 +114,29 @@ def deps(i: int) -> frozenset[int]:
     d = _DEPS.get(i)
     if d is None:
         t = _T[i]
-        if t[0] == "in":
-            d = frozenset(v for dim in t[2] for v in dim)
-        else:
-            cs = children(i)
-            if len(cs) == 1:
-                d = deps(cs[0])
-            elif cs:
-                d = frozenset().union(*[deps(c) for c in cs])
+        k = t[0]
+        # (the kinds written out: this runs once per new term, and children() built a list)
+        if k == "P" or k == "M":
+            items = t[1]
+            if len(items) == 1:
+                d = deps(items[0][0])
+            elif items:
+                d = frozenset().union(*[deps(c) for c, _ in items])
             else:
                 d = frozenset()
-            bs = binders(i)
-            if bs:
-                d = d - {v for v, _ in bs}
+        elif k == "in":
+            d = frozenset(v for dim in t[2] for v in dim)
+        elif k == "exp" or k == "pw":
+            d = deps(t[1])
+        elif k == "sum":
+            d = deps(t[2]) - {v for v, _ in t[1]}
+        elif k == "red":
+            d = deps(t[3]) - {v for v, _ in t[2]}
+        elif k == "fn":
+            cs = t[2]
+            d = frozenset().union(*[deps(c) for c in cs]) if cs else frozenset()
+        else:
+            d = frozenset()
         _DEPS[i] = d
     return d
 
@@ -216,14 +226,21 @@ def _entries(d: dict[int, Exp]) -> tuple[tuple[int, Exp], ...]:
     """The nonzero (key, value) pairs of a poly's terms or a monomial's exponents, sorted.
 
     Integral values are stored as ints: equal and hash-equal to the Fraction, and hashing a
-    Fraction (a modular inverse each time) was a tenth of the cost of building a term."""
+    Fraction (a modular inverse each time) was a tenth of the cost of building a term. (Keys
+    are distinct, so sorting the pairs sorts by key alone; the common case, every value a
+    nonzero int, is returned without a rebuild.)"""
+    items = sorted(d.items())
+    for _, v in items:
+        if not v or type(v) is not int:
+            break
+    else:
+        return tuple(items)
     out = []
-    for k, v in d.items():
+    for k, v in items:
         if v:
             if type(v) is not int and v.denominator == 1:
                 v = int(v)
             out.append((k, v))
-    out.sort()
     return tuple(out)
 
 
@@ -512,7 +529,10 @@ def _merge_bound(live: list[tuple[int, int]], body: int) -> tuple[list[tuple[int
 
 # ---- substitution ------------------------------------------------------------------------------
 
-_SUBST: dict[tuple[int, frozenset[tuple[int, tuple[int, ...]]]], int] = {}
+_SUBST: dict[tuple[Any, ...], int] = {}
+"""(term, renaming) -> the substituted term. A renaming of one variable is keyed (term, var,
+digits), of several (term, frozenset of items): most renamings name one variable, and building
+a frozenset per lookup was a tenth of a substitution's cost."""
 
 
 def subst(i: int, ren: dict[int, tuple[int, ...]]) -> int:
@@ -523,9 +543,17 @@ def subst(i: int, ren: dict[int, tuple[int, ...]]) -> int:
         d = deps(i)
     if d.isdisjoint(ren):
         return i
-    if not d.issuperset(ren):
-        ren = {v: r for v, r in ren.items() if v in d}
-    key = (i, frozenset(ren.items()))
+    if len(ren) == 1:
+        ((v, r),) = ren.items()
+        key: tuple[Any, ...] = (i, v, r)
+    else:
+        if not d.issuperset(ren):
+            ren = {v: r for v, r in ren.items() if v in d}
+        if len(ren) == 1:
+            ((v, r),) = ren.items()
+            key = (i, v, r)
+        else:
+            key = (i, frozenset(ren.items()))
     r = _SUBST.get(key)
     if r is None:
         r = _SUBST[key] = _subst_node(i, ren)
@@ -538,28 +566,32 @@ def _subst_node(i: int, ren: dict[int, tuple[int, ...]]) -> int:
     t = _T[i]
     k = t[0]
     if k == "in":
+        keys = ren.keys()
         return mk(
             (
                 "in",
                 t[1],
-                tuple(
-                    dim if ren.keys().isdisjoint(dim) else _split_digits(dim, ren) for dim in t[2]
-                ),
+                tuple(dim if keys.isdisjoint(dim) else _split_digits(dim, ren) for dim in t[2]),
             )
         )
     if k == "P" or k == "M":
         # a child none of whose variables is renamed stays as it is: tested here, without a
         # call (most children of a poly or monomial are untouched)
         out: dict[int, Any] = {}
+        get = _DEPS.get
         for c, x in t[1]:
-            d = _DEPS.get(c)
+            d = get(c)
             if d is None:
                 d = deps(c)
             if not d.isdisjoint(ren):
                 c = subst(c, ren)
-            prev = out.get(c)
-            out[c] = x if prev is None else prev + x
-        return poly(out) if k == "P" else mono(out)
+                prev = out.get(c)
+                out[c] = x if prev is None else prev + x
+            elif c in out:
+                out[c] += x
+            else:
+                out[c] = x
+        return mk((k, _entries(out)))
     return _rebuild(i, lambda c: subst(c, ren), None, set(ren))
 
 
