@@ -198,19 +198,33 @@ def occurrences(i: int) -> tuple[int, ...]:
     o = _OCC.get(i)
     if o is None:
         t = _T[i]
-        if t[0] == "in":
+        k = t[0]
+        if k == "in":
             seen: dict[int, None] = {}
             for dim in t[2]:
                 for v in dim:
                     seen[v] = None
             o = tuple(seen)
+        elif (k == "P" or k == "M") and len(t[1]) == 1:
+            # one child: its own order (its erased key is still made here, where `ordered`
+            # made it: erased keys are interned terms, and intern order is part of the state)
+            c = t[1][0][0]
+            if c not in _ERASED:
+                erased(c)
+            o = _OCC.get(c)
+            if o is None:
+                o = occurrences(c)
         else:
             seen = {}
             for c in ordered(i):
                 for v in occurrences(c):
                     seen[v] = None
-            bound = {v for v, _ in binders(i)}
-            o = tuple(v for v in seen if v not in bound)
+            bs = binders(i)
+            if bs:
+                bound = {v for v, _ in bs}
+                o = tuple(v for v in seen if v not in bound)
+            else:
+                o = tuple(seen)
         _OCC[i] = o
     return o
 
