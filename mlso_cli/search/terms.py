@@ -145,15 +145,30 @@ def height(i: int) -> int:
     """1 + the deepest binder nesting inside term i (0 without binders)."""
     h = _HEIGHT.get(i)
     if h is None:
-        h = 0
-        for c in children(i):
-            hc = _HEIGHT.get(c)
-            if hc is None:
+        t = _T[i]
+        k = t[0]
+        if k == "in":
+            h = 0
+        elif k == "P" or k == "M":
+            h = 0
+            for c, _ in t[1]:
+                hc = _HEIGHT.get(c)
+                if hc is None:
+                    hc = height(c)
+                if hc > h:
+                    h = hc
+        elif k == "exp" or k == "pw":
+            h = height(t[1])
+        elif k == "sum":
+            h = height(t[2]) + (1 if t[1] else 0)
+        else:
+            h = 0
+            for c in children(i):
                 hc = height(c)
-            if hc > h:
-                h = hc
-        if binders(i):
-            h += 1
+                if hc > h:
+                    h = hc
+            if binders(i):
+                h += 1
         _HEIGHT[i] = h
     return h
 
@@ -431,21 +446,31 @@ def _sum_mono(bound: list[tuple[int, int]], m: int) -> tuple[int, int]:
 
 def binder(kind: str, bound: tuple[tuple[int, int], ...], body: int, name: str = "") -> int:
     """A `sum` (body: mono) or `red` (body: poly) with canonically renamed bound variables."""
-    h = height(body) + 1
-    names = {b for b, _ in bound}
-    order = [v for v in occurrences(body) if v in names]
+    h = _HEIGHT.get(body)
+    if h is None:
+        h = height(body)
+    h += 1
+    occ = _OCC.get(body)
+    if occ is None:
+        occ = occurrences(body)
+    if len(bound) == 1:
+        order = [bound[0][0]] if bound[0][0] in occ else []
+    else:
+        names = {b for b, _ in bound}
+        order = [v for v in occ if v in names]
     size = dict(bound)
     # a variable already named canonically is left out of the renaming (a sum rebuilt by a
     # substitution of its free variables keeps its bound names): renaming a term to itself
     # rebuilt all of it only to intern tuples that exist, the same ids in the same order
     ren = {}
+    bs = []
     for r, v in enumerate(order):
         c = bvar(h, r)
         if c != v:
             ren[v] = (c,)
+        bs.append((c, size[v]))
     new = subst(body, ren) if ren else body
-    bs = tuple((bvar(h, r), size[v]) for r, v in enumerate(order))
-    return mk(("sum", bs, new)) if kind == "sum" else mk(("red", name, bs, new))
+    return mk(("sum", tuple(bs), new)) if kind == "sum" else mk(("red", name, tuple(bs), new))
 
 
 def reduce_fn(name: str, bound: list[tuple[int, int]], p: int) -> int:
@@ -606,6 +631,13 @@ def _subst_node(i: int, ren: dict[int, tuple[int, ...]]) -> int:
             else:
                 out[c] = x
         return mk((k, _entries(out)))
+    if k == "exp" or k == "pw":
+        return mk((k, subst(t[1], ren)))
+    if k == "sum":
+        for v, _ in t[1]:
+            if v in ren:
+                raise AssertionError("substitution would capture a bound variable")
+        return binder("sum", t[1], subst(t[2], ren))
     return _rebuild(i, lambda c: subst(c, ren), None, set(ren))
 
 
