@@ -582,6 +582,9 @@ def subst(i: int, ren: dict[int, tuple[int, ...]]) -> int:
         d = deps(i)
     if d.isdisjoint(ren):
         return i
+    t = _T[i]
+    if t[0] == "in":
+        return _subst_input(t, ren)
     if len(ren) == 1:
         ((v, r),) = ren.items()
         key: tuple[Any, ...] = (i, v, r)
@@ -599,20 +602,26 @@ def subst(i: int, ren: dict[int, tuple[int, ...]]) -> int:
     return r
 
 
+def _subst_input(t: tuple[Any, ...], ren: dict[int, tuple[int, ...]]) -> int:
+    """An input element with its digits substituted, interned without `_SUBST`'s memo: building
+    the memo key cost more than the leaf, and a repeated substitution interns the same tuple
+    again, which `mk` answers with the id it had (no new term: the same intern order)."""
+    dims = []
+    for dim in t[2]:
+        for v in dim:
+            if v in ren:
+                dims.append(_split_digits(dim, ren))
+                break
+        else:
+            dims.append(dim)
+    return mk(("in", t[1], tuple(dims)))
+
+
 def _subst_node(i: int, ren: dict[int, tuple[int, ...]]) -> int:
-    """`_rebuild` for a substitution, with the hot kinds (inputs, polys, monomials) inlined:
+    """`_rebuild` for a substitution, with the hot kinds (polys, monomials, exp, sums) inlined:
     the same constructors in the same order (intern order is part of the state), fewer calls."""
     t = _T[i]
     k = t[0]
-    if k == "in":
-        keys = ren.keys()
-        return mk(
-            (
-                "in",
-                t[1],
-                tuple(dim if keys.isdisjoint(dim) else _split_digits(dim, ren) for dim in t[2]),
-            )
-        )
     if k == "P" or k == "M":
         # a child none of whose variables is renamed stays as it is: tested here, without a
         # call (most children of a poly or monomial are untouched)
