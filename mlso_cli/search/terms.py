@@ -202,7 +202,12 @@ def ordered(i: int) -> list[int]:
     """Children of i in canonical traversal order (name-free key first, id as tie-break)."""
     t = _T[i]
     if t[0] in ("P", "M"):
-        return [c for _, c in sorted([(erased(c), c) for c, _ in t[1]])]
+        keyed = []
+        for c, _ in t[1]:
+            e = _ERASED.get(c)
+            keyed.append((erased(c) if e is None else e, c))
+        keyed.sort()
+        return [c for _, c in keyed]
     if t[0] == "fn" and t[1] in SYMMETRIC:
         return [c for _, c in sorted([(erased(c), c) for c in t[2]])]
     return children(i)
@@ -502,8 +507,12 @@ def adjacency(i: int) -> dict[int, frozenset[tuple[int | None, int | None]]]:
             a = {v: frozenset(s) for v, s in acc.items()}
         else:
             # children's sets are shared where one child alone has the variable (most of them)
-            bound = {v for v, _ in binders(i)}
-            cs = children(i)
+            if t[0] == "P" or t[0] == "M":
+                bound: set[int] = set()
+                cs = [c for c, _ in t[1]]
+            else:
+                bound = {v for v, _ in binders(i)}
+                cs = children(i)
             if len(cs) == 1 and not bound:
                 a = _ADJ[i] = adjacency(cs[0])
                 return a
