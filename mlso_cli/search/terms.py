@@ -114,19 +114,29 @@ def deps(i: int) -> frozenset[int]:
     d = _DEPS.get(i)
     if d is None:
         t = _T[i]
-        if t[0] == "in":
-            d = frozenset(v for dim in t[2] for v in dim)
-        else:
-            cs = children(i)
-            if len(cs) == 1:
-                d = deps(cs[0])
-            elif cs:
-                d = frozenset().union(*[deps(c) for c in cs])
+        k = t[0]
+        # (the kinds written out: this runs once per new term, and children() built a list)
+        if k == "P" or k == "M":
+            items = t[1]
+            if len(items) == 1:
+                d = deps(items[0][0])
+            elif items:
+                d = frozenset().union(*[deps(c) for c, _ in items])
             else:
                 d = frozenset()
-            bs = binders(i)
-            if bs:
-                d = d - {v for v, _ in bs}
+        elif k == "in":
+            d = frozenset(v for dim in t[2] for v in dim)
+        elif k == "exp" or k == "pw":
+            d = deps(t[1])
+        elif k == "sum":
+            d = deps(t[2]) - {v for v, _ in t[1]}
+        elif k == "red":
+            d = deps(t[3]) - {v for v, _ in t[2]}
+        elif k == "fn":
+            cs = t[2]
+            d = frozenset().union(*[deps(c) for c in cs]) if cs else frozenset()
+        else:
+            d = frozenset()
         _DEPS[i] = d
     return d
 
@@ -135,15 +145,30 @@ def height(i: int) -> int:
     """1 + the deepest binder nesting inside term i (0 without binders)."""
     h = _HEIGHT.get(i)
     if h is None:
-        h = 0
-        for c in children(i):
-            hc = _HEIGHT.get(c)
-            if hc is None:
+        t = _T[i]
+        k = t[0]
+        if k == "in":
+            h = 0
+        elif k == "P" or k == "M":
+            h = 0
+            for c, _ in t[1]:
+                hc = _HEIGHT.get(c)
+                if hc is None:
+                    hc = height(c)
+                if hc > h:
+                    h = hc
+        elif k == "exp" or k == "pw":
+            h = height(t[1])
+        elif k == "sum":
+            h = height(t[2]) + (1 if t[1] else 0)
+        else:
+            h = 0
+            for c in children(i):
                 hc = height(c)
-            if hc > h:
-                h = hc
-        if binders(i):
-            h += 1
+                if hc > h:
+                    h = hc
+            if binders(i):
+                h += 1
         _HEIGHT[i] = h
     return h
 
@@ -177,7 +202,12 @@ def ordered(i: int) -> list[int]:
     """Children of i in canonical traversal order (name-free key first, id as tie-break)."""
     t = _T[i]
     if t[0] in ("P", "M"):
-        return [c for _, c in sorted([(erased(c), c) for c, _ in t[1]])]
+        keyed = []
+        for c, _ in t[1]:
+            e = _ERASED.get(c)
+            keyed.append((erased(c) if e is None else e, c))
+        keyed.sort()
+        return [c for _, c in keyed]
     if t[0] == "fn" and t[1] in SYMMETRIC:
         return [c for _, c in sorted([(erased(c), c) for c in t[2]])]
     return children(i)
@@ -188,19 +218,33 @@ def occurrences(i: int) -> tuple[int, ...]:
     o = _OCC.get(i)
     if o is None:
         t = _T[i]
-        if t[0] == "in":
+        k = t[0]
+        if k == "in":
             seen: dict[int, None] = {}
             for dim in t[2]:
                 for v in dim:
                     seen[v] = None
             o = tuple(seen)
+        elif (k == "P" or k == "M") and len(t[1]) == 1:
+            # one child: its own order (its erased key is still made here, where `ordered`
+            # made it: erased keys are interned terms, and intern order is part of the state)
+            c = t[1][0][0]
+            if c not in _ERASED:
+                erased(c)
+            o = _OCC.get(c)
+            if o is None:
+                o = occurrences(c)
         else:
             seen = {}
             for c in ordered(i):
                 for v in occurrences(c):
                     seen[v] = None
-            bound = {v for v, _ in binders(i)}
-            o = tuple(v for v in seen if v not in bound)
+            bs = binders(i)
+            if bs:
+                bound = {v for v, _ in bs}
+                o = tuple(v for v in seen if v not in bound)
+            else:
+                o = tuple(seen)
         _OCC[i] = o
     return o
 
@@ -216,14 +260,21 @@ def _entries(d: dict[int, Exp]) -> tuple[tuple[int, Exp], ...]:
     """The nonzero (key, value) pairs of a poly's terms or a monomial's exponents, sorted.
 
     Integral values are stored as ints: equal and hash-equal to the Fraction, and hashing a
-    Fraction (a modular inverse each time) was a tenth of the cost of building a term."""
+    Fraction (a modular inverse each time) was a tenth of the cost of building a term. (Keys
+    are distinct, so sorting the pairs sorts by key alone; the common case, every value a
+    nonzero int, is returned without a rebuild.)"""
+    items = sorted(d.items())
+    for _, v in items:
+        if not v or type(v) is not int:
+            break
+    else:
+        return tuple(items)
     out = []
-    for k, v in d.items():
+    for k, v in items:
         if v:
             if type(v) is not int and v.denominator == 1:
                 v = int(v)
             out.append((k, v))
-    out.sort()
     return tuple(out)
 
 
@@ -400,14 +451,31 @@ def _sum_mono(bound: list[tuple[int, int]], m: int) -> tuple[int, int]:
 
 def binder(kind: str, bound: tuple[tuple[int, int], ...], body: int, name: str = "") -> int:
     """A `sum` (body: mono) or `red` (body: poly) with canonically renamed bound variables."""
-    h = height(body) + 1
-    names = {b for b, _ in bound}
-    order = [v for v in occurrences(body) if v in names]
+    h = _HEIGHT.get(body)
+    if h is None:
+        h = height(body)
+    h += 1
+    occ = _OCC.get(body)
+    if occ is None:
+        occ = occurrences(body)
+    if len(bound) == 1:
+        order = [bound[0][0]] if bound[0][0] in occ else []
+    else:
+        names = {b for b, _ in bound}
+        order = [v for v in occ if v in names]
     size = dict(bound)
-    ren = {v: (bvar(h, r),) for r, v in enumerate(order)}
-    new = subst(body, ren)
-    bs = tuple((bvar(h, r), size[v]) for r, v in enumerate(order))
-    return mk(("sum", bs, new)) if kind == "sum" else mk(("red", name, bs, new))
+    # a variable already named canonically is left out of the renaming (a sum rebuilt by a
+    # substitution of its free variables keeps its bound names): renaming a term to itself
+    # rebuilt all of it only to intern tuples that exist, the same ids in the same order
+    ren = {}
+    bs = []
+    for r, v in enumerate(order):
+        c = bvar(h, r)
+        if c != v:
+            ren[v] = (c,)
+        bs.append((c, size[v]))
+    new = subst(body, ren) if ren else body
+    return mk(("sum", tuple(bs), new)) if kind == "sum" else mk(("red", name, tuple(bs), new))
 
 
 def reduce_fn(name: str, bound: list[tuple[int, int]], p: int) -> int:
@@ -439,8 +507,12 @@ def adjacency(i: int) -> dict[int, frozenset[tuple[int | None, int | None]]]:
             a = {v: frozenset(s) for v, s in acc.items()}
         else:
             # children's sets are shared where one child alone has the variable (most of them)
-            bound = {v for v, _ in binders(i)}
-            cs = children(i)
+            if t[0] == "P" or t[0] == "M":
+                bound: set[int] = set()
+                cs = [c for c, _ in t[1]]
+            else:
+                bound = {v for v, _ in binders(i)}
+                cs = children(i)
             if len(cs) == 1 and not bound:
                 a = _ADJ[i] = adjacency(cs[0])
                 return a
@@ -491,6 +563,8 @@ def mergeable_pairs(i: int, among: set[int] | frozenset[int]) -> list[tuple[int,
 
 def _merge_bound(live: list[tuple[int, int]], body: int) -> tuple[list[tuple[int, int]], int]:
     size = dict(live)
+    if len(size) < 2:
+        return list(size.items()), body  # a merge needs two bound variables (most bind one)
     while True:
         pairs = mergeable_pairs(body, set(size))
         if not pairs:
@@ -503,7 +577,10 @@ def _merge_bound(live: list[tuple[int, int]], body: int) -> tuple[list[tuple[int
 
 # ---- substitution ------------------------------------------------------------------------------
 
-_SUBST: dict[tuple[int, frozenset[tuple[int, tuple[int, ...]]]], int] = {}
+_SUBST: dict[tuple[Any, ...], int] = {}
+"""(term, renaming) -> the substituted term. A renaming of one variable is keyed (term, var,
+digits), of several (term, frozenset of items): most renamings name one variable, and building
+a frozenset per lookup was a tenth of a substitution's cost."""
 
 
 def subst(i: int, ren: dict[int, tuple[int, ...]]) -> int:
@@ -514,43 +591,71 @@ def subst(i: int, ren: dict[int, tuple[int, ...]]) -> int:
         d = deps(i)
     if d.isdisjoint(ren):
         return i
-    if not d.issuperset(ren):
-        ren = {v: r for v, r in ren.items() if v in d}
-    key = (i, frozenset(ren.items()))
+    t = _T[i]
+    if t[0] == "in":
+        return _subst_input(t, ren)
+    if len(ren) == 1:
+        ((v, r),) = ren.items()
+        key: tuple[Any, ...] = (i, v, r)
+    else:
+        if not d.issuperset(ren):
+            ren = {v: r for v, r in ren.items() if v in d}
+        if len(ren) == 1:
+            ((v, r),) = ren.items()
+            key = (i, v, r)
+        else:
+            key = (i, frozenset(ren.items()))
     r = _SUBST.get(key)
     if r is None:
         r = _SUBST[key] = _subst_node(i, ren)
     return r
 
 
+def _subst_input(t: tuple[Any, ...], ren: dict[int, tuple[int, ...]]) -> int:
+    """An input element with its digits substituted, interned without `_SUBST`'s memo: building
+    the memo key cost more than the leaf, and a repeated substitution interns the same tuple
+    again, which `mk` answers with the id it had (no new term: the same intern order)."""
+    dims = []
+    for dim in t[2]:
+        for v in dim:
+            if v in ren:
+                dims.append(_split_digits(dim, ren))
+                break
+        else:
+            dims.append(dim)
+    return mk(("in", t[1], tuple(dims)))
+
+
 def _subst_node(i: int, ren: dict[int, tuple[int, ...]]) -> int:
-    """`_rebuild` for a substitution, with the hot kinds (inputs, polys, monomials) inlined:
+    """`_rebuild` for a substitution, with the hot kinds (polys, monomials, exp, sums) inlined:
     the same constructors in the same order (intern order is part of the state), fewer calls."""
     t = _T[i]
     k = t[0]
-    if k == "in":
-        return mk(
-            (
-                "in",
-                t[1],
-                tuple(
-                    dim if ren.keys().isdisjoint(dim) else _split_digits(dim, ren) for dim in t[2]
-                ),
-            )
-        )
     if k == "P" or k == "M":
         # a child none of whose variables is renamed stays as it is: tested here, without a
         # call (most children of a poly or monomial are untouched)
         out: dict[int, Any] = {}
+        get = _DEPS.get
         for c, x in t[1]:
-            d = _DEPS.get(c)
+            d = get(c)
             if d is None:
                 d = deps(c)
             if not d.isdisjoint(ren):
                 c = subst(c, ren)
-            prev = out.get(c)
-            out[c] = x if prev is None else prev + x
-        return poly(out) if k == "P" else mono(out)
+                prev = out.get(c)
+                out[c] = x if prev is None else prev + x
+            elif c in out:
+                out[c] += x
+            else:
+                out[c] = x
+        return mk((k, _entries(out)))
+    if k == "exp" or k == "pw":
+        return mk((k, subst(t[1], ren)))
+    if k == "sum":
+        for v, _ in t[1]:
+            if v in ren:
+                raise AssertionError("substitution would capture a bound variable")
+        return binder("sum", t[1], subst(t[2], ren))
     return _rebuild(i, lambda c: subst(c, ren), None, set(ren))
 
 
