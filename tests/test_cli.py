@@ -320,7 +320,7 @@ def test_verify_seed_is_fresh_unless_given(tmp_path):
 
 def test_optimize_help_states_the_search_budget_in_force():
     """--help names the per-signature budget the search uses, so the two cannot drift apart."""
-    from mlso_cli.search.run import DEFAULT_STATES_CAP, STATES_PER_SIGNATURE
+    from mlso_cli.search.api import DEFAULT_STATES_CAP, STATES_PER_SIGNATURE
 
     r = run_cli("optimize", "--help")
     assert r.returncode == 0, r.stderr

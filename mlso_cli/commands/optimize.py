@@ -31,9 +31,13 @@ from mlso_cli.pipeline import (
     optimize,
 )
 from mlso_cli.pipeline.verifying import verify_seed
-from mlso_cli.search.api import SearchOptions, SearchProgress
+from mlso_cli.search.api import (
+    DEFAULT_STATES_CAP,
+    STATES_PER_SIGNATURE,
+    SearchOptions,
+    SearchProgress,
+)
 from mlso_cli.search.executor import check_spec
-from mlso_cli.search.run import DEFAULT_STATES_CAP, STATES_PER_SIGNATURE
 
 
 def _check_paths(model: str, out: str, force: bool) -> None:

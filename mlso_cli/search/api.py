@@ -12,6 +12,27 @@ from dataclasses import dataclass, field
 
 from mlso_cli.ir.graph import KernelGraph
 
+STATES_PER_SIGNATURE = 2_048
+DEFAULT_STATES_CAP = 1_000_000
+"""Without --max-states a region gets STATES_PER_SIGNATURE states per signature, at most
+DEFAULT_STATES_CAP in all, in one pass (plus the states the exhausted signatures leave unused,
+which search/run.py's `_passes` gives to the ones their share stopped).
+Here, not in run.py, because the CLI's help states them and must not import the enumerator.
+
+Why per signature: a signature explores the same op structure at its own tiling, and a fixed
+total shared by 66 signatures (gqa at batch 16) starved the one holding the fused program.
+
+Why 2,048: most of a region's states go to signatures that yield nothing and run to the end of
+whatever share they get (all of them in a region where no fused program exists: norm -> q/k/v
+-> rotary, norm -> gate/up), so the share sets the time of those regions; the signatures that
+yield mostly exhaust early and leave states that `_passes` hands to the stopped ones. At 8,192
+(the default until 2026-12-07) every benchmark row at batch 1 and 16, the four zoo_small exports
+and the 2-layer Qwen2-0.5B-width export chose the same programs with the same estimates as at
+2,048, which took 1.0-4.8x less time (qknorm_gqa bs1 149 -> 31 s, gemma3_tiny 168 -> 89 s on
+2 cores; benchmarks/HISTORY.md, twenty-fourth session). Deeper shares found nothing that was
+chosen in any region measured; at 1,024 qknorm_gqa, layernorm_linear and groupnorm_linear at
+batch 1 lose the programs they choose at 2,048. A user who wants a deeper search says so with --max-states."""
+
 
 @dataclass(frozen=True)
 class SearchOptions:
