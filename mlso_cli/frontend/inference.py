@@ -11,7 +11,7 @@ for every input, and reads its bytes only where an op takes a value as shape dat
 shape, Slice's starts, Resize's scales, Range's bounds, OneHot's depth; data propagation reads
 int32/int64 tensors of rank 0 or 1). Every such input is a scalar or a vector. A tensor left
 without bytes in the view has rank 2 or more and more than STRIP_MIN_ELEMENTS elements, so no
-inference function reads it; `tests/test_inference.py` compares both answers.
+inference function reads it; `tests/test_cached_rerun.py` compares both answers.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _copy_field(dst: Message, fd: FieldDescriptor, value) -> None:
         setattr(dst, fd.name, value)
 
 
-def _copy_except(src: Message, dst: Message, skip: str) -> None:
+def copy_except(src: Message, dst: Message, skip: str) -> None:
     """Every field of `src` but `skip` into `dst` (which has none of them)."""
     copy_fields(src, dst, lambda fd: fd.name != skip)
 
@@ -77,11 +77,11 @@ def weightless_view(model: onnx.ModelProto) -> onnx.ModelProto | None:
     if not any(large_weight(t) for t in inits):
         return None
     view = onnx.ModelProto()
-    _copy_except(model, view, "graph")
-    _copy_except(model.graph, view.graph, "initializer")
+    copy_except(model, view, "graph")
+    copy_except(model.graph, view.graph, "initializer")
     for t in inits:
         if large_weight(t):
-            _copy_except(t, view.graph.initializer.add(), "raw_data")
+            copy_except(t, view.graph.initializer.add(), "raw_data")
         else:
             view.graph.initializer.append(t)
     return view
@@ -97,8 +97,8 @@ def _take_inferred(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
     for fd in graph.DESCRIPTOR.fields:
         if fd.name != "initializer":
             graph.ClearField(fd.name)
-    _copy_except(inferred, model, "graph")
-    _copy_except(inferred.graph, graph, "initializer")
+    copy_except(inferred, model, "graph")
+    copy_except(inferred.graph, graph, "initializer")
 
 
 def infer_in_place(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -107,13 +107,15 @@ def infer_in_place(model: onnx.ModelProto) -> onnx.ModelProto:
     onnx raises. For callers that own the model (a load, a folding round)."""
     view = weightless_view(model)
     if view is None:
-        inferred = _infer(model)
+        inferred = infer(model)
     else:
-        inferred = _infer(view)
+        inferred = infer(view)
         del view
     _take_inferred(model, inferred)
     return model
 
 
-def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+def infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx's shape inference as the loader runs it (data propagation on, strict mode off), as a
+    new model."""
     return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)

@@ -358,31 +358,20 @@ def _static_input_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """onnx shape inference with data propagation, as a new model; never fails the load on
-    unknown ops."""
-    try:
-        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-    except Exception as exc:  # an inconsistent model: report it rather than crash
-        raise _inference_failed(exc) from None
-
-
-def _infer_owned(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`infer_shapes` in place, for a model the load owns: the C++ pass sees it without its
-    weights (frontend/inference.py), so a large model's bytes are not copied for it."""
-    from mlso_cli.frontend.inference import infer_in_place
+def infer_shapes(model: onnx.ModelProto, *, in_place: bool = False) -> onnx.ModelProto:
+    """onnx shape inference with data propagation; never fails the load on unknown ops.
+    `in_place`: for a model the caller owns (a load): `model` itself is changed and returned, and
+    the C++ pass sees it without its weights (frontend/inference.py), so a large model's bytes
+    are not copied for it; else a new model."""
+    from mlso_cli.frontend.inference import infer, infer_in_place
 
     try:
-        return infer_in_place(model)
+        return infer_in_place(model) if in_place else infer(model)
     except Exception as exc:  # an inconsistent model: report it rather than crash
-        raise _inference_failed(exc) from None
-
-
-def _inference_failed(exc: Exception) -> InputError:
-    return InputError(
-        f"shape inference failed: {str(exc).splitlines()[0]}",
-        "The model is inconsistent; check it with onnx.checker",
-    )
+        raise InputError(
+            f"shape inference failed: {str(exc).splitlines()[0]}",
+            "The model is inconsistent; check it with onnx.checker",
+        ) from None
 
 
 def collect_types(model: onnx.ModelProto) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
@@ -524,11 +513,11 @@ def load_model(
     del data
     _apply_input_shapes(model, input_shapes or {})
     _static_input_shapes(model)
-    model = _infer_owned(model)
+    model = infer_shapes(model, in_place=True)
     notes: dict[str, str] = {}
     if fold:
         folded = fold_with_notes(model, base)
-        model, notes = _infer_owned(folded.model), folded.notes
+        model, notes = infer_shapes(folded.model, in_place=True), folded.notes
     shapes, dtypes = collect_types(model)
     return LoadedModel(
         model=model,

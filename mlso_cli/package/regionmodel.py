@@ -15,24 +15,8 @@ import onnx
 from onnx import helper
 
 from mlso_cli.frontend.fold import SMALL_CONSTANT_ELEMENTS
+from mlso_cli.frontend.inference import copy_except
 from mlso_cli.package.unpack import fallback_function
-
-
-def _copy_fields(src, dst, skip: str) -> None:
-    """Every field set in protobuf message `src` but `skip`, copied into `dst`."""
-    for field, value in src.ListFields():
-        if field.name == skip:
-            continue
-        if hasattr(field, "is_repeated"):  # protobuf 6+; `label` before
-            repeated = field.is_repeated
-        else:
-            repeated = field.label == field.LABEL_REPEATED
-        if repeated:
-            getattr(dst, field.name).extend(value)
-        elif field.type == field.TYPE_MESSAGE:
-            getattr(dst, field.name).CopyFrom(value)
-        else:
-            setattr(dst, field.name, value)
 
 
 def initializers_as_inputs(
@@ -49,8 +33,8 @@ def initializers_as_inputs(
     picked = [t for t in g.initializer if moved(t)]
     gone = {t.name for t in picked}
     light = onnx.ModelProto()
-    _copy_fields(model, light, skip="graph")
-    _copy_fields(g, light.graph, skip="initializer")
+    copy_except(model, light, "graph")
+    copy_except(g, light.graph, "initializer")
     light.graph.initializer.extend(t for t in g.initializer if t.name not in gone)
     declared = {i.name for i in g.input}
     light.graph.input.extend(
