@@ -769,6 +769,7 @@ def main(argv: list[str] | None = None) -> int:
                 "k": k,
                 "n": n,
                 "config": cfg.name,
+                "label": f"mt{cfg.mt} c{cfg.consumers} s{cfg.stages}",
                 "splits": splits,
                 **r,
                 "pct_dram": pct,
@@ -777,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             ratio = f"{t / r['us']:.2f}" if t else "-"
             print(
-                f"| {m} | {k} | {n} | mt{cfg.mt} c{cfg.consumers} s{cfg.stages} | {splits} | "
+                f"| {m} | {k} | {n} | {row['label']} | {splits} | "
                 f"{r['us']:.2f} | {r['tbs']:.2f} | {pct:.0f}% | {t if t is None else round(t, 2)} | {ratio} |"
             )
     if args.out:
@@ -791,13 +792,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def record_row(r: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:
     """One results/ record of a timed row: its name and the figures RESULTS.md shows."""
-    mt = re.search(r"_mt(\d+)_c(\d+)_bk\d+_s(\d+)", r["config"])
-    config = f"mt{mt[1]} c{mt[2]} s{mt[3]}" if mt else r["config"]
     t = r.get("torch_us")
     return (
         f"{r['m']}x{r['k']}x{r['n']} {dtype}",
         {
-            "config": config,
+            "config": r["label"],
             "splits": r["splits"],
             "µs": round(r["us"], 2),
             "TB/s": round(r["tbs"], 2),

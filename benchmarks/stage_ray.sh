@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 pin=$($PY - <<'PY'
-import re, tomllib
+import tomllib
 extra = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["ray"]
 print(" ".join(extra))
 PY

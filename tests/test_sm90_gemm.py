@@ -519,3 +519,13 @@ def test_torch_times_come_from_a_child_process(monkeypatch):
     cmd = seen["cmd"]
     assert "--torch-only" in cmd and cmd[cmd.index("--dtype") + 1] == "bfloat16"
     assert cmd[cmd.index("--shape") + 1 :] == ["2048x8192"]
+
+
+def test_record_row_names_the_shape_and_keeps_the_figures():
+    row = {"m": 16, "k": 2048, "n": 8192, "label": "mt16 c1 s8", "splits": 1, "us": 13.17}
+    row |= {"tbs": 2.571, "pct_dram": 76.77, "torch_us": 14.29}
+    name, figures = G.record_row(row, "float16")
+    assert name == "16x2048x8192 float16"
+    assert figures["config"] == "mt16 c1 s8" and figures["% DRAM"] == 77
+    assert figures["torch / ours"] == round(14.29 / 13.17, 2)
+    assert G.record_row(row | {"torch_us": None}, "float16")[1]["torch / ours"] is None
