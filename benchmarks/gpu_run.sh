@@ -6,7 +6,7 @@
 set -u
 source .device-stage/gpu.sh env
 export PYTHONPATH="$PWD:$PYTHONPATH" PYTHONUNBUFFERED=1
-export MLSO_CACHE_DIR="$PWD/.mlso-cache" MLSO_ORT_INCLUDE="$PWD/.device-stage/onnxruntime"
+export MLSO_CACHE_DIR="${MLSO_CACHE_DIR:-$PWD/.mlso-cache}" MLSO_ORT_INCLUDE="$PWD/.device-stage/onnxruntime"
 # cuBLASLt headers for the library GEMMs (the machine has no registry to fetch the wheel from):
 # carried as .device-stage/cublas_include, the include folder of runtime/cublas_headers.py's wheel
 [ -d .device-stage/cublas_include ] && export MLSO_CUBLAS_INCLUDE="$PWD/.device-stage/cublas_include"
@@ -111,15 +111,20 @@ if [ "$what" = real ]; then
   # At the default search budget one family fits a call: run REAL_FAMILIES=qwen2, =llama, =phi3
   # (pass MLSO_BENCH_COMMIT=<commit>: the copy of .git there is stale)
   # back to back on the warm machine (each call records its own rows; /tmp/real is kept).
+  # REAL_FAMILIES is comma-separated. REAL_EXPORT=0: no export, bench every family that earlier
+  # calls exported into /tmp/real (their peers.json entries accumulate), with their caches warm.
   mkdir -p "$OUT/real"
-  PYTHONPATH="$PWD" timeout ${EXPORT_TIMEOUT:-240} python3 benchmarks/real_decoders.py export \
-    --out /tmp/real ${REAL_FAMILIES:+--families $REAL_FAMILIES} > "$OUT/real/export.log" 2>&1
-  tail -5 "$OUT/real/export.log"
+  if [ "${REAL_EXPORT:-1}" = 1 ]; then
+    PYTHONPATH="$PWD" timeout ${EXPORT_TIMEOUT:-240} python3 benchmarks/real_decoders.py export \
+      --out /tmp/real ${REAL_FAMILIES:+--families $REAL_FAMILIES} > "$OUT/real/export.log" 2>&1
+    tail -5 "$OUT/real/export.log"
+  fi
   timeout ${REAL_TIMEOUT:-420} python3 benchmarks/real_decoders.py bench --out /tmp/real --record \
+    $([ "${REAL_EXPORT:-1}" = 1 ] && [ -n "${REAL_FAMILIES:-}" ] && echo --families "$REAL_FAMILIES") \
     ${REAL_OPT_ARGS:+--optimize-args "$REAL_OPT_ARGS"} > "$OUT/real/bench.md" 2>&1
   tail -30 "$OUT/real/bench.md"
   # where the time goes inside each optimized model (benchmarks/kernel_profile.py, ~15 s a family)
-  for fam in ${REAL_FAMILIES:-qwen2 llama phi3}; do
+  for fam in $(echo "${REAL_FAMILIES:-qwen2,llama,phi3}" | tr , ' '); do
     [ -f "/tmp/real/${fam}_real2l_fp16.mlso.onnx" ] || continue
     timeout ${PROFILE_TIMEOUT:-90} python3 benchmarks/kernel_profile.py --cuda-graph \
       "/tmp/real/${fam}_real2l_fp16.mlso.onnx" "/tmp/real/${fam}_real2l_fp16.onnx" \

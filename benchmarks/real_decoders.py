@@ -108,7 +108,10 @@ def export(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    peers: dict[str, dict] = {}
+    # Families exported by an earlier call into the same folder stay listed, so that exports
+    # spread over several device calls end in one `bench` run of all of them.
+    peers_file = out / "peers.json"
+    peers: dict[str, dict] = json.loads(peers_file.read_text()) if peers_file.exists() else {}
     for name in args.families:
         fam = zoo.FAMILY_BY_NAME[name]
         real = dict(fam.real)
@@ -163,7 +166,7 @@ def export(args: argparse.Namespace) -> int:
             rec["torch_error"] = f"{type(exc).__name__}: {exc}"[:400]
         peers[name] = rec
         print(json.dumps(rec), flush=True)
-    (out / "peers.json").write_text(json.dumps(peers, indent=1))
+    peers_file.write_text(json.dumps(peers, indent=1))
     return 0
 
 
@@ -200,6 +203,8 @@ def bench(args: argparse.Namespace) -> int:
     shape = f"input_ids={BATCH},{SEQ}"
     results = {}
     for name, rec in peers.items():
+        if args.families and name not in args.families:
+            continue
         if "file" not in rec:
             results[name] = rec
             continue
@@ -429,6 +434,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     b = sub.add_parser("bench")
     b.add_argument("--out", required=True)
+    b.add_argument(
+        "--families",
+        type=lambda s: s.split(","),
+        default=[],
+        help="comma-separated; default: every family exported into --out",
+    )
     b.add_argument("--optimize-timeout", type=int, default=540)
     b.add_argument("--verify-timeout", type=int, default=240)
     b.add_argument("--bench-timeout", type=int, default=240)
