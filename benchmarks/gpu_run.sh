@@ -54,7 +54,7 @@ if [ "$what" = scaleout ]; then
     need=$(for w in "$deps"/*.whl; do d=$(basename "$w" | cut -d- -f1)
       python3 -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$d" 2>/dev/null || echo "$w"; done)
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mlso-site "/tmp/$name" $need
-    python3 -c "import ray; print('ray', ray.__version__, 'with', '${need:-no extra wheels}')"
+    python3 -c "import ray, sys; print('ray', ray.__version__, 'with', ' '.join(sys.argv[1:]) or 'no extra wheels')" $need
   fi
   # The search on a local Ray cluster against the process pool, per CPU count
   # (benchmarks/scaleout.py; Ray staged by benchmarks/stage_ray.sh and `ray-stage N`). Rows are printed

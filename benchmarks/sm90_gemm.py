@@ -662,9 +662,13 @@ def torch_time(
     samples = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-        graph.replay()
-        end.record(stream)
+        # graph.replay() launches on the current stream: the events must be recorded on that
+        # stream too (recorded on `stream` while the replay ran on the default stream, they
+        # timed an empty interval, 0.09-0.17 µs, on the H100 on 2026-12-07)
+        with torch.cuda.stream(stream):
+            start.record()
+            graph.replay()
+            end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1000.0 / iters)
     return float(np.median(samples))
@@ -673,10 +677,10 @@ def torch_time(
 def torch_times(
     plans: list[tuple[int, int, int]], dtype: str, iters: int
 ) -> dict[tuple[int, int, int], float | None]:
-    """torch_time of every (m, n, k), measured in a child process. Why: in this process, where
-    the launcher's driver context is current, torch's CUDA-graph replays timed 0.1-0.2 µs for
-    GEMMs that read 8-90 MB (H100, 2026-12-07), far under the DRAM floor; a process of its own
-    that never loads PyCUDA timed the same shapes at 13-35 µs."""
+    """torch_time of every (m, n, k), measured in a child process, so that torch's allocator and
+    context never share a process with the launcher's PyCUDA context. (The 0.1-0.2 µs figures
+    first blamed on that sharing came from events recorded on another stream than the graph's
+    replay; see torch_time.)"""
     ms = sorted({m for m, _, _ in plans})
     shapes = sorted({f"{k}x{n}" for _, n, k in plans})
     cmd = [sys.executable, str(Path(__file__).resolve()), "--torch-only", "--dtype", dtype]
