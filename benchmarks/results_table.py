@@ -71,6 +71,14 @@ TABLES: dict[str, tuple[str, str]] = {
         "`benchmarks/heldout_sweep.py --build-only`, then `searched_models.py --models`: "
         "subgraphs the search was not developed on, as `model_level`.",
     ),
+    "scaleout": (
+        "Scale-out: the search on a Ray cluster against the process pool",
+        "`benchmarks/scaleout.py --record`: the wall time of `mlso optimize --dry-run --json "
+        "--no-cache` per model on the local process pool (`--jobs N`) and on a local Ray cluster "
+        "of N CPUs (`--executor ray=ADDRESS`; the cluster's start is its own column), and "
+        "whether both found the same result per region. `all K models`: the set searched one "
+        "model after another.",
+    ),
     "search_cpu": (
         "The search on the CPU",
         "`benchmarks/search_bench.py`: `mlso optimize --dry-run --json --jobs 2` per benchmark "

@@ -11,12 +11,13 @@ start is its own column). Both runs must report the same search result per regio
 verified programs, best estimate): the "same" column says whether they did.
 
     python -m benchmarks.scaleout MODEL... [--spec gqa:16 ...] [--cpus 1,2,4,8,16]
-        [--max-states N] [--input-shape NAME=D0,D1,...] [--json FILE]
+        [--max-states N] [--input-shape NAME=D0,D1,...] [--json FILE] [--record]
 
 --spec NAME:BS builds a benchmark row (models/build_models.py SPECS, fp16, real width) into a
 temporary folder. Needs the `ray` extra (pip install 'mlso[ray]'). Prints a Markdown table for
 benchmarks/RESULTS.md, a row as each is measured; measure on a machine with at least max(--cpus)
-free cores.
+free cores. With more than one model, each CPU count also gets a row for the whole set (the
+models' times summed). --record appends every row to benchmarks/results/scaleout.json.
 """
 
 from __future__ import annotations
@@ -118,8 +119,57 @@ def measure(models: list[Path], cpus: list[int], args: argparse.Namespace) -> li
                 print(table_row(rows[-1]), flush=True)
                 if args.json is not None:
                     args.json.write_text(json.dumps(rows, indent=1) + "\n")
+                if args.record:
+                    record(rows[-1], args.max_states)
+            if len(models) > 1:
+                total = set_total(rows[-len(models) :])
+                print(table_row(total), flush=True)
+                if args.record:
+                    record(total, args.max_states)
             print(f"# {n} CPUs done", file=sys.stderr, flush=True)
     return rows
+
+
+def set_total(rows: list[dict]) -> dict:
+    """One CPU count's rows summed: the wall time of searching the whole set, one model after
+    another, as a batch would."""
+    return {
+        "model": f"all {len(rows)} models",
+        "cpus": rows[0]["cpus"],
+        "local_s": sum(r["local_s"] for r in rows),
+        "ray_s": sum(r["ray_s"] for r in rows),
+        "cluster_start_s": rows[0]["cluster_start_s"],
+        "same": all(r["same"] for r in rows),
+    }
+
+
+def machine() -> str:
+    """The CPU model and core count, for the record (the table is about CPUs, not the GPU)."""
+    name = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} logical CPUs"
+
+
+def record(r: dict, max_states: int | None) -> None:
+    """Append one row to benchmarks/results/scaleout.json (RESULTS.md's "Scale-out" table)."""
+    from benchmarks.results_table import append
+
+    figures = {
+        "CPUs": r["cpus"],
+        "process pool s": round(r["local_s"], 1),
+        "Ray s": round(r["ray_s"], 1),
+        "Ray / pool": round(r["ray_s"] / r["local_s"], 2),
+        "cluster start s": round(r["cluster_start_s"], 1),
+        "same result": "yes" if r["same"] else "NO",
+        "budget": "default" if max_states is None else f"--max-states {max_states}",
+    }
+    append("scaleout", [(f"{r['model']}, {r['cpus']} CPUs", figures)], machine())
 
 
 HEADER = (
@@ -146,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--object-store-mb", type=int, default=200)
     ap.add_argument("--json", type=Path, default=None, help="Also write the rows here.")
+    ap.add_argument(
+        "--record", action="store_true", help="append each row to benchmarks/results/scaleout.json"
+    )
     args = ap.parse_args(argv)
     cpus = [int(x) for x in args.cpus.split(",") if x.strip()]
     with tempfile.TemporaryDirectory() as tmp:

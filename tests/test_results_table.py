@@ -99,3 +99,40 @@ def test_no_tracked_text_file_names_a_machine_path_or_the_steering_folder() -> N
             if needle in text:
                 bad.append(f"{path.relative_to(ROOT)}: {needle}")
     assert not bad, bad
+
+
+def test_scaleout_records_each_row_and_a_whole_set_row(tmp_path, monkeypatch) -> None:
+    """benchmarks/scaleout.py --record: one record per model and CPU count, and the set's sum."""
+    import benchmarks.results_table as rt
+    from benchmarks import scaleout
+
+    monkeypatch.setattr(rt, "RECORDS", tmp_path)
+    monkeypatch.setenv("MLSO_BENCH_COMMIT", "abc1234")
+    rows = [
+        {
+            "model": "a",
+            "cpus": 4,
+            "local_s": 10.0,
+            "ray_s": 12.0,
+            "cluster_start_s": 3.0,
+            "same": True,
+        },
+        {
+            "model": "b",
+            "cpus": 4,
+            "local_s": 5.0,
+            "ray_s": 4.0,
+            "cluster_start_s": 3.0,
+            "same": False,
+        },
+    ]
+    total = scaleout.set_total(rows)
+    assert (total["local_s"], total["ray_s"], total["same"]) == (15.0, 16.0, False)
+    assert total["model"] == "all 2 models" and total["cpus"] == 4
+    for r in [*rows, total]:
+        scaleout.record(r, None)
+    got = json.loads((tmp_path / "scaleout.json").read_text())
+    assert [g["row"] for g in got] == ["a, 4 CPUs", "b, 4 CPUs", "all 2 models, 4 CPUs"]
+    assert got[0]["figures"]["Ray / pool"] == 1.2 and got[1]["figures"]["same result"] == "NO"
+    assert all(g["commit"] == "abc1234" and g["figures"]["budget"] == "default" for g in got)
+    assert "logical CPUs" in got[0]["machine"]
