@@ -22,7 +22,10 @@ in the GPU machine's system Python and onnxruntime-gpu in the staged site:
     source .device-stage/gpu.sh env; PYTHONPATH=$PWD:$PYTHONPATH \\
         python3 benchmarks/real_decoders.py bench --out DIR
 
-``bench`` writes DIR/real_decoders.json and prints a markdown table.
+``bench`` writes DIR/real_decoders.json and prints a markdown table per family, then one per
+region: ORT's µs for the region's nodes against its library baseline program's (optimize --gpu's
+baseline trial, ``baseline_vs_ort``; issue 31's bar is 1.05). ``--record`` appends both
+(``real_decoders`` and ``real_decoder_regions``) to benchmarks/results/.
 """
 
 from __future__ import annotations
