@@ -22,7 +22,10 @@ in the GPU machine's system Python and onnxruntime-gpu in the staged site:
     source .device-stage/gpu.sh env; PYTHONPATH=$PWD:$PYTHONPATH \\
         python3 benchmarks/real_decoders.py bench --out DIR
 
-``bench`` writes DIR/real_decoders.json and prints a markdown table.
+``bench`` writes DIR/real_decoders.json and prints a markdown table per family, then one per
+region: ORT's µs for the region's nodes against its library baseline program's (optimize --gpu's
+baseline trial, ``baseline_vs_ort``; issue 31's bar is 1.05). ``--record`` appends both
+(``real_decoders`` and ``real_decoder_regions``) to benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -186,6 +189,36 @@ def _cli(args: list[str], timeout: int) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess(cmd, 124, text(exc.stdout), err)
 
 
+REGION_KEYS = (
+    "region",
+    "label",
+    "packaged",
+    "kernels",
+    "serve",
+    "us_before",
+    "us_after",
+    "speedup",
+    # the region's library baseline program (lifted: cuBLASLt GEMMs plus generated kernels for
+    # the rest), timed by optimize --gpu beside its picks, against the original nodes of the
+    # same trial: issue 31's bar is baseline_vs_ort <= 1.05
+    "baseline_us",
+    "baseline_orig_us",
+    "baseline_vs_ort",
+    "baseline_program_us",
+    "why",
+)
+"""The fields of optimize's --json region lines kept per region."""
+
+
+def _regions(rows: list[dict]) -> list[dict]:
+    """optimize's --json region lines (not its summary), with the fields of REGION_KEYS."""
+    return [
+        {k: r.get(k) for k in REGION_KEYS}
+        for r in rows
+        if "summary" not in r and r.get("type") != "summary"
+    ]
+
+
 def _json_lines(text: str) -> list[dict]:
     rows = []
     for line in text.splitlines():
@@ -232,24 +265,7 @@ def bench(args: argparse.Namespace) -> int:
         rec["optimize_s"] = round(time.time() - t0, 1)
         rec["optimize_args"] = list(args.optimize_args)
         rec["optimize_rc"] = opt.returncode
-        rows = _json_lines(opt.stdout)
-        rec["regions"] = [
-            {
-                k: r.get(k)
-                for k in (
-                    "region",
-                    "label",
-                    "packaged",
-                    "kernels",
-                    "us_before",
-                    "us_after",
-                    "speedup",
-                    "why",
-                )
-            }
-            for r in rows
-            if "summary" not in r and r.get("type") != "summary"
-        ]
+        rec["regions"] = _regions(_json_lines(opt.stdout))
         rec["optimize_tail"] = opt.stderr[-1500:]
         if opt.returncode == 0 and fast.exists():
             ver = _cli(
@@ -295,6 +311,7 @@ def bench(args: argparse.Namespace) -> int:
         # after every family, so that a run stopped at its time limit keeps what it measured
         (out / "real_decoders.json").write_text(json.dumps(results, indent=1))
     _table(results)
+    _region_table(results)
     if args.record:
         _record(results, _machine())
     return 0
@@ -327,10 +344,40 @@ def _transformers_optimized(orig: Path, rec: dict) -> Path | None:
 
 
 def _record(results: dict, machine: str) -> None:
-    """One results record per family in benchmarks/results/real_decoders.json."""
+    """One results record per family in benchmarks/results/real_decoders.json, and one per
+    region timed with its baseline in benchmarks/results/real_decoder_regions.json."""
     from benchmarks.results_table import append
 
     append("real_decoders", [(n, _figures(r)) for n, r in results.items()], machine)
+    rows = _region_rows(results)
+    if rows:
+        append("real_decoder_regions", rows, machine)
+
+
+def _region_rows(results: dict) -> list[tuple[str, dict]]:
+    """(row, figures) per region of every family whose baseline was timed: ORT's µs for the
+    region, the baseline's, their ratio, and what optimize chose."""
+    out = []
+    for name, rec in results.items():
+        for r in rec.get("regions", []):
+            if r.get("baseline_us") is None:
+                continue
+            out.append(
+                (
+                    f"{name} region {r.get('region')}",
+                    {
+                        "label": r.get("label"),
+                        "serve": r.get("serve"),
+                        "ORT µs": r.get("baseline_orig_us"),
+                        "baseline µs": r.get("baseline_us"),
+                        "baseline / ORT": r.get("baseline_vs_ort"),
+                        "baseline alone µs": r.get("baseline_program_us"),
+                        "chosen µs": r.get("us_after"),
+                        "packaged": bool(r.get("packaged")),
+                    },
+                )
+            )
+    return out
 
 
 def _machine() -> str:
@@ -421,6 +468,33 @@ def _table(results: dict) -> None:
                 f"{rec.get('torch_eager_us', '-')} | "
                 f"{rec.get('torch_compile_us', '-')} |"
             )
+
+
+def _region_table(results: dict) -> None:
+    """Per region: ORT's µs for its nodes, the library baseline program's (both as served, from
+    one trial), their ratio against issue 31's 1.05 bar, and the program optimize chose."""
+    rows = _region_rows(results)
+    if not rows:
+        return
+    print()
+    print(
+        "| family region | label | serve | ORT µs | baseline µs | baseline / ORT | "
+        "baseline alone µs | chosen µs | packaged |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+
+    def cell(x, digits: int = 1) -> str:
+        return "-" if x is None else f"{x:.{digits}f}"
+
+    for row, f in rows:
+        ratio = f["baseline / ORT"]
+        flag = "" if ratio is None or ratio <= 1.05 else " (over 1.05)"
+        print(
+            f"| {row} | {f['label']} | {f['serve']} | {cell(f['ORT µs'])} | "
+            f"{cell(f['baseline µs'])} | {cell(ratio, 3)}{flag} | "
+            f"{cell(f['baseline alone µs'])} | {cell(f['chosen µs'])} | "
+            f"{'yes' if f['packaged'] else 'no'} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,15 @@ TABLES: dict[str, tuple[str, str]] = {
         "`mlso bench` (median µs per call; speedup against the original in the same rounds), "
         "beside torch eager and torch.compile (reduce-overhead) on the same module.",
     ),
+    "real_decoder_regions": (
+        "Real exported decoders, per region: library baseline against ONNX Runtime",
+        "`benchmarks/real_decoders.py`, from `mlso optimize --gpu 0 --json`: each region's "
+        "baseline program (its lifted program: cuBLASLt GEMMs plus generated kernels for the "
+        "rest) timed as served, its MlsoKernel node alone in ONNX Runtime, against the region's "
+        "original nodes in the same trial and mode (µs). Issue 31's bar: `baseline / ORT` at most "
+        "1.05. `baseline alone`: the program by CUDA-graph replay, without ORT; `chosen`: what "
+        "optimize picked for the region, as served.",
+    ),
     "library_gemm": (
         "Library GEMMs alone",
         "`benchmarks/library_gemm.py`: a kernel-level matmul lowered to a cuBLASLt launch against "

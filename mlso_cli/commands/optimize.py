@@ -22,6 +22,7 @@ from mlso_cli.frontend.load import parse_input_shapes
 from mlso_cli.pipeline import (
     CUDA_GRAPH,
     SERVE_MODES,
+    Choice,
     Listener,
     ModelCheck,
     Outcome,
@@ -382,6 +383,13 @@ def _region_row(rep: RegionReport) -> dict:
         "us_after": round(c.after_us, 3),
         "speedup": round(c.speedup, 3),
         "program_us": _r(c.program_us),
+        # the region's baseline program (library GEMMs plus generated kernels for the rest),
+        # timed beside the picks with --gpu: as served, the original nodes in the same trial,
+        # their ratio, and the program alone (all None without --gpu)
+        "baseline_us": _r(c.baseline_us),
+        "baseline_orig_us": _r(c.baseline_orig_us),
+        "baseline_vs_ort": _r(c.baseline_vs_ort),
+        "baseline_program_us": _r(c.baseline_program_us),
         "timed": {
             m.mode: {"orig_us": _r(m.orig_us), "served_us": _r(m.served_us)} for m in c.modes
         },
@@ -413,6 +421,32 @@ def _region_row(rep: RegionReport) -> dict:
         "notes": list(r.notes),
         "hash": s.region_hash,
     }
+
+
+def _baseline_cell(c: Choice) -> str:
+    if c.baseline_us is None:
+        return "-"
+    ratio = c.baseline_vs_ort
+    return f"{c.baseline_us:.1f}" + ("" if ratio is None else f" ({ratio:.2f}x)")
+
+
+def _parity_line(outcome: Outcome) -> str:
+    """How many timed regions' baseline programs run within BASELINE_PARITY of ORT's nodes."""
+    from mlso_cli.pipeline.select import BASELINE_PARITY
+
+    ratios = [
+        (r.choice.baseline_vs_ort, r.choice.region)
+        for r in outcome.regions
+        if r.choice.baseline_vs_ort is not None
+    ]
+    if not ratios:
+        return "library baseline: not timed"
+    within = sum(x <= BASELINE_PARITY for x, _ in ratios)
+    worst, region = max(ratios)
+    return (
+        f"library baseline within {BASELINE_PARITY:g}x of ONNX Runtime in {within} of "
+        f"{len(ratios)} timed region(s) (worst {worst:.2f}x, region {region})"
+    )
 
 
 def _r(x: float | None) -> float | None:
@@ -460,7 +494,10 @@ def _report(outcome: Outcome, out: str | None, as_json: bool, streamed: bool = F
         from rich.table import Table
 
         t = Table(title=f"optimize -> {out or '(dry run: nothing written)'}", title_justify="left")
-        for col in ("region", "label", "search", "before µs", "after µs", "speedup", "decision"):
+        # the baseline column only where a baseline was timed (--gpu)
+        based = any(rep.choice.baseline_us is not None for rep in outcome.regions)
+        cols = ("region", "label", "search", "before µs", "after µs", "speedup")
+        for col in (*cols, *(("baseline µs (/ ORT)",) if based else ()), "decision"):
             t.add_column(col)
         for rep in outcome.regions:
             c = rep.choice
@@ -471,9 +508,12 @@ def _report(outcome: Outcome, out: str | None, as_json: bool, streamed: bool = F
                 f"{c.before_us:.1f}",
                 f"{c.after_us:.1f}",
                 f"{c.speedup:.2f}x",
+                *((_baseline_cell(c),) if based else ()),
                 f"mlso kernel mlso_region_{c.region} ({c.checks})" if c.packaged else c.why,
             )
         stderr().print(t)
+        if based:
+            stderr().print(_parity_line(outcome))
         stderr().print(f"served as: {outcome.serve}")
         if outcome.check is not None:
             stderr().print(outcome.check.why)

@@ -133,10 +133,25 @@ class Choice:
     (pipeline/verifying.py); None when it was not packaged or not yet checked."""
     checks: str = ""
     """What the check before writing ran for it, in one line (empty when it did not run)."""
+    baseline_us: float | None = None
+    """Measured (--gpu): the region's baseline program (its lifted program: library GEMMs plus
+    generated kernels for everything else) as served, its MlsoKernel node alone in ORT in the
+    mode the rule compared; None without --gpu or where it could not be timed."""
+    baseline_orig_us: float | None = None
+    """The region's original nodes in the same trial and mode as `baseline_us`."""
+    baseline_program_us: float | None = None
+    """The baseline program alone by CUDA-graph replay (no ORT)."""
 
     @property
     def speedup(self) -> float:
         return self.before_us / self.after_us if self.after_us else 0.0
+
+    @property
+    def baseline_vs_ort(self) -> float | None:
+        """Baseline µs over ORT's µs for the region, as served (issue 31's bar: at most 1.05)."""
+        if self.baseline_us is None or not self.baseline_orig_us:
+            return None
+        return self.baseline_us / self.baseline_orig_us
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,15 @@ not the faster of the two modes on each side, as before: a region fastest plain 
 program fastest under a graph is no deployment anyone runs, and it packaged programs that made
 the served model slower. The program's own CUDA-graph replay time (no ORT) is reported beside.
 
+With --gpu, each region's *baseline program* is timed too, in one more trial model beside the
+picks (`measure_top_k`): the lifted program, every op a kernel-level op, which codegen lowers to
+library GEMMs (cuBLASLt, codegen/libgemm.py) plus generated kernels for everything else. It is
+what ONNX Runtime runs for the region, done by mlso, so its time against the original nodes'
+(`baseline_vs_ort`) says whether a slower region is the fused program's fault or the baseline's.
+It competes: it is chosen when it is strictly faster than every timed pick (the never-slower
+rule then compares it with the original nodes as any pick). Where it is a pick already, that
+pick's figures are its figures and no trial is added.
+
 Without a GPU the cost model decides: `onnx_region_cost` (ORT's plain per-node cost included)
 against `program_cost`. Under `--serve plain` the program side also pays one ORT node
 (`Hardware.ort_node_s`): the MlsoKernel node is one node of the plain run. Under `cuda-graph`
@@ -27,8 +36,10 @@ from dataclasses import dataclass
 
 import onnx
 
+from mlso_cli.errors import MlsoError
 from mlso_cli.frontend.lift import LiftedRegion
 from mlso_cli.frontend.load import LoadedModel
+from mlso_cli.ir.hashing import graph_hash
 from mlso_cli.pipeline.artifacts import CUDA_GRAPH, PLAIN, Choice, ModeTimes, Searched
 from mlso_cli.pipeline.build import Builder, package
 from mlso_cli.runtime.check import MLSO_DOMAIN
@@ -39,6 +50,10 @@ MeasureFn = Callable[[onnx.ModelProto, int], list]
 """measure(packaged_model, gpu) -> [RegionTiming]: `mlso_cli.bench.harness.time_regions`.
 A test injects its own, returning fixed figures (RegionTiming's per-mode fields, or only
 `orig_us`/`kernel_us`/`served_us`, which are then taken as the named mode's)."""
+
+BASELINE_PARITY = 1.05
+"""Issue 31's bar for a region's baseline program: at most this times ONNX Runtime's time for
+the region's nodes, as served (`Choice.baseline_vs_ort`)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,11 @@ class Timing:
     program_us: float | None = None
     """The program alone by CUDA-graph replay (no ORT)."""
     modes: tuple[ModeTimes, ...] = ()
+    baseline: bool = False
+    """The timed program is the region's baseline program (its lifted program)."""
+    beside: bool = False
+    """Timed in the baseline trial, beside the picks rather than as one of them: chosen only
+    when strictly faster than every pick, so that a tie changes nothing."""
 
     def in_mode(self, serve: str) -> Figures:
         """The figures for deployment mode `serve`. Under cuda-graph, a region whose original
@@ -142,14 +162,17 @@ def choose(
             f"kept original: no candidate's MlsoKernel node could be timed in ONNX Runtime "
             f"under {f.mode}, so nothing shows it is faster as served"
         )
-        return _choice(
-            lr, ranked[t.rank], f.orig_us or 0.0, 0.0, True, False, why, serve, t, onnx_us
+        return _with_baseline(
+            _choice(lr, ranked[t.rank], f.orig_us or 0.0, 0.0, True, False, why, serve, t, onnx_us),
+            timings,
         )
-    t, f = min(timed, key=lambda x: (x[1].served_us, x[0].rank))
+    t, f = min(timed, key=lambda x: (x[1].served_us, x[0].beside, x[0].rank))
     speedup = f.orig_us / f.served_us if f.served_us else 0.0
-    packaged, why = _verdict(speedup, min_speedup, "measured", f"under {f.mode}", f.note)
-    return _choice(
-        lr, ranked[t.rank], f.orig_us, f.served_us, True, packaged, why, serve, t, onnx_us
+    note = "; ".join(n for n in (f.note, "the baseline program" if t.beside else "") if n)
+    packaged, why = _verdict(speedup, min_speedup, "measured", f"under {f.mode}", note)
+    return _with_baseline(
+        _choice(lr, ranked[t.rank], f.orig_us, f.served_us, True, packaged, why, serve, t, onnx_us),
+        timings,
     )
 
 
@@ -170,6 +193,7 @@ def choose_bounded(
 
     from mlso_cli.verify.equivalence import unbounded
 
+    every = tuple(timings or ())  # the baseline is reported even where it cannot be chosen
     keep, why = [], None
     for c in searched.result.candidates:
         reason = None if c.bound > 0 else unbounded(lr.graph, c.graph)
@@ -182,8 +206,9 @@ def choose_bounded(
     if not keep:
         pick = rank(searched.result.candidates)[0]
         onnx_us = onnx_region_cost(loaded, lr.region).us
-        return _choice(
-            lr, pick, onnx_us, 0.0, False, False, f"kept original: {why}", serve, onnx_us=onnx_us
+        why = f"kept original: {why}"
+        return _with_baseline(
+            _choice(lr, pick, onnx_us, 0.0, False, False, why, serve, onnx_us=onnx_us), every
         )
     result = replace(searched.result, candidates=tuple(keep))
     if timings:  # timed ranks index the full ranking: keep those of bounded candidates only
@@ -195,7 +220,25 @@ def choose_bounded(
             for t in timings
             if id(full[t.rank].candidate) in index
         ]
-    return choose(loaded, lr, replace(searched, result=result), min_speedup, timings, serve)
+    choice = choose(loaded, lr, replace(searched, result=result), min_speedup, timings, serve)
+    return _with_baseline(choice, every)
+
+
+def _with_baseline(choice: Choice, timings: Sequence[Timing]) -> Choice:
+    """`choice` with the region's baseline program's figures in its serving mode (as the rule
+    reads them: plain where the original nodes cannot be captured), where it was timed."""
+    from dataclasses import replace
+
+    base = next((t for t in timings if t.baseline), None)
+    if base is None:
+        return choice
+    f = base.in_mode(choice.serve)
+    return replace(
+        choice,
+        baseline_us=f.served_us,
+        baseline_orig_us=f.orig_us,
+        baseline_program_us=base.program_us,
+    )
 
 
 def _choice(
@@ -246,11 +289,17 @@ def measure_top_k(
     is for the GPU to say). Trial model j packages each region's j-th pick (regions with fewer
     picks sit out), and one timing pass measures them all: on this GPU, or with `executor` ray
     as one GPU task per trial (pipeline/timing.py). A trial whose timing was lost adds its
-    regions to `lost` (region id -> why), and they go without that trial's figures."""
+    regions to `lost` (region id -> why), and they go without that trial's figures.
+
+    One more trial, after the picks', packages each region's baseline program (`baseline_index`)
+    where it is not a pick already; its timings carry `baseline` and `beside`. A region whose
+    baseline cannot be compiled sits that trial out (the baseline is extra: it never fails a
+    run that would have succeeded without it)."""
     from mlso_cli.pipeline.timing import Lost, run_trials
 
     ranked = {s.region: rank(s.result.candidates) for s in searched}
     picks = {r: _picks(ranked[r], k) for r in ranked}
+    base = {lr.region.id: baseline_index(ranked[lr.region.id], lr) for lr in regions}
     out: dict[int, list[Timing]] = {lr.region.id: [] for lr in regions}
     builder.prebuild(
         [
@@ -259,35 +308,73 @@ def measure_top_k(
             for i in picks[lr.region.id]
         ]
     )
-    trials, owners, rounds = [], [], []
-    for j in range(max(len(p) for p in picks.values()) if picks else 0):
-        members = [lr for lr in regions if j < len(picks[lr.region.id])]
+    # (members with their rank index in this trial, whether it is the baseline trial)
+    rounds: list[tuple[list[tuple[LiftedRegion, int]], bool]] = [
+        ([(lr, picks[lr.region.id][j]) for lr in regions if j < len(picks[lr.region.id])], False)
+        for j in range(max(len(p) for p in picks.values()) if picks else 0)
+    ]
+    beside = [
+        (lr, base[lr.region.id])
+        for lr in regions
+        if base[lr.region.id] is not None and base[lr.region.id] not in picks[lr.region.id]
+    ]
+    built = _build_baselines(builder, [(lr, ranked[lr.region.id][b]) for lr, b in beside])
+    beside = [(lr, b) for lr, b in beside if lr.region.id in built]
+    if beside:
+        rounds.append((beside, True))
+    trials, owners = [], []
+    for members, is_base in rounds:
         items = [
             (
                 lr,
-                builder.build(
-                    ranked[lr.region.id][picks[lr.region.id][j]].candidate.graph,
-                    lr.extra_inputs,
-                ),
+                built[lr.region.id]
+                if is_base
+                else builder.build(ranked[lr.region.id][i].candidate.graph, lr.extra_inputs),
             )
-            for lr in members
+            for lr, i in members
         ]
         trial = package(loaded, items, targets=builder.targets, seed=seed, bound=0.0)
         trials.append(trial)
-        owners.append(_owners(trial, members))
-        rounds.append((j, members))
-    for (j, members), owner, result in zip(
+        owners.append(_owners(trial, [lr for lr, _ in members]))
+    for (members, is_base), owner, result in zip(
         rounds, owners, run_trials(trials, measure, gpu, executor)
     ):
         if isinstance(result, Lost):
-            for lr in members:
+            for lr, _ in members:
                 if lost is not None:
                     lost.setdefault(lr.region.id, result.reason)
             continue
+        index = {lr.region.id: i for lr, i in members}
         for t in result:
             region = owner[t.node]
-            out[region].append(_timing(picks[region][j], t))
+            i = index[region]
+            out[region].append(_timing(i, t, baseline=i == base[region], beside=is_base))
     return out
+
+
+def baseline_index(ranked: Sequence[Ranked], lr: LiftedRegion) -> int | None:
+    """The index in `ranked` of the region's baseline program: its lifted program, every op a
+    kernel-level op, which codegen lowers to library GEMMs (codegen/libgemm.py) plus generated
+    kernels for everything else. The search always returns it, as the never-slower fallback
+    (search/api.py); None for a result without it (only a test's fake search returns one).
+    Found by content hash, the one a region's search is cached under: names play no part."""
+    want = graph_hash(lr.graph)
+    return next((i for i, r in enumerate(ranked) if graph_hash(r.candidate.graph) == want), None)
+
+
+def _build_baselines(builder: Builder, items: Sequence[tuple[LiftedRegion, Ranked]]) -> dict:
+    """region id -> the built baseline program, for those that compile. Why not raise: the
+    baseline trial is measured beside the picks; a lifted program that codegen or nvcc refuses
+    (no pick needed it before) leaves its region without a baseline figure, not the run failed."""
+    import contextlib
+
+    with contextlib.suppress(MlsoError):  # a failure is met again, alone, by `build` below
+        builder.prebuild([(r.candidate.graph, lr.extra_inputs) for lr, r in items])
+    built = {}
+    for lr, r in items:
+        with contextlib.suppress(MlsoError):
+            built[lr.region.id] = builder.build(r.candidate.graph, lr.extra_inputs)
+    return built
 
 
 def _picks(ranked: Sequence[Ranked], k: int) -> list[int]:
@@ -302,7 +389,7 @@ def _picks(ranked: Sequence[Ranked], k: int) -> list[int]:
     return picks
 
 
-def _timing(rank: int, t) -> Timing:
+def _timing(rank: int, t, *, baseline: bool = False, beside: bool = False) -> Timing:
     """A harness RegionTiming as the rule reads it (per-mode figures where it has them)."""
     modes: tuple[ModeTimes, ...] = ()
     if getattr(t, "per_mode", False):
@@ -310,7 +397,7 @@ def _timing(rank: int, t) -> Timing:
             ModeTimes(CUDA_GRAPH, t.orig_graph_us, t.served_graph_us),
             ModeTimes(PLAIN, t.orig_plain_us, t.served_plain_us),
         )
-    return Timing(rank, t.orig_us, t.cost_us, t.kernel_us, modes)
+    return Timing(rank, t.orig_us, t.cost_us, t.kernel_us, modes, baseline, beside)
 
 
 def _owners(trial: onnx.ModelProto, members: Sequence[LiftedRegion]) -> dict[str, int]:
