@@ -120,17 +120,23 @@ if [ "$what" = real ]; then
   # back to back on the warm machine (each call records its own rows; /tmp/real is kept).
   # REAL_FAMILIES is comma-separated. REAL_EXPORT=0: no export, bench every family that earlier
   # calls exported into /tmp/real (their peers.json entries accumulate), with their caches warm.
+  # REAL_OPTIMIZE_ONLY=1: export without torch peers, then only optimize --gpu 0 per family (the
+  # per-region table of each region's library baseline against ORT), no verify, bench or profile.
   mkdir -p "$OUT/real"
+  only=""; peers=""
+  [ "${REAL_OPTIMIZE_ONLY:-0}" = 1 ] && only="--optimize-only" && peers="--no-peers"
   if [ "${REAL_EXPORT:-1}" = 1 ]; then
-    PYTHONPATH="$PWD" timeout ${EXPORT_TIMEOUT:-240} python3 benchmarks/real_decoders.py export \
+    PYTHONPATH="$PWD" timeout ${EXPORT_TIMEOUT:-240} python3 benchmarks/real_decoders.py export $peers \
       --out /tmp/real ${REAL_FAMILIES:+--families $REAL_FAMILIES} > "$OUT/real/export.log" 2>&1
     tail -5 "$OUT/real/export.log"
   fi
-  timeout ${REAL_TIMEOUT:-420} python3 benchmarks/real_decoders.py bench --out /tmp/real --record \
+  timeout ${REAL_TIMEOUT:-420} python3 benchmarks/real_decoders.py bench --out /tmp/real --record $only \
     $([ "${REAL_EXPORT:-1}" = 1 ] && [ -n "${REAL_FAMILIES:-}" ] && echo --families "$REAL_FAMILIES") \
     ${REAL_OPT_ARGS:+--optimize-args "$REAL_OPT_ARGS"} > "$OUT/real/bench.md" 2>&1
   tail -30 "$OUT/real/bench.md"
+  cp benchmarks/results/real_decoder_regions.json "$OUT/real/region_records.json" 2>/dev/null
   # where the time goes inside each optimized model (benchmarks/kernel_profile.py, ~15 s a family)
+  [ -n "$only" ] && { cp /tmp/real/*.json /tmp/real/*.log "$OUT/real/" 2>/dev/null; exit 0; }
   for fam in $(echo "${REAL_FAMILIES:-qwen2,llama,phi3}" | tr , ' '); do
     [ -f "/tmp/real/${fam}_real2l_fp16.mlso.onnx" ] || continue
     timeout ${PROFILE_TIMEOUT:-90} python3 benchmarks/kernel_profile.py --cuda-graph \

@@ -268,6 +268,12 @@ def bench(args: argparse.Namespace) -> int:
         rec["optimize_rc"] = opt.returncode
         rec["regions"] = _regions(_json_lines(opt.stdout))
         rec["optimize_tail"] = opt.stderr[-1500:]
+        if args.optimize_only:
+            # the per-region figures only (each region's baseline against ORT): no verify, no bench
+            results[name] = rec
+            print(json.dumps(rec), flush=True)
+            (out / "real_decoders.json").write_text(json.dumps(results, indent=1))
+            continue
         if opt.returncode == 0 and fast.exists():
             ver = _cli(
                 ["verify", str(orig), str(fast), "--input-shape", shape, "--json"],
@@ -311,10 +317,11 @@ def bench(args: argparse.Namespace) -> int:
         print(json.dumps({k: v for k, v in rec.items() if k != "bench"}), flush=True)
         # after every family, so that a run stopped at its time limit keeps what it measured
         (out / "real_decoders.json").write_text(json.dumps(results, indent=1))
-    _table(results)
+    if not args.optimize_only:
+        _table(results)
     _region_table(results)
     if args.record:
-        _record(results, _machine())
+        _record(results, _machine(), whole_models=not args.optimize_only)
     return 0
 
 
@@ -344,12 +351,14 @@ def _transformers_optimized(orig: Path, rec: dict) -> Path | None:
         return None
 
 
-def _record(results: dict, machine: str) -> None:
-    """One results record per family in benchmarks/results/real_decoders.json, and one per
-    region timed with its baseline in benchmarks/results/real_decoder_regions.json."""
+def _record(results: dict, machine: str, whole_models: bool = True) -> None:
+    """One results record per family in benchmarks/results/real_decoders.json (unless
+    `whole_models` is off: an --optimize-only run timed no whole model), and one per region timed
+    with its baseline in benchmarks/results/real_decoder_regions.json."""
     from benchmarks.results_table import append
 
-    append("real_decoders", [(n, _figures(r)) for n, r in results.items()], machine)
+    if whole_models:
+        append("real_decoders", [(n, _figures(r)) for n, r in results.items()], machine)
     rows = _region_rows(results)
     if rows:
         append("real_decoder_regions", rows, machine)
@@ -520,6 +529,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--bench-timeout", type=int, default=240)
     b.add_argument("--optimize-args", type=lambda s: s.split(), default=[])
     b.add_argument("--record", action="store_true", help="append to benchmarks/results/")
+    b.add_argument(
+        "--optimize-only",
+        action="store_true",
+        help="only optimize --gpu 0: the per-region table (baseline against ORT), no verify or bench",
+    )
     r = sub.add_parser(
         "record", help="append DIR/real_decoders.json to benchmarks/results (a run cut short)"
     )

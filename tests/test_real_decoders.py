@@ -84,3 +84,42 @@ def test_records_go_to_a_table_of_their_own(rd, monkeypatch, tmp_path):
     text = rt.render(rt.load_records())
     assert "## Real exported decoders, per region: library baseline against ONNX Runtime" in text
     assert "| phi3 region 3 |" in text and "baseline / ORT" in text
+
+
+def test_an_optimize_only_run_records_regions_but_no_whole_model_row(rd, monkeypatch, tmp_path):
+    """--optimize-only times no whole model, so it must not add a real_decoders record (it would
+    supersede the last full row with an empty one)."""
+    import benchmarks.results_table as rt
+
+    monkeypatch.setattr(rt, "RECORDS", tmp_path)
+    region = {"region": 0, "label": "linear", "baseline_us": 10.0, "baseline_vs_ort": 0.9}
+    rd._record({"llama": {"regions": [region]}}, "test GPU", whole_models=False)
+    assert not (tmp_path / "real_decoders.json").exists()
+    (rec,) = json.loads((tmp_path / "real_decoder_regions.json").read_text())
+    assert rec["row"] == "llama region 0" and rec["figures"]["baseline / ORT"] == 0.9
+
+
+def test_bench_optimize_only_skips_verify_and_bench(rd, monkeypatch, tmp_path):
+    calls = []
+
+    class Done:
+        returncode, stdout, stderr = 0, "", ""
+
+    def cli(argv, timeout):
+        calls.append(argv[0])
+        return Done()
+
+    monkeypatch.setattr(rd, "_cli", cli)
+    (tmp_path / "peers.json").write_text(json.dumps({"llama": {"file": "llama.onnx"}}))
+    args = rd.argparse.Namespace(
+        out=str(tmp_path),
+        families=[],
+        optimize_args=[],
+        optimize_timeout=1,
+        record=False,
+        optimize_only=True,
+    )
+    assert rd.bench(args) == 0
+    assert calls == ["optimize"]
+    saved = json.loads((tmp_path / "real_decoders.json").read_text())
+    assert saved["llama"]["optimize_rc"] == 0 and "bench" not in saved["llama"]
