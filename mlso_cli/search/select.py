@@ -16,7 +16,7 @@ from mlso_cli.codegen.budget import problems
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.search.cost import Cost, graph_def_floor, program_cost
 from mlso_cli.search.dims import DimClasses
-from mlso_cli.search.space import Dims, Recipe, RecipeError, instantiate, iters
+from mlso_cli.search.space import Dims, Recipe, RecipeError, Signature, instantiate, iters
 
 MAX_BLOCKS = 8 * 132 * 8
 """More blocks than eight waves of eight blocks per SM never pays: each re-reads its tiles."""
@@ -47,7 +47,11 @@ class Sized:
 
 
 def sizes(dc: DimClasses, recipe: Recipe) -> Iterator[Dims]:
-    sig = recipe.signature
+    return signature_sizes(dc, recipe.signature)
+
+
+def signature_sizes(dc: DimClasses, sig: Signature) -> Iterator[Dims]:
+    """Every grid and loop size `choose_dims` considers for a recipe of signature `sig`."""
     size = {c.id: c.size for c in dc.classes}
     grids = [_counts(size[a.cls]) for a in sig.grid]
     for grid in product(*grids):
