@@ -31,7 +31,7 @@ from mlso_cli.search.space import (
 )
 from mlso_cli.verify.equivalence import check_equivalent
 from models.build_models import SPECS
-from tests.fixtures.ugraphs import fixture
+from tests.fixtures.ugraphs import FIXTURES, fixture
 
 
 def _target(tmp_path, name: str, bs: int = 1):
@@ -151,10 +151,11 @@ def test_a_reshape_replays_on_a_tile_only_where_the_regrouped_dims_are_whole():
 @pytest.mark.parametrize("keep", [1, 3, 1000])
 def test_choose_dims_answers_what_checking_every_size_answers(tmp_path, keep):
     """choose_dims prices a size before its spec check and drops, unchecked, one that cannot
-    enter the `keep` cheapest so far: the answer must be the brute force's (every size
-    instantiated, checked, priced, sorted)."""
+    enter the `keep` cheapest so far, and stops at the first size whose cost floor is above
+    them: the answer must be the brute force's (every size instantiated, checked, priced,
+    sorted), and no size's floor may exceed its cost."""
     from mlso_cli.codegen.budget import problems
-    from mlso_cli.search.select import GRID_Y_Z_LIMIT, sizes
+    from mlso_cli.search.select import GRID_Y_Z_LIMIT, floor, sizes
 
     target = _target(tmp_path, "gated_mlp")
     small, _ = shrink(target)
@@ -169,9 +170,26 @@ def test_choose_dims_answers_what_checking_every_size_answers(tmp_path, keep):
             kg = instantiate(target, dcf, recipe, dims, (0,))
         except RecipeError:
             continue
+        assert floor(target, dcf, recipe, dims) <= program_cost(kg).seconds
         if not problems(kg):
             want.append((program_cost(kg).seconds, dims.grid, dims.loop, kg))
     want.sort(key=lambda w: w[:3])
     got = choose_dims(target, dcf, recipe, (0,), keep=keep)
     assert [(s.cost.seconds, s.dims.grid, s.dims.loop, s.graph) for s in got] == want[:keep]
     assert len(want) > 3  # the case has sizes to drop
+
+
+@pytest.mark.parametrize("key", sorted(FIXTURES))
+def test_the_cost_floor_is_below_every_fixtures_cost(key):
+    """cost.graph_def_floor, from a graph-defined kernel's tile reads, grid and loop alone, must
+    never exceed the cost of a program with that kernel: sizing stops at the first size whose
+    floor is above the cheapest it has (select.choose_dims)."""
+    from mlso_cli.search.cost import _input_reads, graph_def_floor
+
+    kg = FIXTURES[key]()
+    cost = program_cost(kg).seconds
+    kernels = [n for n in kg.nodes() if n.op is Op.GRAPH_DEF]
+    assert kernels
+    for gd in kernels:
+        read = sum(nbytes for _, _, nbytes in _input_reads(gd))
+        assert graph_def_floor(read, gd.arg.block_count(), gd.arg.loop) <= cost

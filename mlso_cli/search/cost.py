@@ -417,6 +417,25 @@ def block_graph_time(gd: Node, nbytes: int, flops: int, tensor: bool, hw: Hardwa
     return waves * (hw.pre_latency_s + steps * step + fill) + hw.launch_s
 
 
+def graph_def_floor(read_bytes: int, blocks: int, loop: int, hw: Hardware = H200) -> float:
+    """A lower bound on `program_cost` of any program with a graph-defined kernel of `blocks`
+    blocks and `loop` steps whose input tiles move `read_bytes` over the whole grid (the sum of
+    `_input_reads`' figures), whatever its block graph, layout and other kernels.
+
+    Why: sizing (select.choose_dims) prices thousands of instances of a structure, each laid out
+    by code generation first, and keeps the cheapest; an instance whose floor is above the
+    cheapest found cannot enter, so it need not be built. The floor is what every branch of
+    `block_graph_time` pays at least, from the tiles alone: one wave (the PRE round trip and
+    the launch), and per loop step the step latency or the block's bytes at its largest share
+    of the bandwidth (an SM's, `share_bw` <= dram / sms), plus the fixed step cost. The kernel
+    costs at least its own DRAM time too (`_kernel_time`), and every other kernel a program
+    has costs more than nothing."""
+    steps = max(loop, 1)
+    per_step = read_bytes / blocks / steps / (hw.dram_bytes_per_s / hw.sms)
+    waves = hw.pre_latency_s + steps * (max(hw.step_latency_s, per_step) + hw.step_fixed_s)
+    return max(waves, read_bytes / hw.dram_bytes_per_s) + hw.launch_s
+
+
 def _loop_elements(bg) -> tuple[int, int]:
     """(score elements an online-softmax accumulator takes per step, elements of the other
     loop-phase values computed per step) of one block: the per-step SIMT and shared-memory work

@@ -771,10 +771,16 @@ class BlockSearch:
         matmul = _step(Op.MATMUL, (0, 1))
         wsum = _step(Op.ACC_EXP_WSUM, (0, 1)) if self.vocab.exp_accumulators else None
         partners = everything + all_views
+        values = self.values
+        limit = self.limits.block_ops
         for x in new:
             for y in partners:
                 if y in newset and y < x:
                     continue  # the pair was tried when y's turn came
+                if len(values[x].counted | values[y].counted) > limit:
+                    # every op of the pair is over the block-op bound: `_add` refuses each one
+                    # before it counts or builds anything (the cones' union is what it measures)
+                    continue
                 if not self._is_view(y):
                     if x == y:
                         # x+x, x-x, x/x, max(x,x): a constant multiple or a constant

@@ -67,7 +67,7 @@ from mlso_cli.search.enumerate import (
 from mlso_cli.search.executor import Executor, make_executor
 from mlso_cli.search.fingerprint import Fingerprints
 from mlso_cli.search.prune import ExprPruner
-from mlso_cli.search.select import choose_dims
+from mlso_cli.search.select import choose_dims, signature_sizes
 from mlso_cli.search.shrink import shrink
 from mlso_cli.search.space import (
     Dims,
@@ -311,6 +311,7 @@ def _passes(
     deadline: float | None,
     on_result,
     kill_at: float | None = None,
+    weight: Callable[[Task], int] | None = None,
 ) -> list[Explored]:
     """Explore every signature with its first share, then give the states left over to the
     signatures their share stopped, and explore those again from scratch with the larger share
@@ -319,7 +320,14 @@ def _passes(
     the signature count grew with the batch size (gqa bs16: 66 signatures, 3,000 states each).
 
     Each pass depends only on the previous pass's results, so the outcome is the same for any
-    --jobs. States of every pass are counted."""
+    --jobs. States of every pass are counted.
+
+    The local pool is handed the tasks heaviest first by `weight` (ties in signature order), and
+    the results are put back in signature order. Why: a region's pass ends when its last task
+    does, and with the tasks in signature order the heaviest (a three-axis grid whose structure
+    is sized over thousands of sizes) came last, one core working alone for seconds while the
+    other waited (gemma3_tiny's final norm + lm_head: 2.1 s of its 8.5). Each exploration is a
+    pure function of its task, so the order changes only when results arrive."""
 
     def explore_all(ts: list[Task]) -> list[Explored]:
         if isinstance(pool, Executor):  # --executor ray: tasks on the cluster, gathered in order
@@ -336,7 +344,13 @@ def _passes(
             return out
         # the workers stop themselves at `deadline` and return what they found; only one still
         # running at `kill_at` (the region's whole budget) is killed
-        got = pool.run_all(run, [(t,) for t in ts], kill_at or deadline, on_result)
+        order = list(range(len(ts)))
+        if weight is not None:
+            order.sort(key=lambda i: -weight(ts[i]))  # stable: ties stay in signature order
+        ran = pool.run_all(run, [(ts[i],) for i in order], kill_at or deadline, on_result)
+        got: list[Explored | None] = [None] * len(ts)
+        for i, ex in zip(order, ran):
+            got[i] = ex
         # a signature still running at the deadline was cut short: no structures, partial
         return [
             ex if ex is not None else Explored(t.sig, (), 0, 0, 0, 0, True)
@@ -673,7 +687,12 @@ def search(
     assumes: set[str] = set()
     failed = True
     try:
-        done = _passes(tasks, total, pool, explore_safely, deadline, record, final)
+        # a signature's weight: the sizes a structure of it is sized over (select.choose_dims,
+        # most of the time of a signature that yields one), the one figure known beforehand
+        weights = {s: sum(1 for _ in signature_sizes(dcf, s)) for s in sigs}
+        done = _passes(
+            tasks, total, pool, explore_safely, deadline, record, final, lambda t: weights[t.sig]
+        )
         found = sorted(
             (f for ex in done for f in ex.found),
             key=lambda f: (f.estimate_us, f.launches, repr(f.recipe)),
