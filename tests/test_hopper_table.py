@@ -210,6 +210,19 @@ def test_each_row_program_fits_its_model(row: H.Row) -> None:
         assert list(node.shape) == shapes[name], name
 
 
+def test_every_row_program_generates() -> None:
+    """Code generation (no nvcc) takes every row's program, and its plan's buffers are the
+    program's inputs and outputs in order: what the device compiles and the table feeds."""
+    from mlso_cli.codegen import generate
+
+    for row in H.rows():
+        kg = serialize.loads(row.program.read_text())
+        plan = generate(kg).plan
+        assert [t["shape"] for t in plan["inputs"]] == [list(n.shape) for n in kg.inputs]
+        assert [t["shape"] for t in plan["outputs"]] == [list(n.shape) for n in kg.outputs]
+        assert plan["launches"], row.name
+
+
 def test_model_cost_counts_bytes_and_matmul_flops() -> None:
     nbytes, flops = H.model_cost(SPECS["rmsnorm_linear"].build(1, "float16"))
     # X(2,4096), gamma(4096), the eps scalar, W(4096,6144) read; O(2,6144) written; fp16
