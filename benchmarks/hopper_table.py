@@ -226,7 +226,15 @@ def summarise(res: dict[str, Any]) -> dict[str, Any]:
     fl = floor_us(
         res["bytes"], res["flops"], res["dram_bps"], res.get("tensor_flops", TENSOR_FLOPS)
     )
-    kept, notes = usable_peers(res.get("peers_us", {}), fl, set(res.get("disagree", [])))
+    disagree = set(res.get("disagree", []))
+    pre: list[str] = []
+    if disagree and disagree >= set(res.get("agree", {})):
+        # every peer compared differs from mlso: the suspect is mlso's output, not the peers
+        worst = max(res["agree"].values())
+        pre.append(f"mlso's output differs from every peer (up to {worst:.2g}): peers kept")
+        disagree = set()
+    kept, notes = usable_peers(res.get("peers_us", {}), fl, disagree)
+    notes = pre + notes
     best = min(kept.items(), key=lambda kv: kv[1]) if kept else None
     res["floor_us"] = fl
     res["best_peer"] = best[0] if best else None
@@ -243,6 +251,10 @@ def summarise(res: dict[str, Any]) -> dict[str, Any]:
 
 def _r(x: float | None, nd: int = 2) -> float | None:
     return None if x is None else round(float(x), nd)
+
+
+def _sig(x: float | None) -> str | None:
+    return None if x is None else f"{x:.1e}"
 
 
 def figures(res: dict[str, Any]) -> dict[str, Any]:
@@ -265,6 +277,7 @@ def figures(res: dict[str, Any]) -> dict[str, Any]:
         "mlso / target": _r(res.get("vs_target")),
         "% DRAM": _r(res.get("pct_dram"), 1),
         "% tensor": _r(res.get("pct_tensor"), 1),
+        "mlso vs eager": _sig(res.get("agree", {}).get("eager")),
         "MB": _r(res["bytes"] / 1e6, 1),
         "GFLOP": _r(res["flops"] / 1e9, 3),
         "notes": "; ".join(notes) or "",
@@ -285,6 +298,7 @@ HEAD = [
     "mlso / target",
     "% DRAM",
     "% tensor",
+    "mlso vs eager",
     "notes",
 ]
 
@@ -592,7 +606,6 @@ class Measurer:
         torch.cuda.init()
         self.device = torch.cuda.get_device_name(0)
         self.dram_bps = dram_peak(self.device)
-        self.compiled: dict[str, Any] = {}
 
     def inputs(self, model: onnx.ModelProto, seed: int) -> dict[str, Any]:
         """Graph inputs random normal fp16 (a variance uniform in [0.5, 1.5)), initializers as

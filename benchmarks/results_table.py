@@ -74,8 +74,10 @@ TABLES: dict[str, tuple[str, str]] = {
         "(default mode; where it compiled within the run's limits), each checked against mlso's "
         "output. `floor` = max(DRAM bytes at the card's datasheet peak, matmul FLOPs at "
         "790 TFLOP/s, 2 µs); `target` = max(best peer / 1.5, floor / 0.9); `% DRAM` and "
-        "`% tensor`: mlso's time against the same two peaks. A peer under 90% of the floor is "
-        "dropped (notes).",
+        "`% tensor`: mlso's time against the same two peaks; `mlso vs eager`: the norm-wise "
+        "relative difference of the two outputs on the same inputs. A peer under 90% of the "
+        "floor, or whose output disagrees with mlso's where another peer's agrees, is dropped "
+        "(notes).",
     ),
     "model_level": (
         "Benchmark models, whole model",

@@ -94,6 +94,25 @@ def test_summarise_and_figures() -> None:
     assert line.count("|") == len(H.HEAD) + 1
 
 
+def test_a_peer_disagreeing_with_mlso_is_dropped_unless_every_peer_does() -> None:
+    res = _measured(
+        peers_us={"eager": 36.0, "sdpa": 30.0},
+        agree={"eager": 1e-3, "sdpa": 0.4},
+        disagree=["sdpa"],
+    )
+    assert res["best_peer"] == "eager"
+    assert any("SDPA 30.00 µs dropped: output disagrees" in n for n in res["dropped"])
+    assert H.figures(res)["mlso vs eager"] == "1.0e-03"
+    # every peer differs from mlso: mlso is the suspect; the peers stay and the row says so
+    res = _measured(
+        peers_us={"eager": 36.0, "sdpa": 30.0},
+        agree={"eager": 0.3, "sdpa": 0.4},
+        disagree=["eager", "sdpa"],
+    )
+    assert res["best_peer"] == "sdpa"
+    assert "differs from every peer" in H.figures(res)["notes"]
+
+
 def test_a_failed_program_keeps_its_peers_and_says_why() -> None:
     res = _measured(mlso_us=None, error="CompileError: nvcc failed")
     figs = H.figures(res)
@@ -112,7 +131,7 @@ def test_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for r in recs:
         assert r["table"] == "hopper_rows" and r["commit"] == "abc1234"
         assert r["machine"] == "NVIDIA H200 (test)"
-        assert set(r["figures"]) == set(H.HEAD[1:]) | {"MB", "GFLOP"}
+        assert set(r["figures"]) == set(H.HEAD[1:]) | {"MB", "GFLOP", "mlso vs eager"}
     assert "hopper_rows" in results_table.TABLES
     text = results_table.render(results_table.load_records())
     assert "## " + results_table.TABLES["hopper_rows"][0] in text
