@@ -64,6 +64,21 @@ TABLES: dict[str, tuple[str, str]] = {
         "rotated out of L2 (median µs). `% DRAM` of the card's peak (H100 3.35 TB/s). Not yet "
         "chosen by code generation.",
     ),
+    "hopper_rows": (
+        "Issue 33's table: searched programs against torch peers, with targets",
+        "`benchmarks/hopper_table.py run --compile --record`, one process on one GPU: every "
+        "benchmark row and the real-width subgraphs of `models/realwidth.py` (issue 33's "
+        "classes). `mlso µs`: the program the CPU search chose (`benchmarks/searched_programs/`), "
+        "by CUDA-graph replay with input sets rotated out of L2; the peers on the same shapes and "
+        "as many rotated sets: torch eager, SDPA on 4-D tensors (attention rows), torch.compile "
+        "(default mode; where it compiled within the run's limits), each checked against mlso's "
+        "output. `floor` = max(DRAM bytes at the card's datasheet peak, matmul FLOPs at "
+        "790 TFLOP/s, 2 µs); `target` = max(best peer / 1.5, floor / 0.9); `% DRAM` and "
+        "`% tensor`: mlso's time against the same two peaks; `mlso vs eager`: the norm-wise "
+        "relative difference of the two outputs on the same inputs. A peer under 90% of the "
+        "floor, or whose output disagrees with mlso's where another peer's agrees, is dropped "
+        "(notes).",
+    ),
     "model_level": (
         "Benchmark models, whole model",
         "`benchmarks/searched_models.py`: `mlso optimize --gpu 0` on the device, `mlso verify`, "

@@ -13,6 +13,10 @@ search verified at full shapes meets it, the "found" column says so and gives th
 figures.
 
     .venv/bin/python -m benchmarks.search_bench [--only gqa] [--max-states N] [--out FILE]
+        [--save DIR] [--jobs N] [--realwidth]
+
+--realwidth searches models/realwidth.py's real-width subgraphs instead (issue 33's table) and
+saves each chosen program as DIR/<name>.json.
 
 Prints a Markdown table (stdout) ready for benchmarks/RESULTS.md.
 """
@@ -41,17 +45,22 @@ from tests.fixtures.ugraphs import fixture  # noqa: E402
 TOLERANCE = 1.10
 
 
-def run_row(
-    name: str,
-    bs: int,
+def _search(
+    model: onnx.ModelProto,
+    stem: str,
     max_states: int | None,
     timeout: float,
-    save: Path | None = None,
-    keep_cache: Path | None = None,
-) -> dict:
+    save: Path | None,
+    keep_cache: Path | None,
+    jobs: int,
+    alternatives: bool = True,
+) -> tuple[subprocess.CompletedProcess, float, list[tuple[int, float]]]:
+    """`mlso optimize --dry-run --json` on `model` with a fresh cache: the completed process,
+    its wall seconds and the verified programs; with `save`, the chosen program is written to
+    save/<stem>.json (and the other verified ones as <stem>_alt<k>.json when `alternatives`)."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"{name}_bs{bs}.onnx"
-        onnx.save(SPECS[name].build(bs, "float16", small=False), str(path))
+        path = Path(tmp) / f"{stem}.onnx"
+        onnx.save(model, str(path))
         # a fresh cache per row: nothing is served from an earlier run, and the entry this run
         # writes holds the chosen program (the CLI's JSON carries only its figures)
         cmd = [
@@ -63,7 +72,7 @@ def run_row(
             "--dry-run",
             "--json",
             "--jobs",
-            "2",
+            str(jobs),
             "--min-speedup",
             "0",
         ]
@@ -75,10 +84,24 @@ def run_row(
         wall = time.monotonic() - t0
         alts = _verified(Path(tmp) / "cache") if r.returncode == 0 else []
         if save is not None and r.returncode == 0:
-            _save_best(Path(tmp) / "cache", save / f"{name}_bs{bs}.json")
+            _save_best(Path(tmp) / "cache", save / f"{stem}.json", alternatives)
         if keep_cache is not None and r.returncode == 0 and (Path(tmp) / "cache").is_dir():
             # the search results, so that `optimize --gpu` on the GPU machine starts from them
             shutil.copytree(Path(tmp) / "cache", keep_cache, dirs_exist_ok=True)
+    return r, wall, alts
+
+
+def run_row(
+    name: str,
+    bs: int,
+    max_states: int | None,
+    timeout: float,
+    save: Path | None = None,
+    keep_cache: Path | None = None,
+    jobs: int = 2,
+) -> dict:
+    model = SPECS[name].build(bs, "float16", small=False)
+    r, wall, alts = _search(model, f"{name}_bs{bs}", max_states, timeout, save, keep_cache, jobs)
     if r.returncode != 0:
         return {
             "name": name,
@@ -98,6 +121,28 @@ def run_row(
         "fixture_kernels": fx.launches,
         "verified": alts,
     }
+
+
+def run_realwidth(
+    name: str, max_states: int | None, timeout: float, save: Path | None, jobs: int
+) -> str:
+    """Search one models/realwidth.py subgraph (no fixture to compare with); save its chosen
+    program as save/<name>.json; a Markdown table row."""
+    from models.realwidth import REALWIDTH
+
+    r, wall, _ = _search(
+        REALWIDTH[name].build(), name, max_states, timeout, save, None, jobs, alternatives=False
+    )
+    if r.returncode != 0:
+        err = (r.stderr.strip().splitlines()[-1:] or ["?"])[0][:80]
+        return f"| {name} | error: {err} | | | | | |"
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+    regions = [x for x in rows if x.get("type") == "region"]
+    g = regions[0] if regions else {}
+    return (
+        f"| {name} | {len(regions)} | {g.get('states')} | {g.get('verified')} | {wall:.1f} | "
+        f"{g.get('kernels')} | {g.get('estimate_us')} | {g.get('onnx_estimate_us')} |"
+    )
 
 
 def _cached_result(cache: Path):
@@ -122,17 +167,19 @@ def _verified(cache: Path) -> list[tuple[int, float]]:
     return [(c.kernels, c.estimate_us) for c in result.candidates if c.bound > 0]
 
 
-def _save_best(cache: Path, dest: Path) -> None:
+def _save_best(cache: Path, dest: Path, alternatives: bool = True) -> None:
     from mlso_cli.ir import serialize
 
     result = _cached_result(cache)
     if result is None:
         return
     dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in dest.parent.glob(f"{dest.stem}_alt*.json"):  # an earlier run's alternatives
+        stale.unlink()
     dest.write_text(serialize.dumps(result.best.graph))
     # the other programs verified at full shapes (the fewest-launch alternative), as
     # <row>_alt<k>.json, so that the GPU times them beside the chosen one
-    alts = [c for c in result.candidates[1:] if c.bound > 0]
+    alts = [c for c in result.candidates[1:] if c.bound > 0] if alternatives else []
     for k, c in enumerate(alts, 1):
         dest.with_name(f"{dest.stem}_alt{k}.json").write_text(serialize.dumps(c.graph))
 
@@ -199,7 +246,35 @@ def main() -> None:
         default=None,
         help="merge each row's search cache into this folder (for `optimize --gpu` elsewhere)",
     )
+    ap.add_argument(
+        "--jobs", type=int, default=2, help="optimize's --jobs (2: this machine's cores)"
+    )
+    ap.add_argument(
+        "--realwidth",
+        action="store_true",
+        help="search models/realwidth.py's subgraphs instead (--only picks names); --save DIR "
+        "writes DIR/<name>.json, without alternatives",
+    )
     args = ap.parse_args()
+    if args.realwidth:
+        from models.realwidth import REALWIDTH
+
+        lines = [
+            "| subgraph | regions | states | verified | wall s | kernels | estimate µs | "
+            "ONNX estimate µs |",
+            "|" + "---|" * 8,
+        ]
+        for name in REALWIDTH:
+            if args.only and name not in args.only:
+                continue
+            try:
+                line = run_realwidth(name, args.max_states, args.timeout, args.save, args.jobs)
+            except subprocess.TimeoutExpired:
+                line = f"| {name} | timed out after {args.timeout:.0f} s | | | | | | |"
+            lines.append(line)
+            print(line, file=sys.stderr, flush=True)
+        print("\n".join(lines))
+        return
     results = []
     for name, spec in SPECS.items():
         if args.only and name not in args.only:
@@ -208,7 +283,9 @@ def main() -> None:
             if args.batch and bs not in args.batch:
                 continue
             try:
-                res = run_row(name, bs, args.max_states, args.timeout, args.save, args.keep_cache)
+                res = run_row(
+                    name, bs, args.max_states, args.timeout, args.save, args.keep_cache, args.jobs
+                )
             except subprocess.TimeoutExpired:
                 res = {
                     "name": name,
