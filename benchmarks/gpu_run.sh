@@ -45,6 +45,17 @@ if [ "$what" = sm90 ]; then
   cp benchmarks/results/sm90_gemm.json "$OUT/sm90_records.json" 2>/dev/null
   exit 0
 fi
+if [ "$what" = hopper ]; then
+  # Issue 33's table (benchmarks/hopper_table.py). carry: .device-stage/gpu.sh .device-stage/wheels
+  # .device-stage/onnxruntime .device-stage/cublas_include .mlso-cache-h33 (hopper_table.py compile)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mlso-site .device-stage/wheels/*.whl
+  MLSO_CACHE_DIR="${HOPPER_CACHE:-$PWD/.mlso-cache-h33}" timeout ${HOPPER_TIMEOUT:-570} python3 benchmarks/hopper_table.py run \
+    --compile --record --json "$OUT/hopper_table.json" ${HROWS:+--rows "$HROWS"} ${HOPPER_ARGS:-} \
+    > "$OUT/hopper_table.md" 2> "$OUT/hopper_table.err"
+  tail -45 "$OUT/hopper_table.md"
+  cp benchmarks/results/hopper_rows.json "$OUT/hopper_records.json" 2>/dev/null
+  exit 0
+fi
 if [ "$what" = scaleout ]; then
   if ! python3 -c "import ray" 2>/dev/null && [ -d /tmp/ray-parts ]; then
     # Ray from the staged parts; a dependency only where the system Python lacks it, so that
