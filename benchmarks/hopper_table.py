@@ -47,7 +47,6 @@ import fnmatch
 import json
 import math
 import signal
-import statistics
 import sys
 import time
 import traceback
@@ -64,6 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.peers_inprocess import graph_time_us  # noqa: E402
 from models.build_models import EPS_NORM, EPS_RMS, SPECS, _f32, _mla_scale  # noqa: E402
 from models.realwidth import CLASSES, REALWIDTH  # noqa: E402
 
@@ -545,44 +545,6 @@ def _alarm(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-
-
-def graph_time_us(
-    torch: Any, calls: list[Callable[[], Any]], iters: int = 200, repeats: int = 5
-) -> tuple[float, float]:
-    """(median µs per call, wall-clock µs per call of one replay): `iters` calls (cycling
-    through `calls`, one per operand set) captured in one CUDA graph and replayed `repeats`
-    times. The events are recorded on the stream `graph.replay()` launches on (the current one):
-    events on another stream time an empty interval."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(3):
-            calls[i % len(calls)]()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(iters):
-            calls[i % len(calls)]()
-    stream = torch.cuda.current_stream()
-    graph.replay()  # warm the graph itself
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-        graph.replay()
-        end.record(stream)
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000.0 / iters)
-    t0 = time.perf_counter()
-    graph.replay()
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - t0) * 1e6 / iters
-    del graph
-    return statistics.median(samples), wall
 
 
 def _rel(a: Any, b: Any) -> float:

@@ -14,7 +14,10 @@ import argparse
 import json
 import statistics
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -22,28 +25,48 @@ sys.path.insert(0, str(ROOT))
 EPS = 1e-6
 
 
-def cuda_graph_time(torch, fn, iters: int = 200, repeats: int = 5) -> float:
-    """Median µs per call of fn, `iters` calls captured in one CUDA graph and replayed `repeats`
-    times (the benchmarks' one torch timer: peers here, real_decoders.py, library_gemm.py)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(iters):
-            fn()
-    out = []
+def graph_time_us(
+    torch: Any, calls: list[Callable[[], Any]], iters: int = 200, repeats: int = 5
+) -> tuple[float, float]:
+    """(median µs per call, wall-clock µs per call of one replay): `iters` calls (cycling
+    through `calls`, one per operand set) captured in one CUDA graph and replayed `repeats`
+    times. The events are recorded on the stream `graph.replay()` launches on (the current one):
+    events on another stream time an empty interval."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(3):
+            calls[i % len(calls)]()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(iters):
+            calls[i % len(calls)]()
+    stream = torch.cuda.current_stream()
+    graph.replay()  # warm the graph itself
+    torch.cuda.synchronize()
+    samples = []
     for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) * 1000 / iters)
-    return statistics.median(out)
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        graph.replay()
+        end.record(stream)
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000.0 / iters)
+    t0 = time.perf_counter()
+    graph.replay()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) * 1e6 / iters
+    del graph
+    return statistics.median(samples), wall
+
+
+def cuda_graph_time(torch, fn, iters: int = 200, repeats: int = 5) -> float:
+    """Median µs per call of fn by `graph_time_us` (the benchmarks' one torch timer: peers here,
+    real_decoders.py, library_gemm.py, hopper_table.py)."""
+    return graph_time_us(torch, [fn], iters, repeats)[0]
 
 
 def _peers(torch, row: str) -> dict[str, float]:
