@@ -51,7 +51,6 @@ TOKEN_TILES = (8, 16, 32, 64, 128)
 SMEM_LIMIT = 227 * 1024
 BIAS_MODES = {"none": 0, "float32": 1, "same": 2}
 CPP_TYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
-DRAM_PEAK_TBS = {"H200": 4.8, "H100": 3.35}
 MAX_STAGES = 8
 
 
@@ -707,10 +706,13 @@ def under_floor(us: float | None, m: int, n: int, k: int, peak_tbs: float | None
 
 
 def dram_peak_tbs(name: str) -> float | None:
-    for key, tbs in DRAM_PEAK_TBS.items():
-        if key in name:
-            return tbs
-    return None
+    """The card's datasheet DRAM peak in TB/s, from hopper_table.py's table (None: not listed)."""
+    from benchmarks.hopper_table import dram_peak
+
+    try:
+        return dram_peak(name) / 1e12
+    except ValueError:
+        return None
 
 
 DEFAULT_SHAPES = ("2048x8192", "4096x11008", "8192x2048", "4096x4096")
