@@ -570,8 +570,12 @@ class Measurer:
         self.dram_bps = dram_peak(self.device)
 
     def inputs(self, model: onnx.ModelProto, seed: int) -> dict[str, Any]:
-        """Graph inputs random normal fp16 (a variance uniform in [0.5, 1.5)), initializers as
-        the model holds them, all on the GPU."""
+        """Graph inputs random normal fp16 (a variance uniform in [0.5, 1.5)), weights given as
+        graph inputs ("W..." of two or more dims, models/realwidth.py) scaled by 1/sqrt(fan-in)
+        as a trained layer's are, initializers as the model holds them, all on the GPU. Why the
+        scale: unit weights overflowed fp16 in swiglu_down (an 8192-long down projection of
+        ~2000-sized SwiGLU values), in mlso and every peer alike, and no output could be
+        compared (the twenty-eighth session's H100 run)."""
         torch = self.torch
         gen = torch.Generator(device="cuda").manual_seed(seed)
         out: dict[str, Any] = {}
@@ -581,6 +585,8 @@ class Measurer:
                 t = torch.rand(shape, generator=gen, device="cuda") + 0.5
             else:
                 t = torch.randn(shape, generator=gen, device="cuda")
+                if vi.name.startswith("W") and len(shape) >= 2:
+                    t = t / math.sqrt(shape[-2])
             out[vi.name] = t.half()
         for init in model.graph.initializer:
             arr = numpy_helper.to_array(init)

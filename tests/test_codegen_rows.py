@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import numpy as np
 import pytest
 
 from mlso_cli import knobs as knobs_mod
@@ -239,4 +240,139 @@ def test_block_row_kernels_on_gpu(name, build):
 
     kg = build()
     assert any(k.kind == "row" for k in plan(kg).kernels)
+    G._compare(name, kg, T.make_inputs(kg, name))
+
+
+# ---- chains: several reductions over the same rows, and the values read only between them ----------
+
+
+def softmax_pv(dt: DType = F16, g: int = 4, m: int = 24, n: int = 48, d: int = 16, out2=None):
+    """softmax(scale * Q K, masked) @ V as lifting writes an attention core: the scaled scores
+    (read by the stabiliser's row max and by the exp), exp * mask (read by the row sum and the
+    division), the division staged for the P @ V GEMM. `out2(e, s)` adds a second output."""
+    q, k = b.input_(0, (g, m, d), dt), b.input_(1, (g, d, n), dt)
+    v, mask = b.input_(2, (g, n, d), dt), b.input_(3, (m, n), dt)
+    s = b.mul(b.cast(b.matmul(q, k), F32), b.const(Fraction(1, 4)))
+    e = b.mul(b.unary(Op.EXP, s), b.cast(mask, F32))
+    p = b.div(e, b.reduce(Op.REDUCE_SUM, e, 2))
+    outs = [b.matmul(b.cast(p, dt), v)] + ([out2(e, s)] if out2 else [])
+    names = ["O"] + (["extra"] if out2 else [])
+    return check(b.kernel_graph([q, k, v, mask], outs, ["Q", "K", "V", "mask"], names))
+
+
+def layernorm(dt: DType = F16, rows: int = 12, n: int = 96):
+    """(x - mean) * rsqrt(mean((x - mean)^2) + eps) * w + c: the centred value is read by the
+    variance and by the output, the mean by both."""
+    x, w, c = b.input_(0, (rows, n), dt), b.input_(1, (n,), dt), b.input_(2, (n,), dt)
+    xf = b.cast(x, F32)
+    cen = b.sub(xf, b.reduce(Op.REDUCE_MEAN, xf, 1))
+    var = b.reduce(Op.REDUCE_MEAN, b.mul(cen, cen), 1)
+    y = b.mul(cen, b.unary(Op.RSQRT, b.add(var, b.const(Fraction(1, 10**5)))))
+    y = b.add(b.mul(y, b.cast(w, F32)), b.cast(c, F32))
+    return check(b.kernel_graph([x, w, c], [b.cast(y, dt)], ["x", "w", "c"], ["y"]))
+
+
+def _no_chains(monkeypatch) -> None:
+    monkeypatch.setattr(rowfuse, "_grown", lambda *a: None)
+
+
+def _row_parts(kg) -> list[list[str]]:
+    return [[p.root.op.value for p in k.parts] for k in plan(kg).kernels if k.kind == "row"]
+
+
+def test_a_softmax_before_its_gemm_is_one_row_kernel(monkeypatch):
+    """Row max, row sum and the staging of P: one kernel, a pass over the row each; the scaled
+    scores and exp * mask get no kernels (5 launches between the GEMMs become 1)."""
+    kg = softmax_pv()
+    assert _kinds(kg) == ["gemm", "row", "gemm"] and _launches(kg) == 3
+    (row,) = [k for k in plan(kg).kernels if k.kind == "row"]
+    assert [p.kind for p in row.parts] == ["reduce", "reduce", "stage"]
+    assert row.parts[0].root.arg.weighted  # the stabiliser's masked row max first
+    rows = kernel_roots(kg).rows
+    (pair,) = set(rows.values())
+    assert len(pair.inlined) == 2 and not pair.inlined & kernel_roots(kg).roots
+    gp = generate(kg)
+    validate_plan(gp.plan, len(kg.inputs), len(kg.outputs))
+    (src,) = [k.source for k in gp.kernels if "softmax row max" in k.what]
+    assert src.count("warp_allreduce") == 2 and "exp_rel" in src
+    _no_chains(monkeypatch)
+    assert _launches(kg) == 7
+
+
+def test_a_layernorm_is_one_row_kernel(monkeypatch):
+    kg = layernorm()
+    assert _kinds(kg) == ["row"] and _launches(kg) == 1
+    assert _row_parts(kg) == [["reduce_mean", "reduce_mean", "cast"]]
+    _no_chains(monkeypatch)  # the mean and the centred value, then the variance and y: 2 pairs
+    assert _row_parts(kg) == [["reduce_mean", "sub"], ["reduce_mean", "cast"]]
+    assert _launches(kg) == 2
+
+
+def test_an_elementwise_softmax_output_is_one_row_kernel():
+    kg = T.masked_softmax()
+    assert _kinds(kg) == ["row"] and _launches(kg) == 1
+    assert [p.kind for p in plan(kg).kernels[0].parts] == ["reduce", "reduce", "elementwise"]
+
+
+def test_a_value_read_elsewhere_is_not_inlined():
+    """The scaled scores as a second output stay a kernel (the chain reads them); exp * mask
+    read by a second output kernel keeps the softmax's kernels apart as before."""
+    scores_out = softmax_pv(out2=lambda e, s: s)  # stored, then copied out (roots.py)
+    assert _kinds(scores_out) == ["gemm", "elementwise", "row", "gemm", "elementwise"]
+    (pair,) = set(kernel_roots(scores_out).rows.values())
+    assert len(pair.inlined) == 1 and len(pair.chain) == 1
+    exp_out = softmax_pv(out2=lambda e, s: b.mul(e, b.const(2)))
+    assert not any(len(p) > 2 for p in _row_parts(exp_out))
+    assert all(not p.inlined for p in kernel_roots(exp_out).rows.values())
+
+
+@pytest.mark.parametrize("build", [softmax_pv, layernorm, T.masked_softmax])
+def test_cost_model_prices_a_chain_as_one_launch(build, monkeypatch):
+    kg = build()
+    fused = program_cost(kg)
+    assert fused.launches == _launches(kg)
+    _no_chains(monkeypatch)
+    apart = program_cost(kg)
+    assert apart.launches == _launches(kg) > fused.launches
+    assert fused.seconds < apart.seconds
+
+
+CHAINS = [
+    ("softmax_pv_f16", softmax_pv),
+    ("softmax_pv_bf16", lambda: softmax_pv(DType.BF16, g=2, m=8, n=40)),
+    ("softmax_pv_block_rows", lambda: softmax_pv(g=1, m=3, n=1024)),
+    ("layernorm_f16", layernorm),
+    ("layernorm_block_rows", lambda: layernorm(rows=2, n=1536)),
+]
+"""Chains on the emulator and the GPU: warp rows, and few long rows (a block per row)."""
+
+
+@pytest.mark.parametrize("name, build", CHAINS)
+def test_emulated_row_chain_matches_the_interpreter(name, build):
+    kg = build()
+    assert any(len(k.parts) == 3 for k in plan(kg).kernels if k.kind == "row")
+    T.assert_emulated_matches(name, kg)
+
+
+def test_emulated_chain_keeps_huge_logits_finite():
+    """Logits near 300, and masked positions far larger: the row max skips masked entries and
+    each pass computes exp relative to it, so nothing overflows (fp32 exp overflows past 88)."""
+    from mlso_cli.codegen import hostemu
+
+    kg = softmax_pv(F32)
+    ins = T.make_inputs(kg, "softmax_pv_huge")
+    ins[0] = ins[0] * 40
+    want = T.reference(kg, ins)
+    (got,) = hostemu.run(generate(kg), ins)
+    assert np.isfinite(got).all()
+    assert T.rel_error(np.asarray(got, np.float64), want[0]) <= T.TOLERANCE[F32]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, build", CHAINS)
+def test_row_chains_on_gpu(name, build):
+    from tests import test_codegen_gpu as G
+
+    kg = build()
+    assert any(len(k.parts) == 3 for k in plan(kg).kernels if k.kind == "row")
     G._compare(name, kg, T.make_inputs(kg, name))

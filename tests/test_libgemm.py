@@ -7,6 +7,7 @@ computes" mode says, and how the cost model prices them. GPU runs are in test_li
 from __future__ import annotations
 
 import ctypes
+import json
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from mlso_cli.codegen import generate, hostemu, rowfuse
 from mlso_cli.codegen.plan import plan as lowering_plan
 from mlso_cli.ir import DType, Op
 from mlso_cli.ir import build as b
-from mlso_cli.runtime.plan import parse_plan, plan_json
+from mlso_cli.runtime.plan import PlanProblem, parse_plan, plan_json
 from mlso_cli.search.cost import H200, library_gemm_s, program_cost
 from mlso_cli.verify import interpreter
 
@@ -180,7 +181,17 @@ def bias_then_residual(dt=F32, m=8, k=32, n=24):
     return b.kernel_graph([x, w, bias, r], [b.add(h, r)])
 
 
+def heads_out(dt=F16, h=3, m=8, k=32, d=16):
+    """P @ V per head, handed on as [m, h * d] (transpose then reshape), as an attention core
+    writes its output: the GEMM stores C through the views (roots.through_views)."""
+    p, v = b.input_(0, (h, m, k), dt), b.input_(1, (h, k, d), dt)
+    o = b.reshape(b.transpose(b.matmul(p, v), (1, 0, 2)), (m, h * d))
+    return b.kernel_graph([p, v], [o], ["P", "V"], ["O"])
+
+
 GRAPHS = {
+    "heads_out_f16": heads_out,
+    "heads_out_f32": lambda: heads_out(F32, h=2, m=5, k=12, d=8),
     "plain_f16": plain,
     "plain_bf16": lambda: plain(BF16),
     "plain_f32": lambda: plain(F32),
@@ -276,15 +287,38 @@ def test_the_norms_input_cast_is_recomputed_by_its_readers_not_stored(dt):
     kinds = [launch.get("kind", "kernel") for launch in gp.plan["launches"]]
     assert len(kinds) == 2 and kinds[-1] == "gemm"
     assert {"bytes": 4 * 32 * 4, "dtype": "float32", "shape": [4, 32]} not in gp.plan["scratch"]
-    # a cast of a computed value read twice is still stored once (its kernel, the row kernel,
-    # the GEMM)
+    # a cast of a computed value read twice, by the reduction and the staging only, is
+    # recomputed in both passes of the row kernel (rowfuse.RowPair.inlined): no kernel of its
+    # own, no fp32 scratch (the row kernel, the GEMM)
     x = b.input_(0, (4, 32), dt)
     w = b.input_(1, (32, 16), dt)
     hf = b.cast(b.mul(x, x), F32)
     ms = b.reduce(Op.REDUCE_MEAN, b.mul(hf, hf), 1)
     y = b.mul(hf, b.unary(Op.RSQRT, b.add(ms, b.const(1e-6))))
     gp2 = generate(b.kernel_graph([x, w], [b.matmul(b.cast(y, dt), w)]))
-    assert len(gp2.plan["launches"]) == 3
+    assert len(gp2.plan["launches"]) == 2
+    assert all(sc["bytes"] != 4 * 32 * 4 for sc in gp2.plan["scratch"])  # no fp32 (4, 32)
+
+
+def test_heads_handed_on_as_rows_are_written_by_the_gemm_through_the_views(monkeypatch):
+    """[h, m, d] products transposed and reshaped to [m, h * d]: C's leading dimension is the
+    row of all heads and each head's batch stride is d, so no copy kernel follows the GEMM."""
+    gp = generate(heads_out())
+    assert len(gp.plan["launches"]) == 1
+    (g,) = gemms(gp)
+    assert g["batch"] == 3 and g["c"]["ld"] == 3 * 16 and g["c"]["stride"] == 16
+    assert g["c"]["buf"] == {"kind": "output", "index": 0}
+    assert gp.plan["scratch"] == []
+    # without the library a generated matmul stores each element through the same strides
+    monkeypatch.setenv("MLSO_LIBRARY_GEMM", "0")
+    knobs_mod.cache_clear()
+    kg = heads_out()
+    gen = generate(kg)
+    assert len(gen.plan["launches"]) == 1 and not gemms(gen)
+    ins = [np.random.default_rng(3).standard_normal(n.shape).astype(np.float16) for n in kg.inputs]
+    (got,) = hostemu.run(gen, ins)
+    want = interpreter.run(kg, ins, "float64")[0]
+    assert np.abs(np.asarray(got, np.float64) - want).max() <= 4 * TOL[F16] * np.abs(want).max()
 
 
 def test_a_matmul_read_by_later_kernels_writes_fp32_scratch():
@@ -490,6 +524,18 @@ def test_generated_plans_validate_on_both_sides(monkeypatch):
         err = ctypes.create_string_buffer(512)
         rc = lib.mlso_selftest_plan(text.encode(), len(gp.plan["inputs"]), 1, err, 512)
         assert rc == 0, f"{name}: {err.value.decode()}"
+    # heads side by side in C's rows: disjoint only while each head's columns fit its stride
+    # and all of them the row; both sides refuse an overlap
+    gp = generate(heads_out())
+    for c in ({"stride": 8}, {"ld": 40}):
+        bad = json.loads(plan_json(gp.plan))
+        bad["launches"][0]["c"].update(c)
+        text = json.dumps(bad)
+        with pytest.raises(PlanProblem, match="overlap"):
+            parse_plan(text, 2, 1)
+        err = ctypes.create_string_buffer(512)
+        assert lib.mlso_selftest_plan(text.encode(), 2, 1, err, 512) != 0
+        assert "overlap" in err.value.decode()
 
 
 # ---- the host emulator against the interpreter ------------------------------------------------------

@@ -101,6 +101,9 @@ def library_matmul(lw: Lowering, root: Node) -> bool:
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     bshape = root.shape[:-2]
     batch = numel(bshape)
+    c_layout = _c_layout(out, root)
+    if c_layout is None:
+        return False
     ep = epilogue(lw, root, out)
     if ep is not None:
         add, addend, out = ep
@@ -121,7 +124,7 @@ def library_matmul(lw: Lowering, root: Node) -> bool:
             op = _in_place(lw, node, bshape)
             assert op is not None, "a staged operand is contiguous"
         operands.append(op)
-    c = GemmOperand(out.buffer, 0, n, m * n if batch > 1 else 0, False)
+    c = GemmOperand(out.buffer, 0, *c_layout, False)
     bias = ep[1] if ep is not None and isinstance(ep[1], GemmBias) else None
     residual = ep[1] if ep is not None and isinstance(ep[1], GemmResidual) else None
     what = (
@@ -334,6 +337,21 @@ def _in_place(
     if stride is None:
         return None
     return GemmOperand(st.buffer, view.base, ld, stride, trans)
+
+
+def _c_layout(out: Storage, root: Node) -> tuple[int, int] | None:
+    """(ld, batch stride) of C in its storage: contiguous, or an output saved through views
+    (roots.through_views: a [b, h, s, d] product handed on as [b, s, h * d]) when its rows are
+    unit-stride and its batch one stride; None (a generated kernel writes it) otherwise."""
+    m, n = root.shape[-2:]
+    bshape = root.shape[:-2]
+    if out.strides == contiguous(root.shape):
+        return n, m * n if numel(bshape) > 1 else 0
+    *lead, ld, unit = out.strides
+    if unit != 1 and n > 1:
+        return None
+    stride = _batch_stride(bshape, tuple(lead), bshape)
+    return None if stride is None else (ld, stride)
 
 
 def _batch_stride(

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from mlso_cli.codegen.block import emit_graph_def
-from mlso_cli.codegen.cfmt import CTYPE, contiguous
+from mlso_cli.codegen.cfmt import CTYPE, Names, contiguous
 from mlso_cli.codegen.emitter import Emitter
 from mlso_cli.codegen.indexmask import IndexMask, computed_inputs
 from mlso_cli.codegen.kernels import emit_elementwise, emit_matmul, emit_reduce
@@ -39,7 +39,7 @@ from mlso_cli.codegen.roots import INLINE_REDUCE_MAX_LEN as INLINE_REDUCE_MAX_LE
 from mlso_cli.codegen.roots import KIND, KernelRoots, kernel_roots
 from mlso_cli.codegen.roots import ROOT_OPS as ROOT_OPS
 from mlso_cli.codegen.rowfuse import RowPair
-from mlso_cli.codegen.rowkernel import emit_row
+from mlso_cli.codegen.rowkernel import emit_row, row_scale
 from mlso_cli.codegen.scale import Storage
 from mlso_cli.codegen.siblingkernel import emit_siblings
 from mlso_cli.ir.graph import KernelGraph
@@ -146,15 +146,24 @@ class Lowering:
         if pair is None or not pair.holds(self.library):
             return False
         self.deferred[root] = pair
+        if pair.chain:  # the scale its row kernel will store it with, for the launches before
+            self.storage[root].scale = row_scale(
+                self.emitter(self.uses(), Names()), self.storage[root], root
+            )
         return True
+
+    def _row_kernel(self, pair: RowPair, value: Node) -> Kernel:
+        """The row kernel of a pair whose reductions were all deferred."""
+        for r in pair.reductions:
+            self.deferred.pop(r)
+        return emit_row(self, pair.reductions, value)
 
     def stage_kernel(self, matmul: Node, operand: int, node: Node) -> Kernel:
         """The kernel staging operand `operand` of library GEMM `matmul` into `node`: with the
-        reduction it reads row by row when they are a row pair, else an elementwise kernel."""
-        for reduce, pair in self.deferred.items():
+        reductions it reads row by row when they are a row pair, else an elementwise kernel."""
+        for pair in self.deferred.values():
             if pair.reader is matmul and pair.operand == operand:
-                self.deferred.pop(reduce)
-                return emit_row(self, reduce, node)
+                return self._row_kernel(pair, node)
         return emit_elementwise(self, node)
 
     # ---- driver ------------------------------------------------------------------------------
@@ -188,14 +197,15 @@ class Lowering:
                 continue
             pair = self.row_readers.get(root)
             if pair is not None and pair.operand is None:
-                self.deferred.pop(pair.reduce)
-                self.kernels.append(emit_row(self, pair.reduce, root))
+                self.kernels.append(self._row_kernel(pair, root))
                 continue
             if root.op is Op.MATMUL and self.library and library_matmul(self, root):
                 continue
             for reduce in [r for r, p in self.deferred.items() if p.reader is root]:
-                # a matmul that stays generated stages nothing: its reduction runs alone first
+                # a matmul that stays generated stages nothing: its reductions run alone first
+                # (a chain's in order; its inlined values are recomputed where they are read)
                 self.deferred.pop(reduce)
+                self.storage[reduce].scale = None  # emit_reduce decides it afresh
                 self.kernels.append(emit_reduce(self, reduce))
             emit = KERNEL_EMITTERS.get(root.op, emit_elementwise)
             self.kernels.append(emit(self, root))

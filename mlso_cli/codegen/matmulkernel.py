@@ -16,7 +16,17 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from mlso_cli.codegen.cfmt import CTYPE, Code, Names, bcast, canon, decompose, numel, offset
+from mlso_cli.codegen.cfmt import (
+    CTYPE,
+    Code,
+    Names,
+    bcast,
+    canon,
+    contiguous,
+    decompose,
+    numel,
+    offset,
+)
 from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.program import Kernel
 from mlso_cli.codegen.scale import BufferScale, Storage, matmul_scale, structural
@@ -178,8 +188,11 @@ def print_matmul(plan: MatmulKernelPlan, site: KernelSite) -> Kernel:
                 f"auto {role}_ptr = [&](int, int, int) -> const {ctype}* {{ return nullptr; }};"
             )
         flags += ["true" if read.vec else "false", "true" if read.k_major else "false"]
+    at = f"(b * {m} + m) * {n} + n"
+    if out.strides != contiguous(root.shape):  # an output saved through views (roots.py)
+        at = offset(canon(root.shape, bt + ("m", "n")), out.strides)
     cst = (
-        f"auto c_st = [&](int b, int m, int n, float v) {{ {out.ptr}[(b * {m} + m) * {n} + n] = "
+        f"auto c_st = [&](int b, int m, int n, float v) {{ {out.ptr}[{at}] = "
         f"mlso::from_f32<{CTYPE[out.dtype]}>(v); }};"
     )
     code = Code()

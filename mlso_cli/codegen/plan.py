@@ -155,9 +155,10 @@ def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH, library: bool | None = None)
 
 
 def _row(pair: RowPair, kind: str, value: Node) -> KernelPlan:
-    """A row kernel: the reduction, then the reader's value (its own, or a staged operand)."""
+    """A row kernel: the reductions (a chain's in order), then the reader's value (its own, or a
+    staged operand)."""
     parts = (
-        KernelPlan("reduce", pair.reduce.shape, root=pair.reduce),
+        *(KernelPlan("reduce", r.shape, root=r) for r in pair.reductions),
         KernelPlan(kind, value.shape, root=value),
     )
     return KernelPlan("row", value.shape, parts=parts)

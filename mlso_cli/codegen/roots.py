@@ -15,12 +15,14 @@ Rules (thread graphs are built by rules, not search):
     elementwise consumer (INLINE_REDUCE_MAX_LEN).
   - An output that is an input, repeats another output slot, or is read by other kernels goes
     out through a copy (synthetic.copy).
-  - An output that is a chain of transposes and reshapes over a graph-defined kernel's output,
-    read by nothing else, is no kernel: the graph-defined kernel saves straight into the output
+  - An output that is a chain of transposes and reshapes over a graph-defined kernel's output or
+    a matmul, read by nothing else, is no kernel: that kernel saves straight into the output
     buffer, with the strides the views give its dims (`through_views`).
   - A reduction over the innermost axis whose one reader reads it along its own row is
     computed in the reader's kernel (rowfuse.row_pairs): an elementwise root, or the staging of
-    a library GEMM's operand.
+    a library GEMM's operand. Earlier reductions of the same rows, and the elementwise values
+    between them, that nothing else reads join that kernel (a softmax, a LayerNorm): the
+    values are then no roots, recomputed in each of its passes.
   - Consecutive elementwise kernels of the schedule that read none of each other share one
     launch (siblings.launch_groups: horizontal fusion); a row pair's reader is not one of them.
 """
@@ -112,6 +114,10 @@ def kernel_roots(kg: KernelGraph) -> KernelRoots:
     launch = schedule(targets, deps, keep=lambda n: n in roots)
     rows = row_pairs(tuple(launch), RowContext(frozenset(roots), outs, stab, deps, elementwise))
     readers = {p.reader for p in rows.values()}
+    inlined = {e for p in rows.values() for e in p.inlined}
+    if inlined:  # recomputed by their row kernel's passes: no kernels, no storage
+        roots -= inlined
+        launch = [n for n in launch if n not in inlined]
 
     def fusable(n: Node) -> bool:
         return elementwise(n) and n not in readers
@@ -203,12 +209,15 @@ def _roots(
 def through_views(
     out: Node, consumers: Mapping[Node, list[Node]], outs: set[Node]
 ) -> tuple[Node, tuple[int, ...]] | None:
-    """(x, strides) when `out` is transposes and reshapes of a graph-defined kernel's output x
-    that nothing else reads: x's dims' strides in out's (contiguous) buffer. Else None.
+    """(x, strides) when `out` is transposes and reshapes of a graph-defined kernel's output x,
+    or of a matmul x, that nothing else reads: x's dims' strides in out's (contiguous) buffer.
+    Else None.
 
     Why: a fused attention core hands on [batch, seq, heads * d] while its blocks compute
     [batch, heads, seq, d] tiles; saved through the views' strides, the layout change costs a
-    strided store instead of a copy kernel (one launch and a round trip through memory)."""
+    strided store instead of a copy kernel (one launch and a round trip through memory). The
+    unfused core's P @ V is the same: a library GEMM writes C with the views' row and batch
+    strides (libgemm._c_layout), a generated matmul stores each element through them."""
     if out.op not in (Op.TRANSPOSE, Op.RESHAPE):
         return None
     st: tuple[int, ...] | None = contiguous(out.shape)
@@ -229,11 +238,14 @@ def through_views(
             if st is None:
                 return None
         n = src
-    ok = (
+    saves = (
         n.op is Op.PROJ
         and n.src[0].op is Op.GRAPH_DEF
         # an exact save: a partial (split) output is fp32 scratch for its combine
         and PARTIAL not in n.src[0].arg.outputs[n.arg].arg.omap
+    ) or n.op is Op.MATMUL
+    ok = (
+        saves
         and n not in outs
         and len(consumers.get(n, [])) == 1
         and n.dtype is out.dtype

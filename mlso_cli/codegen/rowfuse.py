@@ -9,15 +9,25 @@ the row, then writes that row's normalised elements with the sum in a register (
 Decided from the μGraph alone, with the launch order (roots.kernel_roots holds the result). A
 reduction R is paired with the kernel reading it when every rule of RULES holds (a table: rule
 name -> condition on the candidate pair).
+
+A pair grows into a chain when the row's earlier reductions, and the elementwise values between
+them, are read by nothing but the pair (`_grown`). Why: a softmax lowers to a scaled-score
+kernel, the stabiliser's row max, the exp (relative to that max) times the mask, the row sum,
+and the division that stages the probabilities for the P @ V GEMM: five launches, each a round
+trip of the scores through memory, where ONNX Runtime runs one Softmax kernel. The chain makes
+them one kernel: a pass over the row per reduction (each earlier result in a register), then the
+value; the elementwise values are recomputed in each pass instead of stored (they lose their
+kernels: `RowPair.inlined`). A LayerNorm's mean and variance chain the same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mlso_cli.codegen.frozen import FrozenMap
 from mlso_cli.codegen.libgemm import eligible, staged_value
+from mlso_cli.codegen.synthetic import RowMax
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import BINARY, REDUCE, UNARY, Op
 
@@ -41,6 +51,17 @@ class RowPair:
     value: Node
     """What the kernel writes per row after the reduction: the reader itself, or the operand."""
     operand: int | None = None
+    chain: tuple[Node, ...] = ()
+    """Reductions over the same rows that the kernel computes first, in launch order, each pass
+    reading the earlier results from registers (a softmax's row max before its row sum)."""
+    inlined: frozenset[Node] = frozenset()
+    """Elementwise kernels that only this kernel reads: recomputed in its passes, no kernel of
+    their own (the scaled scores, the masked exp)."""
+
+    @property
+    def reductions(self) -> tuple[Node, ...]:
+        """Every reduction the kernel computes, in order: the chain, then `reduce`."""
+        return (*self.chain, self.reduce)
 
     def holds(self, library: bool) -> bool:
         """Whether the pair shares a kernel in a lowering with library GEMMs on or off: always
@@ -61,6 +82,8 @@ class Context:
     """The kernels a kernel reads (roots._deps)."""
     elementwise: Callable[[Node], bool]
     """A kernel kernels.emit_elementwise prints (not a GEMM epilogue's ADD)."""
+    readers: Mapping[Node, tuple[Node, ...]] = FrozenMap(())
+    """Kernel -> the kernels reading it (row_pairs fills it from the schedule)."""
 
 
 def _plain(cx: Context, p: RowPair) -> bool:
@@ -68,9 +91,55 @@ def _plain(cx: Context, p: RowPair) -> bool:
     return r.op in REDUCE and isinstance(r.arg, int) and r not in cx.stab.values()
 
 
+def axis_of(r: Node) -> int | None:
+    """The axis a row reduction folds: a plain one's, or a stabiliser's (synthetic.RowMax); None
+    for any other (a split combine, a running max)."""
+    if r.op not in REDUCE:
+        return None
+    if isinstance(r.arg, int):
+        return r.arg
+    return r.arg.axis if isinstance(r.arg, RowMax) else None
+
+
 def _innermost(cx: Context, p: RowPair) -> bool:
     x, axis = p.reduce.src[0], p.reduce.arg
     return all(d == 1 for d in x.shape[axis + 1 :]) and ROW_LEN[0] <= x.shape[axis] <= ROW_LEN[1]
+
+
+def _same_rows(cx: Context, p: RowPair) -> bool:
+    """Every chained reduction folds the same rows as `reduce` (input shape, axis, result shape)."""
+    x, axis = p.reduce.src[0], p.reduce.arg
+    return all(
+        axis_of(r) == axis and r.src[0].shape == x.shape and r.shape == p.reduce.shape
+        for r in p.chain
+    )
+
+
+def _inlined_row_shaped(cx: Context, p: RowPair) -> bool:
+    """An inlined value is elementwise, one element per row element, and no program output."""
+    x = p.reduce.src[0]
+    return all(
+        cx.elementwise(e) and e.op in ROW_OPS and e.shape == x.shape and e not in cx.outputs
+        for e in p.inlined
+    )
+
+
+def _read_inside(cx: Context, p: RowPair) -> bool:
+    """The chain's reductions and inlined values are read by the pair's kernel only: by the
+    reductions, the inlined values and the value itself (for a matmul, by its paired operand
+    and never by the other one)."""
+    inside = set(p.inlined) | set(p.chain)
+    if not inside:
+        return True
+    members = inside | {p.reduce, p.reader}
+    for m in inside:
+        if m in cx.outputs or any(k not in members for k in cx.readers.get(m, ())):
+            return False
+    if p.operand is not None:
+        others = [s for i, s in enumerate(p.reader.src) if i != p.operand]
+        if any(_uses(cx, s, m) for s in others for m in inside):
+            return False
+    return True
 
 
 def _row_layout(cx: Context, p: RowPair) -> bool:
@@ -78,16 +147,29 @@ def _row_layout(cx: Context, p: RowPair) -> bool:
 
 
 def _row_wise(cx: Context, p: RowPair) -> bool:
-    """Every node between the value and the reduction (computed inline) is in ROW_OPS."""
+    """Every node between the value and the reduction (computed inline) is in ROW_OPS, and so is
+    every node between a chained reduction's or inlined value's readers in the kernel and it."""
     start = list(p.value.src) if p.value is p.reader else [p.value]
     if p.value is p.reader and p.value.op not in ROW_OPS:
         return False
+    if not _row_paths(cx, start, {p.reduce}, p.inlined):
+        return False
+    inside = set(p.chain) | set(p.inlined)
+    starts = [s for r in p.reductions for s in r.src] + [s for e in p.inlined for s in e.src]
+    return not inside or _row_paths(cx, start + starts, inside, p.inlined, need=False)
+
+
+def _row_paths(
+    cx: Context, start: list[Node], targets: set[Node], inlined: frozenset[Node], need: bool = True
+) -> bool:
+    """Every node on a path from `start` to `targets` computed inline (inlined kernels count as
+    inline) is in ROW_OPS; with `need`, at least one start reaches a target."""
     reach: dict[Node, bool] = {}
 
     def reaches(n: Node) -> bool:
-        if n is p.reduce:
+        if n in targets:
             return True
-        if n in cx.roots or n.op in (Op.INPUT, Op.CONST, Op.PROJ):
+        if (n in cx.roots and n not in inlined) or n.op in (Op.INPUT, Op.CONST, Op.PROJ):
             return False
         if n not in reach:
             reach[n] = False  # (a DAG: no cycles; the entry is overwritten below)
@@ -95,20 +177,23 @@ def _row_wise(cx: Context, p: RowPair) -> bool:
         return reach[n]
 
     hits = [n for n in start if reaches(n)]
-    return bool(hits) and all(n.op in ROW_OPS for n, hit in reach.items() if hit)
+    return (bool(hits) or not need) and all(
+        n.op in ROW_OPS for n, hit in reach.items() if hit and n not in targets
+    )
 
 
 def _unscaled(cx: Context, p: RowPair) -> bool:
-    """Nothing the reduction or the value is computed from (through every kernel) is kept
-    relative to a running max: no stabilised EXP, no graph-defined kernel's output."""
+    """Nothing the reductions or the value are computed from (through every kernel) is kept
+    relative to a running max, except a stabilised EXP whose row max the chain computes (a
+    register of the same row): no other stabilised EXP, no graph-defined kernel's output."""
     seen: set[Node] = set()
-    stack = [p.reduce.src[0], p.value]
+    stack = [s for r in p.reductions for s in r.src] + [p.value]
     while stack:
         n = stack.pop()
         if n in seen:
             continue
         seen.add(n)
-        if n in cx.stab or n.op in (Op.PROJ, Op.GRAPH_DEF):
+        if (n in cx.stab and cx.stab[n] not in p.chain) or n.op in (Op.PROJ, Op.GRAPH_DEF):
             return False
         stack.extend(n.src)
     return True
@@ -121,23 +206,90 @@ RULES: tuple[tuple[str, Callable[[Context, RowPair], bool]], ...] = (
     ("the value has the reduction input's shape (a row per reduced value)", _row_layout),
     ("the value reads the reduction along its own row only (ROW_OPS)", _row_wise),
     ("no value kept relative to a running max", _unscaled),
+    ("chained reductions fold the same rows", _same_rows),
+    ("inlined values are elementwise, row-shaped and no outputs", _inlined_row_shaped),
+    ("chained and inlined kernels are read by this kernel only", _read_inside),
 )
 """Conditions for a reduction and its one reader's value to share a kernel (`_candidate` finds
 the pair: the one kernel reading the reduction, and its value)."""
 
 
 def row_pairs(schedule: tuple[Node, ...], cx: Context) -> FrozenMap[Node, RowPair]:
-    """Reduction -> its row pair, for every reduction of the schedule that RULES admit."""
+    """Reduction -> its row pair, for every reduction of the schedule that RULES admit; each
+    reduction of a chain maps to its pair. The latest reductions are paired first, each grown
+    into the longest chain RULES admit (else kept alone), so an earlier reduction joins the
+    chain of the pair that reads it rather than pairing with an inlined value."""
     readers: dict[Node, list[Node]] = {}
     for k in schedule:
         for d in dict.fromkeys(cx.deps(k)):
             readers.setdefault(d, []).append(k)
+    cx = replace(cx, readers=FrozenMap((k, tuple(v)) for k, v in readers.items()))
     out: dict[Node, RowPair] = {}
-    for r in schedule:
+    taken: set[Node] = set()
+    rank = {n: i for i, n in enumerate(schedule)}
+    for r in reversed(schedule):
+        if r in taken:
+            continue
         p = _candidate(cx, r, readers.get(r, []))
-        if p is not None and all(rule(cx, p) for _, rule in RULES):
-            out[r] = p
+        if p is None:
+            continue
+        for q in (_grown(cx, p, taken, rank), p):
+            if q is not None and all(rule(cx, q) for _, rule in RULES):
+                for m in (*q.reductions, *q.inlined, q.reader):
+                    taken.add(m)
+                out.update((red, q) for red in q.reductions)
+                break
     return FrozenMap(out)
+
+
+def _grown(cx: Context, p: RowPair, taken: set[Node], rank: Mapping[Node, int]) -> RowPair | None:
+    """p with the kernels its reduction and value read, transitively, that could join it: row
+    reductions over the same rows (`chain`) and row-shaped elementwise kernels (`inlined`). None
+    when nothing joins (p alone is then tried as it is). Whether the result may be one kernel
+    is RULES' call. The chain is in launch order (`rank`: each pass reads the earlier results)."""
+    x = p.reduce.src[0]
+    chain: set[Node] = set()
+    inlined: set[Node] = set()
+    start = [p.value] if p.value is not p.reader else list(p.value.src)
+    frontier = _kernels_read(cx, [*p.reduce.src, *start])
+    while frontier:
+        d = frontier.pop()
+        if d in chain or d in inlined or d is p.reduce or d in taken or d in cx.outputs:
+            continue
+        if axis_of(d) is not None and d.src[0].shape == x.shape and d.shape == p.reduce.shape:
+            chain.add(d)
+        elif cx.elementwise(d) and d.shape == x.shape and d.op in ROW_OPS:
+            inlined.add(d)
+        else:
+            continue
+        frontier.extend(_kernels_read(cx, list(d.src)))
+        if d in cx.stab:  # a stabilised EXP kernel reads its row max too
+            frontier.append(cx.stab[d])
+    if not chain and not inlined:
+        return None
+    return replace(p, chain=tuple(sorted(chain, key=rank.__getitem__)), inlined=frozenset(inlined))
+
+
+def _kernels_read(cx: Context, nodes: list[Node]) -> list[Node]:
+    """The kernels `nodes` read, looking through values computed inline (roots._deps's walk)."""
+    out: list[Node] = []
+    seen: set[Node] = set()
+    stack = list(nodes)
+    while stack:
+        n = stack.pop()
+        if n in seen or n.op in (Op.INPUT, Op.CONST):
+            continue
+        seen.add(n)
+        if n in cx.roots:
+            out.append(n)
+            continue
+        if n.op is Op.PROJ:
+            out.append(n.src[0])
+            continue
+        if n in cx.stab:
+            out.append(cx.stab[n])
+        stack.extend(n.src)
+    return out
 
 
 def _candidate(cx: Context, r: Node, readers: list[Node]) -> RowPair | None:

@@ -1,5 +1,6 @@
 """One kernel for a row reduction and its row-wise reader (rowfuse.py decides which): planned,
-then printed.
+then printed. A chain of reductions over the same rows (a softmax's row max then its sum) is a
+pass over the row each, every result kept in a register for the passes after it.
 
 A team owns a row at a time (grid-stride over the rows): its threads stride the row folding the
 reduction's input, an all-reduce leaves the result in every thread, and the threads then stride
@@ -23,16 +24,26 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mlso_cli.codegen.blocklayout import SM_COUNT_HINT
-from mlso_cli.codegen.cfmt import CTYPE, Code, Coords, Names, c_float, canon, decompose
-from mlso_cli.codegen.emitter import Flat
+from mlso_cli.codegen.cfmt import (
+    CTYPE,
+    Code,
+    Coords,
+    Names,
+    bcast,
+    c_float,
+    canon,
+    decompose,
+    mentions,
+)
+from mlso_cli.codegen.emitter import Emitter, Flat
 from mlso_cli.codegen.kernels import GRID_CAP, stored_value
-from mlso_cli.codegen.program import Kernel
-from mlso_cli.codegen.scale import BufferScale, Storage, Val
+from mlso_cli.codegen.program import Buffer, Kernel
+from mlso_cli.codegen.scale import BufferScale, Scale, Storage, Val, structural
 from mlso_cli.codegen.site import KernelSite, site
-from mlso_cli.codegen.synthetic import Staged
+from mlso_cli.codegen.synthetic import RowMax, Staged
 from mlso_cli.codegen.teams import LOOP_VAR, Pass, emit_passes
 from mlso_cli.ir.node import Node
-from mlso_cli.ir.ops import Op
+from mlso_cli.ir.ops import DType, Op
 
 if TYPE_CHECKING:
     from mlso_cli.codegen.lower import Lowering
@@ -52,11 +63,13 @@ would do better there, and a warp needs no barrier."""
 
 @dataclass(frozen=True)
 class RowKernelPlan:
-    reduce: Node
+    reduces: tuple[Node, ...]
+    """The reductions, computed in this order (rowfuse.RowPair.reductions): a pass over the row
+    each, the earlier results in registers."""
     value: Node
-    """The node the kernel writes after the reduction (an elementwise root or a staged operand)."""
-    op: str
-    """"sum" or "max" (a mean divides the sum by the length)."""
+    """The node the kernel writes after the reductions (an elementwise root or a staged operand)."""
+    ops: tuple[str, ...]
+    """Per reduction, "sum" or "max" (a mean divides the sum by the length)."""
     length: int
     rows: int
     threads: int
@@ -65,17 +78,26 @@ class RowKernelPlan:
     """Threads per row: 32 (a warp) or `threads` (the block)."""
     grid: tuple[int, int, int]
     row: Coords
-    """The reduction's coordinates at row `o`."""
+    """The reductions' coordinates at row `o` (they share one shape)."""
     inner: Coords
-    """The reduction input's coordinates along row `o` at teams.LOOP_VAR."""
+    """The reductions' inputs' coordinates along row `o` at teams.LOOP_VAR."""
     element: Coords
     """The value's coordinates at element `j` of row `o`."""
     what: str
 
+    @property
+    def reduce(self) -> Node:
+        """The last reduction (the one the value reads; the only one of a plain pair)."""
+        return self.reduces[-1]
 
-def plan_row(storage: Mapping[Node, Storage], reduce: Node, value: Node) -> RowKernelPlan:
-    """The kernel computing `reduce` and then `value` row by row (rowfuse.RowPair; `value` the
+
+def plan_row(
+    storage: Mapping[Node, Storage], reduces: tuple[Node, ...] | Node, value: Node
+) -> RowKernelPlan:
+    """The kernel computing `reduces` and then `value` row by row (rowfuse.RowPair; `value` the
     reader itself or the staged node of its operand)."""
+    reduces = reduces if isinstance(reduces, tuple) else (reduces,)
+    reduce = reduces[-1]
     x, axis = reduce.src[0], reduce.arg
     length, rows = x.shape[axis], reduce.numel
     team = row_team(rows, length)
@@ -87,15 +109,22 @@ def plan_row(storage: Mapping[Node, Storage], reduce: Node, value: Node) -> RowK
         threads, grid, who = 32 * warps, (min(-(-rows // warps), GRID_CAP), 1, 1), "a warp"
     else:
         threads, grid, who = team, (min(rows, GRID_CAP), 1, 1), f"a block of {team}"
-    op = "max" if reduce.op is Op.REDUCE_MAX else "sum"
+    ops = tuple("max" if r.op is Op.REDUCE_MAX else "sum" for r in reduces)
     kind = (
         "stage a library GEMM operand" if isinstance(value.arg, Staged) else value.op.value
     ) + f" -> {value.dtype.value}{list(value.shape)}"
-    what = f"{reduce.op.value} over rows of {length}, then {kind} ({who} per row)"
+    folds = ", ".join(_name(r) for r in reduces)
+    what = f"{folds} over rows of {length}, then {kind} ({who} per row)"
     return RowKernelPlan(
-        reduce, value, op, length, rows, threads, team, grid,
+        reduces, value, ops, length, rows, threads, team, grid,
         row, canon(x.shape, inner), canon(value.shape, element), what,
     )  # fmt: skip
+
+
+def _name(r: Node) -> str:
+    if isinstance(r.arg, RowMax):
+        return "softmax row max" + (" (masked)" if r.arg.weighted else "")
+    return r.op.value
 
 
 def row_team(rows: int, length: int) -> int:
@@ -116,25 +145,83 @@ def row_team(rows: int, length: int) -> int:
     return team
 
 
+def fold_of(em: Emitter, reduce: Node, inner: Coords) -> tuple[str, Scale | None]:
+    """(what one pass folds at `inner`, the scale its result keeps): a stabiliser's row max skips
+    zero-weight entries; a sum, or a max of positively scaled values, along an axis the scale
+    does not vary over folds the stored numbers and keeps their scale (reducekernel.py's
+    "scaled" form); anything else folds exact values."""
+    x = reduce.src[0]
+    if isinstance(reduce.arg, RowMax):
+        s = em.plain(x, inner)
+        if not reduce.arg.weighted:
+            return s, None
+        w_node = reduce.src[1]
+        w = em.plain(w_node, bcast(w_node.shape, inner))
+        return f"({w} != 0.0f ? {s} : mlso::neg_inf())", None
+    v = em.value(x, inner)
+    sc = v.scale
+    if sc is None:
+        return v.code, None
+    varying = any(mentions(c, LOOP_VAR) for c in sc.mcoords)
+    if not varying and (reduce.op is not Op.REDUCE_MAX or sc.degree > 0):
+        return v.code, sc
+    return em.materialise(v), None
+
+
+def row_scale(em: Emitter, storage: Storage, reduce: Node) -> BufferScale | None:
+    """The scale a chained reduction's fp32 scratch keeps (None: exact values), decided before
+    its kernel is printed so that the launches planned before it (a library GEMM's check of its
+    operands) read it: `fold_of`'s scale, laid out over the reduction's shape."""
+    if not (isinstance(storage.buffer, Buffer) and storage.buffer.kind == "scratch"):
+        return None
+    if storage.dtype is not DType.F32:
+        return None
+    row = canon(reduce.shape, decompose("o", reduce.shape))
+    axis = reduce.arg.axis if isinstance(reduce.arg, RowMax) else reduce.arg
+    inner = list(row)
+    inner[axis] = LOOP_VAR
+    _, sc = fold_of(em, reduce, canon(reduce.src[0].shape, inner))
+    return None if sc is None else structural(sc, row)
+
+
 def print_row(plan: RowKernelPlan, site: KernelSite) -> tuple[Kernel, BufferScale | None]:
     """The kernel, and the scale the value's stored numbers keep (kernels.stored_value)."""
     names, uses = Names(), site.uses
-    r_out, v_out = site.storage[plan.reduce], site.storage[plan.value]
-    uses.write(r_out.buffer)
+    outs = [site.storage[r] for r in plan.reduces]
+    v_out = site.storage[plan.value]
+    for st in outs:
+        uses.write(st.buffer)
     uses.write(v_out.buffer)
-    fold = site.emitter(uses, names)
-    x = fold.plain(plan.reduce.src[0], plan.inner)
-    passes = [Pass("acc", plan.op, fold.lines, x)]
-    fin = site.emitter(uses, names)
-    result = "acc"
-    if plan.reduce.op is Op.REDUCE_MEAN:
-        result = fin.var(f"acc / {c_float(plan.length)}")
-    body = site.emitter(uses, names, Flat(plan.element, plan.value.shape, "i"))
-    body.known(plan.reduce, plan.row, Val(result))
-    v = body.compute(plan.value, plan.element)
-    val, scale = stored_value(body, v_out, v, plan.element)
     nt, length = plan.threads, plan.length
     warp = plan.team == 32
+    mode = "warp" if warp else "block"
+    single = len(plan.reduces) == 1
+    known: list[tuple[Node, Val]] = []
+    folds: list[tuple[Pass, list[str]]] = []
+    for i, (r, op) in enumerate(zip(plan.reduces, plan.ops)):
+        fold = site.emitter(uses, names)
+        for n, v in known:
+            fold.known(n, plan.row, v)
+        expr, sc = fold_of(fold, r, plan.inner)
+        acc = "acc" if single else f"acc{i}"
+        fin = site.emitter(uses, names)
+        result = acc
+        if r.op is Op.REDUCE_MEAN:
+            result = fin.var(f"{acc} / {c_float(plan.length)}")
+        folds.append((Pass(acc, op, fold.lines, expr), fin.lines))
+        known.append((r, Val(result, sc)))
+    tail = site.emitter(uses, names)
+    for n, v in known:
+        tail.known(n, plan.row, v)
+    stores = []
+    for (_r, v), st in zip(known, outs):
+        stored = v.code if st.scale is not None else tail.materialise(v)
+        stores.append(f"{st.ptr}[o] = mlso::from_f32<{CTYPE[st.dtype]}>({stored});")
+    body = site.emitter(uses, names, Flat(plan.element, plan.value.shape, "i"))
+    for n, v in known:
+        body.known(n, plan.row, v)
+    v = body.compute(plan.value, plan.element)
+    val, scale = stored_value(body, v_out, v, plan.element)
     first, step = ("lane", "32") if warp else ("threadIdx.x", str(nt))
     code = Code()
     with code.block(uses.signature(site.name, nt)):
@@ -149,14 +236,18 @@ def print_row(plan: RowKernelPlan, site: KernelSite) -> tuple[Kernel, BufferScal
             code("float* const red = reinterpret_cast<float*>(smem);  // all-reduce partials")
             rows_loop = f"for (int o = blockIdx.x; o < {plan.rows}; o += gridDim.x)"
         with code.block(rows_loop):
-            emit_passes(code, passes, length, "warp" if warp else "block", nt)
-            code.extend(fin.lines)
+            for p, fin_lines in folds:
+                emit_passes(code, [p], length, mode, nt)
+                code.extend(fin_lines)
+            code.extend(tail.lines)
             with code.block(f"if ({first} == 0)"):
-                code(f"{r_out.ptr}[o] = mlso::from_f32<{CTYPE[r_out.dtype]}>({result});")
+                for line in stores:
+                    code(line)
+            what = "value, stored, is" if single else "values, stored, are"
             if warp:
-                code("__syncwarp();  // the row's reduced value, stored, is visible to every lane")
+                code(f"__syncwarp();  // the row's reduced {what} visible to every lane")
             else:
-                code("__syncthreads();  // the row's reduced value, stored, is visible to all")
+                code(f"__syncthreads();  // the row's reduced {what} visible to all")
             with code.block(f"for (int j = {first}; j < {length}; j += {step})"):
                 code(f"const int i = o * {length} + j;")
                 code.extend(body.lines)
@@ -166,10 +257,10 @@ def print_row(plan: RowKernelPlan, site: KernelSite) -> tuple[Kernel, BufferScal
     return kernel, scale
 
 
-def emit_row(lw: Lowering, reduce: Node, value: Node) -> Kernel:
-    """The row kernel of `reduce` and `value` (both already stored); the value's stored scale is
+def emit_row(lw: Lowering, reduces: tuple[Node, ...] | Node, value: Node) -> Kernel:
+    """The row kernel of `reduces` and `value` (all already stored); the value's stored scale is
     recorded in its storage, as kernels.emit_elementwise does."""
-    kernel, scale = print_row(plan_row(lw.storage, reduce, value), site(lw))
+    kernel, scale = print_row(plan_row(lw.storage, reduces, value), site(lw))
     if scale is not None:
         lw.storage[value].scale = scale
     return kernel

@@ -448,7 +448,10 @@ def _gemm(
                 "gemm",
             )
         span = (cols - 1) * ld + rows if trans else (rows - 1) * ld + cols
-        if role == "c" and batch > 1 and stride < span:
+        # C's batch entries are disjoint when packed one after another, or side by side within
+        # each row (heads handed on as [s, heads * d]: ld spans them all)
+        side = not trans and stride >= cols and (batch - 1) * stride + cols <= ld
+        if role == "c" and batch > 1 and stride < span and not side:
             raise PlanProblem(f"{w}.stride is {stride}: batch entries of C overlap", "gemm")
         last = op["offset"] + (batch - 1) * stride + span
         if last * DTYPE_ITEMSIZE[dtype] > nbytes:

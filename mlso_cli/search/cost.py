@@ -252,7 +252,7 @@ def program_cost(kg: KernelGraph, hw: Hardware = H200) -> Cost:
             continue
         if k.kind == "row":
             b, f = _row_traffic(k, materialised, computed)
-            total += _kernel_time(hw, b, f, False) + 2 * hw.pre_latency_s
+            total += _kernel_time(hw, b, f, False) + len(k.parts) * hw.pre_latency_s
             nbytes, flops, launches = nbytes + b, flops + f, launches + 1
             continue
         n = k.root
@@ -301,17 +301,19 @@ def _siblings_traffic(roots: tuple[Node, ...], materialised: set) -> tuple[int, 
 
 
 def _row_traffic(k, materialised: set, computed: set) -> tuple[int, int]:
-    """(bytes, flops) of a row kernel (codegen/rowfuse.py): the reduction's reads and the
-    value's (a staged operand's as a "stage" kernel's), each tensor once, the reduced value not
-    among them (a register), and both results written. Its time pays two round trips, the
-    row's loads before the reduction and the value's after it, but one launch."""
-    red, val = k.parts
-    r, v = red.root, val.root
+    """(bytes, flops) of a row kernel (codegen/rowfuse.py): the reductions' reads and the
+    value's (a staged operand's as a "stage" kernel's), each tensor once, the reduced values not
+    among them (registers), and every result written. Its time pays a round trip per part, the
+    row's loads before each reduction and the value's after them, but one launch."""
+    *reds, val = k.parts
+    rs, v = [p.root for p in reds], val.root
     own = computed - {v} if val.kind == "stage" else materialised
-    reads = set(_kernel_reads(r, materialised)) | set(_kernel_reads(v, own - {r}))
-    reads.discard(r)
-    flops = r.src[0].numel + v.numel
-    return sum(_bytes(s) for s in reads) + _bytes(r) + _bytes(v), flops
+    reads = set(_kernel_reads(v, own - set(rs)))
+    for r in rs:
+        reads |= set(_kernel_reads(r, materialised))
+    reads -= set(rs)
+    flops = sum(r.src[0].numel for r in rs) + v.numel
+    return sum(_bytes(s) for s in reads) + sum(_bytes(r) for r in rs) + _bytes(v), flops
 
 
 def library_gemm_s(n: Node, hw: Hardware = H200) -> float:

@@ -559,7 +559,11 @@ inline bool gemm(const json::Value& l, const std::string& where, const Plan& pla
     using u128 = unsigned __int128;
     u128 span = r.op->trans ? u128(r.cols - 1) * u128(r.op->ld) + u128(r.rows)
                             : u128(r.rows - 1) * u128(r.op->ld) + u128(r.cols);
-    if (is_c && g->batch > 1 && u128(r.op->stride) < span) {
+    // C's batch entries are disjoint when packed one after another, or side by side within
+    // each row (heads handed on as [s, heads * d]: ld spans them all).
+    bool side = !r.op->trans && r.op->stride >= r.cols &&
+                u128(g->batch - 1) * u128(r.op->stride) + u128(r.cols) <= u128(r.op->ld);
+    if (is_c && g->batch > 1 && u128(r.op->stride) < span && !side) {
       return p.fail("gemm", w + ".stride is " + std::to_string(r.op->stride) +
                                 ": batch entries of C overlap");
     }

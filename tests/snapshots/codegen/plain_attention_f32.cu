@@ -3,56 +3,36 @@
 #include "mlso.cuh"
 
 // mlso_k0: library GEMM [2, 24, 12] x [2, 12, 40] -> float32 (float32, cuBLASLt) (no code: a cuBLASLt call in the plan)
-// mlso_k1: softmax stabiliser: row max over axis 2 -> [2, 24, 1]; grid [6, 1, 1], block [256, 1, 1], smem 0 B
-extern "C" __global__ void __launch_bounds__(256) mlso_k1(const float* __restrict__ sc0, float* __restrict__ sc1) {
+// mlso_k1: softmax row max, reduce_sum over rows of 40, then stage a library GEMM operand -> float32[2, 24, 40] (a warp per row); grid [48, 1, 1], block [32, 1, 1], smem 0 B
+extern "C" __global__ void __launch_bounds__(32) mlso_k1(const float* __restrict__ sc0, float* __restrict__ sc1, float* __restrict__ sc2, float* __restrict__ sc3) {
   const int lane = threadIdx.x & 31;
-  for (int o = (blockIdx.x * 256 + threadIdx.x) >> 5; o < 48; o += (gridDim.x * 256) >> 5) {
-    float acc = mlso::neg_inf();
+  for (int o = (blockIdx.x * 32 + threadIdx.x) >> 5; o < 48; o += (gridDim.x * 32) >> 5) {
+    float acc0 = mlso::neg_inf();
     for (int rr = lane; rr < 40; rr += 32) {
       const float t0 = mlso::to_f32(sc0[((o / 24)) * 960 + ((o % 24)) * 40 + rr]);
-      acc = fmaxf(acc, t0);
+      acc0 = fmaxf(acc0, t0);
     }
-    acc = mlso::warp_allreduce<mlso::MaxOp>(acc);
-    if (lane == 0) {
-      sc1[o] = mlso::from_f32<float>(acc);
-    }
-  }
-}
-
-// mlso_k2: exp -> float32[2, 24, 40]; grid [8, 1, 1], block [256, 1, 1], smem 0 B
-extern "C" __global__ void __launch_bounds__(256) mlso_k2(const float* __restrict__ sc0, const float* __restrict__ sc1, float* __restrict__ sc2) {
-  for (int i = blockIdx.x * 256 + threadIdx.x; i < 1920; i += gridDim.x * 256) {
-    const float t0 = mlso::to_f32(sc0[i]);
-    const float t1 = mlso::to_f32(sc1[((i / 960)) * 24 + (((i / 40)) % 24)]);
-    const float t2 = mlso::exp_rel(t0, t1);
-    sc2[i] = mlso::from_f32<float>(t2);
-  }
-}
-
-// mlso_k3: reduce_sum -> float32[2, 24, 1]; grid [6, 1, 1], block [256, 1, 1], smem 0 B
-extern "C" __global__ void __launch_bounds__(256) mlso_k3(const float* __restrict__ sc2, float* __restrict__ sc3) {
-  const int lane = threadIdx.x & 31;
-  for (int o = (blockIdx.x * 256 + threadIdx.x) >> 5; o < 48; o += (gridDim.x * 256) >> 5) {
-    float acc = 0.0f;
+    acc0 = mlso::warp_allreduce<mlso::MaxOp>(acc0);
+    float acc1 = 0.0f;
     for (int rr = lane; rr < 40; rr += 32) {
-      const float t0 = mlso::to_f32(sc2[((o / 24)) * 960 + ((o % 24)) * 40 + rr]);
-      acc = acc + t0;
+      const float t1 = mlso::to_f32(sc0[((o / 24)) * 960 + ((o % 24)) * 40 + rr]);
+      const float t2 = mlso::exp_rel(t1, acc0);
+      acc1 = acc1 + t2;
     }
-    acc = mlso::warp_allreduce<mlso::SumOp>(acc);
+    acc1 = mlso::warp_allreduce<mlso::SumOp>(acc1);
     if (lane == 0) {
-      sc3[o] = mlso::from_f32<float>(acc);
+      sc1[o] = mlso::from_f32<float>(acc0);
+      sc2[o] = mlso::from_f32<float>(acc1);
+    }
+    __syncwarp();  // the row's reduced values, stored, are visible to every lane
+    for (int j = lane; j < 40; j += 32) {
+      const int i = o * 40 + j;
+      const float t3 = mlso::to_f32(sc0[i]);
+      const float t4 = mlso::exp_rel(t3, acc0);
+      const float t5 = mlso::ew::div(t4, acc1);
+      sc3[i] = mlso::from_f32<float>(t5);
     }
   }
 }
 
-// mlso_k4: stage a library GEMM operand -> float32[2, 24, 40]; grid [8, 1, 1], block [256, 1, 1], smem 0 B
-extern "C" __global__ void __launch_bounds__(256) mlso_k4(const float* __restrict__ sc2, const float* __restrict__ sc3, float* __restrict__ sc4) {
-  for (int i = blockIdx.x * 256 + threadIdx.x; i < 1920; i += gridDim.x * 256) {
-    const float t0 = mlso::to_f32(sc2[i]);
-    const float t1 = mlso::to_f32(sc3[((i / 960)) * 24 + (((i / 40)) % 24)]);
-    const float t2 = mlso::ew::div(t0, t1);
-    sc4[i] = mlso::from_f32<float>(t2);
-  }
-}
-
-// mlso_k5: library GEMM [2, 24, 40] x [2, 40, 12] -> float32 (float32, cuBLASLt) (no code: a cuBLASLt call in the plan)
+// mlso_k2: library GEMM [2, 24, 40] x [2, 40, 12] -> float32 (float32, cuBLASLt) (no code: a cuBLASLt call in the plan)
