@@ -376,3 +376,14 @@ def test_row_chains_on_gpu(name, build):
     kg = build()
     assert any(len(k.parts) == 3 for k in plan(kg).kernels if k.kind == "row")
     G._compare(name, kg, T.make_inputs(kg, name))
+
+
+def test_without_the_library_a_chain_runs_as_its_reductions_and_stays_correct(monkeypatch):
+    """A chain whose reader is a matmul that stays generated: its reductions run alone, in
+    order, and the inlined values are recomputed where they are read (the matmul's operand
+    prologue); the result still matches the interpreter on the emulator."""
+    monkeypatch.setenv("MLSO_LIBRARY_GEMM", "0")
+    knobs_mod.cache_clear()
+    kg = softmax_pv(g=2, m=16, n=40)
+    assert _kinds(kg) == ["matmul", "reduce", "reduce", "matmul"] and _launches(kg) == 4
+    T.assert_emulated_matches("softmax_pv_nolib", kg)
