@@ -244,12 +244,7 @@ def through_views(
         # an exact save: a partial (split) output is fp32 scratch for its combine
         and PARTIAL not in n.src[0].arg.outputs[n.arg].arg.omap
     ) or n.op is Op.MATMUL
-    ok = (
-        saves
-        and n not in outs
-        and len(consumers.get(n, [])) == 1
-        and n.dtype is out.dtype
-    )
+    ok = saves and n not in outs and len(consumers.get(n, [])) == 1 and n.dtype is out.dtype
     return (n, st) if ok else None
 
 
