@@ -387,3 +387,15 @@ def test_without_the_library_a_chain_runs_as_its_reductions_and_stays_correct(mo
     kg = softmax_pv(g=2, m=16, n=40)
     assert _kinds(kg) == ["matmul", "reduce", "reduce", "matmul"] and _launches(kg) == 4
     T.assert_emulated_matches("softmax_pv_nolib", kg)
+
+
+def test_a_pair_whose_operand_is_read_in_place_still_computes_its_reduction():
+    """A matmul reading a row sum broadcast along the row (fp32: a view the library reads in
+    place, stride 0): no staging kernel computes the deferred reduction, so it runs alone before
+    the GEMM (Lowering.flush_deferred) and the product is right."""
+    x, w = b.input_(0, (8, 64), F32), b.input_(1, (64, 16), F32)
+    s = b.broadcast_to(b.reduce(Op.REDUCE_SUM, x, 1), (8, 64))
+    kg = check(b.kernel_graph([x, w], [b.matmul(s, w)], ["x", "w"], ["y"]))
+    gp = generate(kg)
+    assert [x.get("kind", "kernel") for x in gp.plan["launches"]] == ["kernel", "gemm"]
+    T.assert_emulated_matches("rowsum_in_place", kg)

@@ -134,6 +134,7 @@ def library_matmul(lw: Lowering, root: Node) -> bool:
         + f" -> {out.dtype.value} ({a.dtype.value}, cuBLASLt)"
     )
     lw.library_roots[root] = staged
+    lw.flush_deferred(root)  # a row pair whose operand was read in place after all
     lw.kernels.append(
         GemmLaunch(
             lw.kernel_name(),

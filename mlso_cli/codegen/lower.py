@@ -158,6 +158,15 @@ class Lowering:
             self.deferred.pop(r)
         return emit_row(self, pair.reductions, value)
 
+    def flush_deferred(self, reader: Node) -> None:
+        """Launch, each alone and in order, the deferred reductions that `reader`'s kernel was to
+        compute but did not (a library GEMM that staged no operand for them, or a matmul that
+        stays generated); a chain's inlined values are then recomputed where they are read."""
+        for reduce in [r for r, p in self.deferred.items() if p.reader is reader]:
+            self.deferred.pop(reduce)
+            self.storage[reduce].scale = None  # emit_reduce decides it afresh
+            self.kernels.append(emit_reduce(self, reduce))
+
     def stage_kernel(self, matmul: Node, operand: int, node: Node) -> Kernel:
         """The kernel staging operand `operand` of library GEMM `matmul` into `node`: with the
         reductions it reads row by row when they are a row pair, else an elementwise kernel."""
@@ -201,14 +210,10 @@ class Lowering:
                 continue
             if root.op is Op.MATMUL and self.library and library_matmul(self, root):
                 continue
-            for reduce in [r for r, p in self.deferred.items() if p.reader is root]:
-                # a matmul that stays generated stages nothing: its reductions run alone first
-                # (a chain's in order; its inlined values are recomputed where they are read)
-                self.deferred.pop(reduce)
-                self.storage[reduce].scale = None  # emit_reduce decides it afresh
-                self.kernels.append(emit_reduce(self, reduce))
+            self.flush_deferred(root)  # a matmul that stays generated stages nothing
             emit = KERNEL_EMITTERS.get(root.op, emit_elementwise)
             self.kernels.append(emit(self, root))
+        assert not self.deferred, "every deferred reduction is computed by some kernel"
         source = self._source()
         plan = build_plan(self.targets, self.inputs, self.outputs, self.scratch, self.kernels)
         names = [k.name for k in self.kernels if isinstance(k, Kernel)]
