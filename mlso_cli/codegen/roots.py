@@ -6,6 +6,8 @@ Why its own module: generate (lower.Lowering, which stores and prints) and the l
 read the frozen result, where the plan used to reach into the Lowering's private methods.
 
 Rules (thread graphs are built by rules, not search):
+  - A matmul whose B repeats each head group's matrix is one GEMM per group, its query heads
+    stacked as rows (gqafold.py), before anything below is decided.
   - MATMUL, REDUCE_*, GRAPH_DEF and the row maxima of stabilised EXPs are kernels ("roots").
   - Views never launch: consumers index through them.
   - An elementwise op is inlined into the one kernel that uses it; it becomes a kernel of its own
@@ -36,6 +38,7 @@ from mlso_cli.codegen import synthetic
 from mlso_cli.codegen.cfmt import contiguous
 from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.frozen import FrozenMap
+from mlso_cli.codegen.gqafold import fold_grouped_heads
 from mlso_cli.codegen.libgemm import eligible, epilogue_add
 from mlso_cli.codegen.rowfuse import Context as RowContext
 from mlso_cli.codegen.rowfuse import RowPair, row_pairs
@@ -90,7 +93,10 @@ class KernelRoots:
 
 
 def kernel_roots(kg: KernelGraph) -> KernelRoots:
-    """The roots, output targets and launch order of kg (CodegenError past 32-bit indexing)."""
+    """The roots, output targets and launch order of kg (CodegenError past 32-bit indexing).
+    Grouped heads are first folded into GEMM rows (gqafold.py): the decisions are the folded
+    graph's, whose inputs and outputs equal kg's."""
+    kg = fold_grouped_heads(kg)
     nodes = kg.nodes()
     stab = stabilisers(nodes, consumers_of(nodes))
     order = toposort(list(kg.outputs) + list(stab.values()))
