@@ -144,7 +144,7 @@ def plan(kg: KernelGraph, arch: str = CODEGEN_ARCH, library: bool | None = None)
                 continue
             for value in decided[root]:
                 pair = readers.get(root)
-                if pair is not None and pair.value is value:
+                if pair is not None and pair.value == value:  # (equal: a fold rebuilds nodes)
                     kernels.append(_row(pair, "stage", value))
                 else:
                     kernels.append(KernelPlan("stage", value.shape, root=value))
