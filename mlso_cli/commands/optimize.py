@@ -7,6 +7,7 @@ progress, prints the report and writes OUT atomically. Nothing here decides anyt
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -19,6 +20,7 @@ from mlso_cli.commands.options import input_shape_option, json_option
 from mlso_cli.console import chatty, line, plain, stderr, summary
 from mlso_cli.errors import InputError, UsageError
 from mlso_cli.frontend.load import parse_input_shapes
+from mlso_cli.package.prefile import Prefile
 from mlso_cli.pipeline import (
     CUDA_GRAPH,
     SERVE_MODES,
@@ -228,20 +230,34 @@ def optimize_cmd(
         verify_seed=verify_seed(seed, fresh=fresh),
         verify_seed_fresh=fresh,
     )
-    with _Display(as_json) as display:
-        outcome = optimize(
-            model, parse_input_shapes(input_shapes), options, listener=display, dry_run=dry_run
-        )
-    if not dry_run:
-        from mlso_cli.interrupt import check, written
-        from mlso_cli.package import write_model_atomic
+    # the output's temp file, written while the check before writing hashes the model; removed
+    # on any way out that does not place it (package/prefile.py)
+    prefile = None if dry_run else Prefile(out)
+    with prefile or contextlib.nullcontext():
+        with _Display(as_json) as display:
+            outcome = optimize(
+                model,
+                parse_input_shapes(input_shapes),
+                options,
+                listener=display,
+                dry_run=dry_run,
+                tee=prefile,
+            )
+        if not dry_run:
+            from mlso_cli.interrupt import check, written
+            from mlso_cli.package import write_model_atomic
 
-        check()  # a Ctrl-C whose KeyboardInterrupt got lost on the way: write nothing
+            check()  # a Ctrl-C whose KeyboardInterrupt got lost on the way: write nothing
 
-        write_model_atomic(
-            outcome.model, out, input_path=None if model == "-" else model, replace=force
-        )
-        written(out)
+            write_model_atomic(
+                outcome.model,
+                out,
+                input_path=None if model == "-" else model,
+                replace=force,
+                serialized=outcome.serialized,
+                prefile=prefile,
+            )
+            written(out)
     _report(outcome, None if dry_run else out, as_json, streamed=display.streamed)
     summary(
         f"optimize: {len(outcome.regions)} region(s), {outcome.packaged} packaged, "

@@ -10,6 +10,7 @@ import hashlib
 import os
 import stat
 import sys
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,8 +229,21 @@ def read_proto(source: str) -> tuple[onnx.ModelProto, Path | None]:
     return model, base
 
 
-def _read_model(source: str) -> tuple[onnx.ModelProto, Path | None, bytes | None]:
-    """`read_proto`, and the bytes parsed (None for a model over 2 GB, read by path)."""
+def _read_model(
+    source: str, meanwhile: Callable[[bytes], None] | None = None
+) -> tuple[onnx.ModelProto, Path | None, bytes | None]:
+    """`read_proto`, and the bytes parsed (None for a model over 2 GB, read by path).
+    `meanwhile` is given the bytes read before they are parsed (load_model hashes them in a
+    thread while they are)."""
+    data, base, where = _read_source(source)
+    if meanwhile is not None and data is not None:
+        meanwhile(data)
+    return _parse(source, data, where), base, data
+
+
+def _read_source(source: str) -> tuple[bytes | None, Path | None, str]:
+    """The bytes of the model at `source` (None for a model over 2 GB: only the path-based
+    loader reads it), the folder of its external data, and how errors name it."""
     if source == "-":
         data = _read_stdin()
         base = None
@@ -242,6 +256,11 @@ def _read_model(source: str) -> tuple[onnx.ModelProto, Path | None, bytes | None
         where = source
     if data is not None and len(data) == 0:
         raise InputError(f"{where} is empty", "Pass a complete .onnx file")
+    return data, base, where
+
+
+def _parse(source: str, data: bytes | None, where: str) -> onnx.ModelProto:
+    """The model in `data` (by path where `data` is None); InputError for what is no model."""
     try:
         if data is None:  # over 2 GB: only the path-based loader can read it
             model = onnx.load(source, load_external_data=False)
@@ -257,7 +276,7 @@ def _read_model(source: str) -> tuple[onnx.ModelProto, Path | None, bytes | None
             f"{where} does not hold an ONNX model (no IR version or no graph nodes)",
             "The file may be truncated or corrupt; export or download it again",
         )
-    return model, base, data
+    return model
 
 
 def uses_external_data(model: onnx.ModelProto) -> bool:
@@ -456,9 +475,9 @@ def loaded_from_proto(model: onnx.ModelProto, source: str = "<memory>") -> Loade
 
 
 def _hash_meanwhile(data: bytes) -> Future[str]:
-    """The sha256 of `data`, computed in a thread while the checker runs. Why: hashlib lets go
-    of the GIL while it hashes a large buffer, so on a second core the 478 MB of a Phi-3 export
-    are hashed in the checker's time rather than after it (a third of a second)."""
+    """The sha256 of `data`, computed in a thread while the model is parsed and checked. Why:
+    hashlib lets go of the GIL while it hashes a large buffer, so on a second core the 478 MB of
+    a Phi-3 export are hashed in the parse's time rather than after it (a third of a second)."""
     from concurrent.futures import ThreadPoolExecutor
 
     pool = ThreadPoolExecutor(1, thread_name_prefix="mlso-sha256")
@@ -468,12 +487,176 @@ def _hash_meanwhile(data: bytes) -> Future[str]:
         pool.shutdown(wait=False)  # the hash still runs; the pool's thread ends with it
 
 
+_ITEMSIZE = {
+    TensorProto.FLOAT: 4,
+    TensorProto.FLOAT16: 2,
+    TensorProto.BFLOAT16: 2,
+    TensorProto.DOUBLE: 8,
+    TensorProto.INT8: 1,
+    TensorProto.UINT8: 1,
+    TensorProto.INT16: 2,
+    TensorProto.UINT16: 2,
+    TensorProto.INT32: 4,
+    TensorProto.UINT32: 4,
+    TensorProto.INT64: 8,
+    TensorProto.UINT64: 8,
+    TensorProto.BOOL: 1,
+}
+"""Bytes per element of the types whose weights the checker's stand-ins may replace (whole
+bytes per element; packed and float8 types are left to the checker itself)."""
+
+_VALUE_FIELDS = (
+    "float_data",
+    "int32_data",
+    "string_data",
+    "int64_data",
+    "double_data",
+    "uint64_data",
+)
+"""The TensorProto fields other than raw_data that hold values (the checker wants one)."""
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _wire_fields(buf: bytes, start: int, end: int):
+    """(field number, wire type, start, end of its value) of each field of the message in
+    buf[start:end]; ValueError for what is not protobuf wire format (groups included)."""
+    i = start
+    while i < end:
+        key, i = _varint(buf, i)
+        wire = key & 7
+        if wire == 0:
+            j = _varint(buf, i)[1]
+        elif wire == 1:
+            j = i + 8
+        elif wire == 5:
+            j = i + 4
+        elif wire == 2:
+            n, i = _varint(buf, i)
+            j = i + n
+        else:
+            raise ValueError("a group or an invalid wire type")
+        if j > end:
+            raise ValueError("a field runs past its message")
+        yield key >> 3, wire, i, j
+        i = j
+
+
+def _raw_data_sizes(data: bytes) -> list[tuple[bytes, int | None]] | None:
+    """Each graph initializer of the ModelProto in `data`, in order: its name (UTF-8) and the
+    size of its raw_data (None: it has none), read from the wire without copying any weight.
+    None where the bytes are not that plain layout: the graph, or a tensor's name or raw_data,
+    given more than once (a parser merges those), a field of an unexpected wire type."""
+    try:
+        graph = [(w, a, b) for n, w, a, b in _wire_fields(data, 0, len(data)) if n == 7]
+        if len(graph) != 1 or graph[0][0] != 2:
+            return None
+        out: list[tuple[bytes, int | None]] = []
+        for n, w, a, b in _wire_fields(data, graph[0][1], graph[0][2]):
+            if n != 5:
+                continue
+            if w != 2:
+                return None
+            names, sizes = [], []
+            for fn, fw, fa, fb in _wire_fields(data, a, b):
+                if fn in (8, 9) and fw != 2:
+                    return None
+                if fn == 8:
+                    names.append(data[fa:fb])
+                elif fn == 9:
+                    sizes.append(fb - fa)
+            if len(names) > 1 or len(sizes) > 1:
+                return None
+            out.append((names[0] if names else b"", sizes[0] if sizes else None))
+        return out
+    except (ValueError, IndexError):
+        return None
+
+
+def _stand_in_size(t: onnx.TensorProto, raw_size: int | None) -> int:
+    """The bytes of one element of `t` when a stand-in may replace it in the checker's view,
+    else 0. Why this is safe: onnx's checker reads of an initializer its type, its value
+    fields, its data location, its dims and the size of its raw_data, never its bytes (but the
+    padding of packed sub-byte types, which are not replaced); a stand-in has the same name, type
+    and fields, and `t` is checked here for all the checker would check: inline, raw_data alone
+    and exactly the size its dims and type need, a byte-sized type, every dim positive."""
+    from mlso_cli.frontend.inference import large_weight
+
+    if raw_size is None or not large_weight(t) or t.data_location == TensorProto.EXTERNAL:
+        return 0
+    itemsize = _ITEMSIZE.get(t.data_type, 0)
+    if not itemsize or any(d <= 0 for d in t.dims):
+        return 0
+    if any(len(getattr(t, f)) for f in _VALUE_FIELDS):
+        return 0
+    n = 1
+    for d in t.dims:
+        n *= int(d)
+    return itemsize if raw_size == n * itemsize else 0
+
+
+def _checker_view(model: onnx.ModelProto, data: bytes) -> onnx.ModelProto | None:
+    """What onnx's checker is given instead of the bytes read: `model` with each large weight
+    replaced by a stand-in of one element per dim (`_stand_in_size`), its raw_data's size read
+    from `data`. None when no weight can be replaced or `data` is not the plain layout.
+
+    Why: the checker parses the bytes it is given into a C++ model, every weight byte copied
+    twice (0.6 s of a cached rerun on a 478 MB Phi-3 export, 1.1 s on a busy machine); the
+    view's bytes are the graph and a few bytes a weight."""
+    from mlso_cli.frontend.inference import copy_except, copy_fields, large_weight
+
+    inits = model.graph.initializer
+    if not any(large_weight(t) for t in inits):
+        return None
+    sizes = _raw_data_sizes(data)
+    if sizes is None or len(sizes) != len(inits):
+        return None
+    view = onnx.ModelProto()
+    copy_except(model, view, "graph")
+    copy_except(model.graph, view.graph, "initializer")
+    replaced = 0
+    for t, (name, size) in zip(inits, sizes):
+        if name != t.name.encode():
+            return None
+        itemsize = _stand_in_size(t, size)
+        if not itemsize:
+            view.graph.initializer.append(t)
+            continue
+        stand_in = view.graph.initializer.add()
+        copy_fields(t, stand_in, lambda fd: fd.name not in ("raw_data", "dims"))
+        stand_in.dims.extend([1] * len(t.dims))
+        stand_in.raw_data = bytes(itemsize)
+        replaced += 1
+    return view if replaced else None
+
+
 def _check(model: onnx.ModelProto, source: str, where: str, data: bytes | None) -> None:
     """onnx's checker on the model read. `data`: the bytes it was parsed from, checked as they
-    are (the checker would otherwise serialise the model, or read and parse the file again);
-    None where the checker must see the file's folder (external data) or the model is over 2 GB:
-    then by path, except for a pipe, whose bytes are gone from it (the model is serialised)."""
+    are (the checker would otherwise serialise the model, or read and parse the file again), or
+    first as the view `_checker_view` makes of them: when the view passes, so do they; when it
+    does not, the bytes are checked, so a refusal names what the checker finds in the model
+    read. `data` is None where the checker must see the file's folder (external data) or the
+    model is over 2 GB: then by path, except for a pipe, whose bytes are gone from it (the model
+    is serialised)."""
     if data is not None:
+        view = _checker_view(model, data)
+        if view is not None:
+            try:
+                onnx.checker.check_model(view)
+                return
+            except onnx.checker.ValidationError:
+                pass
         what: onnx.ModelProto | bytes | str = data
     else:
         what = model if source == "-" or is_stream(source) else source
@@ -500,16 +683,19 @@ def load_model(
     """
     from mlso_cli.frontend.fold import fold_with_notes
 
-    model, base, data = _read_model(source)
     where = "stdin" if source == "-" else source
-    external = uses_external_data(model)
-    if external:
-        _check_external_files(model, base, where)
-    hashing = _hash_meanwhile(data) if digest and data is not None else None
+    # hashed while the bytes are parsed and checked (hashlib lets go of the GIL)
+    hashing: list[Future[str]] = []
     try:
+        model, base, data = _read_model(
+            source, (lambda d: hashing.append(_hash_meanwhile(d))) if digest else None
+        )
+        external = uses_external_data(model)
+        if external:
+            _check_external_files(model, base, where)
         _check(model, source, where, None if external else data)
     finally:
-        sha = hashing.result() if hashing is not None else None
+        sha = hashing[0].result() if hashing else None
     del data
     _apply_input_shapes(model, input_shapes or {})
     _static_input_shapes(model)

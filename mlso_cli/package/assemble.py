@@ -62,12 +62,19 @@ class Built:
 
 
 def assemble(
-    model: onnx.ModelProto, items: Sequence[tuple[LiftedRegion, Built]], metadata: dict[str, str]
+    model: onnx.ModelProto,
+    items: Sequence[tuple[LiftedRegion, Built]],
+    metadata: dict[str, str],
+    *,
+    copy: bool = True,
 ) -> onnx.ModelProto:
     """A new model: `model` with each item's region packaged. `model` is copied once here, and
-    each step after works on that copy in place (a copy is a copy of every weight byte)."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
+    each step after works on that copy in place (a copy is a copy of every weight byte).
+    `copy=False`: `model` itself is packaged and returned, for a caller that gives it up."""
+    m = model
+    if copy:
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
     have = {t.name for t in m.graph.initializer}
     for lr, _ in items:
         for name, arr in lr.extra_inputs.items():

@@ -15,6 +15,11 @@ of the temp file, which fails atomically when another run placed the name first)
 named `.OUT.mlso-tmp.<pid>.<random>`: SIGTERM and SIGHUP during a write remove them, and a later
 write next to the same output removes those whose process is gone (a killed -9 run). Outputs get
 the mode 0o666 & ~umask, like any file a user creates.
+
+Speed (a 478 MB model, issue 31): the disk write of the temp file is started every 32 MB
+(`_Writeback`) rather than all at the fsync; an output replaced is freed in a thread rather than
+inside the rename (`_hold`); and optimize can have the temp file written ahead while it hashes
+the model (package/prefile.py), which `write_model_atomic(prefile=)` then completes and places.
 """
 
 from __future__ import annotations
@@ -29,14 +34,18 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, external_data_helper
 
 from mlso_cli.errors import InputError, Interrupted
-from mlso_cli.package.chunks import serialized_chunks
+from mlso_cli.package.chunks import Serialized, serialized_chunks
 from mlso_cli.package.rewrite import BINARY_PREFIX
+
+if TYPE_CHECKING:
+    from mlso_cli.package.prefile import Prefile
 
 PROTOBUF_LIMIT = 2**31 - 1
 _HEADROOM = 64 << 20  # graph structure on top of the tensor bytes
@@ -141,10 +150,54 @@ def current_umask() -> int:
     return old
 
 
+_WRITEBACK_STEP = 32 << 20
+"""Bytes written between two starts of writeback (`_Writeback`)."""
+
+
+class _Writeback:
+    """Starts the disk write of what was written so far (Linux `sync_file_range` with
+    SYNC_FILE_RANGE_WRITE: it starts the write, waits for nothing), so that the disk writes one
+    part while the next is copied into the page cache; the fsync at the end then waits only for
+    the rest. Why: on the 2-core machine's disk the fsync of a 478 MB model took 0.7-0.9 s after
+    a write of 0.2-1.0 s. Durability is the fsync's, as before; where the call is missing (not
+    Linux) this does nothing."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.started, self._call = fd, 0, _sync_file_range()
+
+    def written(self, f, upto: int) -> None:
+        """`upto` bytes of `f` (the file of `fd`) are written."""
+        if self._call is None or upto - self.started < _WRITEBACK_STEP:
+            return
+        f.flush()
+        if self._call(self.fd, self.started, upto - self.started, 2) != 0:  # WRITE
+            self._call = None  # refused (a file system without it): the fsync does it all
+            return
+        self.started = upto
+
+
+def _sync_file_range():
+    try:
+        import ctypes
+
+        call = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    return call
+
+
 def _fsync_write(path: str, chunks: Iterator[bytes] | list[bytes]) -> None:
     with open(path, "wb") as f:
+        writeback, offset = _Writeback(f.fileno()), 0
         for chunk in chunks:
-            f.write(chunk)
+            view = memoryview(chunk)
+            for start in range(0, len(view), _WRITEBACK_STEP):
+                part = view[start : start + _WRITEBACK_STEP]
+                f.write(part)
+                offset += len(part)
+                writeback.written(f, offset)
         f.flush()
         os.fchmod(f.fileno(), 0o666 & ~current_umask())  # mkstemp made it 0600
         os.fsync(f.fileno())
@@ -237,7 +290,11 @@ def _place(tmp: str, final: Path, replace: bool) -> None:
     FileExistsError if final appeared meanwhile, which os.replace would silently overwrite."""
     if replace:
         check_output_path(final, replace=True)
-        os.replace(tmp, final)
+        held = _hold(final)
+        try:
+            os.replace(tmp, final)
+        finally:
+            _release(held)
         return
     try:
         os.link(tmp, final, follow_symlinks=False)
@@ -249,6 +306,42 @@ def _place(tmp: str, final: Path, replace: bool) -> None:
         _place_exclusive(tmp, final)
         return
     os.unlink(tmp)
+
+
+def _hold(path: Path) -> int | None:
+    """A descriptor on the large regular file at `path` that a rename is about to replace, or
+    None. Why: a file's pages and blocks are freed when its last name and its last descriptor
+    are gone; with this one held, not inside the rename (0.3-0.4 s for a 478 MB output, every
+    page of it dropped from the page cache) but in `_release`'s thread, while the command
+    finishes. The rename itself is the same: the name points at the new file at once."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_size > _SMALL_MODEL and st.st_nlink == 1:
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _release(fd: int | None) -> None:
+    """Close `fd` (`_hold`) in a thread of its own (os.close lets go of the GIL)."""
+    if fd is None:
+        return
+
+    def close() -> None:
+        with suppress(OSError):
+            os.close(fd)
+
+    try:
+        threading.Thread(target=close, name="mlso-release", daemon=True).start()
+    except RuntimeError:  # no thread to be had (interpreter shutting down): close it here
+        close()
 
 
 def _place_exclusive(tmp: str, final: Path) -> None:
@@ -354,6 +447,8 @@ def write_model_atomic(
     input_path: str | os.PathLike[str] | None = None,
     external_data: bool | None = None,
     replace: bool = True,
+    serialized: Serialized | None = None,
+    prefile: Prefile | None = None,
 ) -> Path:
     """Write `model` to out_path atomically and return the path.
 
@@ -362,6 +457,9 @@ def write_model_atomic(
     one is written when the model is over 2 GB or its input kept weights in external files.
     replace: whether an existing regular file at out_path (or its data file) may be replaced;
     the CLI passes --force. Without it, a run that loses a race for the name fails cleanly.
+    serialized: `model` serialized already (Outcome.serialized): an inline write takes its
+    weights' bytes from there (package/chunks.py `Serialized.pieces_for`). prefile: the temp
+    file the run wrote ahead (package/prefile.py); an inline write keeps what of it agrees.
     """
     out = Path(out_path)
     inp = Path(input_path) if input_path is not None else None
@@ -393,7 +491,7 @@ def write_model_atomic(
     if external_data is None:
         external_data = has_external or bool(input_files)
         if not external_data:
-            pieces = _pieces_if_small(model)
+            pieces = _pieces_if_small(model, serialized)
             external_data = pieces is None and _too_big(model)
     if has_external and not external_data:
         raise InputError(
@@ -421,17 +519,22 @@ def write_model_atomic(
             replace,
             flight,
             pieces,
+            prefile,
         )
     return out
 
 
-def _pieces_if_small(model: onnx.ModelProto) -> list[bytes] | None:
-    """The model's serialisation in pieces (package/chunks.py) when it fits inline with
-    _HEADROOM to spare: then so do its tensors' bytes, and `_too_big` need not copy every one
-    out only to count them (half a second on 478 MB). None otherwise, or when serialising fails
-    (the write itself then reports that)."""
+def _pieces_if_small(
+    model: onnx.ModelProto, serialized: Serialized | None = None
+) -> list[bytes] | None:
+    """The model's serialisation in pieces (package/chunks.py; from `serialized` where it was
+    made from this model) when it fits inline with _HEADROOM to spare: then so do its tensors'
+    bytes, and `_too_big` need not copy every one out only to count them (half a second on
+    478 MB). None otherwise, or when serialising fails (the write itself then reports that)."""
     try:
-        pieces = serialized_chunks(model)
+        pieces = serialized.pieces_for(model) if serialized is not None else None
+        if pieces is None:
+            pieces = serialized_chunks(model)
     except ValueError:
         return None
     return pieces if sum(map(len, pieces)) + _HEADROOM <= PROTOBUF_LIMIT else None
@@ -448,13 +551,17 @@ def _write_and_place(
     replace: bool,
     flight: _Flight,
     pieces: list[bytes] | None = None,
+    prefile: Prefile | None = None,
 ) -> None:
     """The temp files, then the renames; on any failure (or a stop signal) nothing is left.
-    `pieces`: the model serialised already (`_pieces_if_small`), for an inline write."""
+    `pieces`: the model serialised already (`_pieces_if_small`), for an inline write, which
+    finishes `prefile`'s temp file where it has one (package/prefile.py)."""
     data_final: Path | None = None
     data_placed = placed = False
     try:
         if use_external:
+            if prefile is not None:
+                prefile.discard()  # written inline, the model it holds is not this file's
             work = onnx.ModelProto()
             work.CopyFrom(model)
             if has_external:
@@ -480,9 +587,15 @@ def _write_and_place(
             payload = pieces if pieces is not None else serialized_chunks(model)
             if sum(map(len, payload)) > PROTOBUF_LIMIT:  # what SerializeToString would refuse
                 raise ValueError("the model is over protobuf's 2 GB limit")
-        model_tmp = _temp_in(folder, out.name)
-        flight.temps.append(model_tmp)
-        _fsync_write(model_tmp, payload)
+        model_tmp = None
+        if prefile is not None and not use_external:
+            model_tmp = prefile.finish(payload)
+        if model_tmp is not None:
+            flight.temps.append(model_tmp)
+        else:
+            model_tmp = _temp_in(folder, out.name)
+            flight.temps.append(model_tmp)
+            _fsync_write(model_tmp, payload)
         flight.abortable = False  # from here a stop signal waits: a half-placed pair is worse
         if use_external:
             _place(data_tmp, data_final, replace)

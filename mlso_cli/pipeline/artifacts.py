@@ -6,7 +6,7 @@ fake search and inspects what select and package saw), and the CLI only renders 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -14,6 +14,7 @@ import onnx
 from mlso_cli.frontend.analyse import Analysis
 from mlso_cli.frontend.lift import LiftedRegion
 from mlso_cli.frontend.load import LoadedModel
+from mlso_cli.package.chunks import Serialized
 from mlso_cli.search.api import Candidate, SearchOptions, SearchProgress, SearchResult
 
 NO_SEARCH = "no search: "
@@ -204,6 +205,10 @@ class Outcome:
     verdict_cached: bool = False
     """The check before writing's outcome came from the verdict cache: these very bytes were
     checked, under this code, by an earlier run (pipeline/verdicts.py)."""
+    serialized: Serialized | None = field(default=None, repr=False, compare=False)
+    """With a cached verdict, `model` as the check before writing hashed it, with its weights'
+    bytes: `package.write_model_atomic(..., serialized=)` writes it without copying them out
+    again (package/chunks.py). None otherwise; drop it to free the memory it holds."""
 
     @property
     def packaged(self) -> int:

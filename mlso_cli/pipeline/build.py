@@ -111,17 +111,21 @@ def package(
     seed: int,
     bound: float,
     extra: Mapping[str, str] | None = None,
+    consume: bool = False,
 ) -> onnx.ModelProto:
     """The input model with each (region, program) replaced by an MlsoKernel node, and mlso's
     metadata: `bound` is the run's verification bound (mlso.verification_bound); `extra` adds
-    keys (mlso.serve)."""
+    keys (mlso.serve). `consume`: `loaded.model` itself becomes the packaged model (no copy of
+    its weights); `loaded` must not be used after (pipeline/run.py loads the file again)."""
     from mlso_cli.package import standard_metadata
     from mlso_cli.package.assemble import assemble
 
     meta = standard_metadata(targets=targets, seed=seed, verification_bound=bound)
     meta.update(extra or {})
-    # assemble copies the model (once): `loaded` stays as it is for the next packaging round
-    return assemble(with_weights(loaded), list(items), meta)
+    # assemble copies the model (once): `loaded` stays as it is for the next packaging round;
+    # a model given its external data here is a copy already
+    model = with_weights(loaded)
+    return assemble(model, list(items), meta, copy=not consume and model is loaded.model)
 
 
 def set_metadata(model: onnx.ModelProto, key: str, value: str) -> None:

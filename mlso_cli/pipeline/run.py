@@ -18,11 +18,16 @@ holds a slower model labelled optimized, and nothing is written before the check
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import onnx
 
 from mlso_cli import interrupt
+from mlso_cli.errors import InputError
+from mlso_cli.frontend.lift import LiftedRegion
+from mlso_cli.frontend.load import LoadedModel
 from mlso_cli.ir.hashing import graph_hash
+from mlso_cli.package.chunks import Tee
 from mlso_cli.pipeline.artifacts import (
     Choice,
     Lifted,
@@ -104,6 +109,7 @@ def optimize(
     time_models: ModelTimeFn | None = None,
     listener: Listener | None = None,
     dry_run: bool = False,
+    tee: Tee | None = None,
 ) -> Outcome:
     """Optimize the model at `source`; returns every region's search and choice, and the packaged
     model (None when `dry_run`: nothing is compiled unless --gpu must time, nothing packaged).
@@ -111,7 +117,9 @@ def optimize(
     `search` defaults to `default_search()`; `measure` (used only with `options.gpu`) to the bench
     harness's `time_regions`; `time_models` (the whole-model check, with `options.gpu`) to
     `bench.pair.time_pair`. A caller that injects `measure` but not `time_models` gets no
-    whole-model check: fixed region figures and a real model timing measure different things."""
+    whole-model check: fixed region figures and a real model timing measure different things.
+    `tee`: given the bytes of the model packaged first as the check before writing hashes them
+    (the CLI's package.prefile.Prefile writes them to the output's temp file meanwhile)."""
     from mlso_cli.codegen import DEFAULT_TARGETS
     from mlso_cli.package import META_BOUND, META_SERVE
 
@@ -162,19 +170,36 @@ def optimize(
         for lr, s in zip(lifted.regions, searched)
     ]
     bound = run_bound(searched)
-    model, check, vseed, reused = None, None, None, False
+    model, check, vseed, reused, serialized = None, None, None, False, None
     if not dry_run:
         meta = {META_SERVE: options.serve}
         vseed = options.verify_seed
         if vseed is None:
             vseed = verify_seed(options.seed, fresh=False)
         rounds = iter(range(1 << 30))
+        # the first packaging round makes the loaded model itself the packaged one (a copy of a
+        # 478 MB model's weights is half a second of a cached rerun), where the file can be
+        # read again for a later round: a regular file, without --gpu (which packages the
+        # original after the check). Nothing reads `lifted.loaded` after that.
+        held = {"loaded": lifted.loaded, "consumed": False}
+        consumable = options.gpu is None and _rereadable(source, lifted.loaded)
 
         def pack(cs):
             # progress lines show "compiled" once, on the first packaging round
             first = next(rounds) == 0
+            if held["consumed"]:
+                held["loaded"], held["consumed"] = _reload(source, input_shapes, lifted), False
+            consume = held["consumed"] = first and consumable
             return _package(
-                lifted, cs, builder, options.seed, 0.0, listener if first else Listener(), meta
+                lifted.regions,
+                held["loaded"],
+                cs,
+                builder,
+                options.seed,
+                0.0,
+                listener if first else Listener(),
+                meta,
+                consume,
             )
 
         checked = check_before_writing(
@@ -185,9 +210,10 @@ def optimize(
             source=source,
             verdicts=_verdicts(options),
             fresh_seed=options.verify_seed_fresh,
+            tee=tee,
         )
         model, choices, bound = checked.model, list(checked.choices), checked.bound
-        vseed, reused = checked.seed, checked.cached
+        vseed, reused, serialized = checked.seed, checked.cached, checked.serialized
         set_metadata(model, META_BOUND, str(bound))
         if time_models is None and measure is None:
             time_models = _pair_timer(options.check_rounds, options.check_iters)
@@ -201,11 +227,13 @@ def optimize(
                 extra=meta,
             )
             model, choices, check = _checked(model, original, choices, options, time_models)
+            if model is not checked.model:
+                serialized = None  # the original is written: not the model serialized
     reports = tuple(RegionReport(s, c) for s, c in zip(searched, choices))
     for rep in reports:  # final only now: timings and the checks before writing may change them
         if rep.searched.region not in decided:
             listener.region_decided(rep)
-    return Outcome(reports, model, bound, options.serve, check, vseed, reused)
+    return Outcome(reports, model, bound, options.serve, check, vseed, reused, serialized)
 
 
 def _original(source: str, input_shapes, lifted: Lifted) -> Original:
@@ -292,27 +320,61 @@ def _search_all(
     return out
 
 
+def _rereadable(source: str, loaded: LoadedModel) -> bool:
+    """Whether `source` can be loaded again in this run and told to be what `loaded` was read
+    from: a regular file whose bytes were hashed, with its weights inline (with external data
+    the packaged model is a copy anyway, pipeline/build.py)."""
+    from mlso_cli.frontend.load import is_stream, uses_external_data
+
+    return (
+        source != "-"
+        and not is_stream(source)
+        and loaded.bytes_sha256 is not None
+        and not uses_external_data(loaded.model)
+        and Path(source).is_file()
+    )
+
+
+def _reload(source: str, input_shapes, lifted: Lifted) -> LoadedModel:
+    """The model as the lift loaded it, loaded again from the file (the first packaging round
+    made the one loaded the packaged model); the same bytes load to the same model. InputError
+    when the file no longer holds the bytes the run read."""
+    from mlso_cli.frontend.load import load_model
+
+    again = load_model(source, input_shapes or {}, digest=True)
+    if again.bytes_sha256 != lifted.loaded.bytes_sha256:
+        raise InputError(
+            f"{source} changed while optimize ran",
+            "Run optimize again once nothing writes the model",
+        )
+    return again
+
+
 def _package(
-    lifted: Lifted,
+    regions: list[LiftedRegion],
+    loaded: LoadedModel,
     choices: list[Choice],
     builder: Builder,
     seed: int,
     bound: float,
     listener: Listener,
     meta: dict[str, str],
+    consume: bool = False,
 ):
     builder.prebuild(
-        [
-            (c.candidate.graph, lr.extra_inputs)
-            for lr, c in zip(lifted.regions, choices)
-            if c.packaged
-        ]
+        [(c.candidate.graph, lr.extra_inputs) for lr, c in zip(regions, choices) if c.packaged]
     )
     items = []
-    for lr, c in zip(lifted.regions, choices):
+    for lr, c in zip(regions, choices):
         if c.packaged:
             items.append((lr, builder.build(c.candidate.graph, lr.extra_inputs)))
             listener.compiled(lr.region.id)
     return package(
-        lifted.loaded, items, targets=builder.targets, seed=seed, bound=bound, extra=meta
+        loaded,
+        items,
+        targets=builder.targets,
+        seed=seed,
+        bound=bound,
+        extra=meta,
+        consume=consume,
     )

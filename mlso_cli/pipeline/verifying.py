@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 import onnx
 
 from mlso_cli.errors import EnvironmentProblem, MlsoError
+from mlso_cli.package.chunks import Serialized, Tee, serialize
 from mlso_cli.pipeline.artifacts import Choice
 from mlso_cli.pipeline.verdicts import Verdict, VerdictCache, model_digest
 from mlso_cli.verify.packaged import (
@@ -80,6 +81,10 @@ class Checked:
     cached: bool = False
     """The verdict came from the verdict cache (pipeline/verdicts.py): the same original, the
     same bytes to write, the same seed and code were checked before; `report` is None then."""
+    serialized: Serialized | None = field(default=None, repr=False)
+    """`model` as it was hashed for the verdict cache, with its weights' bytes, so that writing
+    it does not copy them out of the model again (package/chunks.py `Serialized.pieces_for`);
+    kept for a cached verdict only (a check that runs would hold them through it)."""
 
 
 CHECK_FLOAT_HEADROOM = 0.8
@@ -114,12 +119,15 @@ def check_before_writing(
     source: str = "the input model",
     verdicts: VerdictCache | None = None,
     fresh_seed: bool = False,
+    tee: Tee | None = None,
 ) -> Checked:
     """Package `choices`, verify the result against `original` (A, with its weights, or an
     `Original` that loads it when a check runs) and drop refused regions until what is left
     passes (module docstring). With `verdicts`, a check of these very bytes done before is
     reused (pipeline/verdicts.py), and a new one is stored; `fresh_seed`: `seed` was drawn for
-    this run, so an earlier check under another seed counts."""
+    this run, so an earlier check under another seed counts. `tee` gets the bytes of the model
+    packaged first as they are hashed for the verdict cache (package/prefile.py writes them
+    ahead); it is told to discard them when that model is not the one returned."""
     if not isinstance(original, Original):
         original = Original(lambda a=original: a)
     choices = tuple(choices)
@@ -129,11 +137,16 @@ def check_before_writing(
     if verdicts is None:
         return _check(original.model(), choices, model, package, seed, source)
     # each model is serialized and hashed once: a real-width model is gigabytes
-    packed = model_digest(model)
-    key = verdicts.key(original.id(), packed, None if fresh_seed else seed)
-    hit = _reused(verdicts.get(key), choices, model, packed, package)
+    named = original.id()  # first: A may be loaded and hashed for it
+    held = [serialize(model, tee=tee)]
+    packed = held[0].sha256
+    key = verdicts.key(named, packed, None if fresh_seed else seed)
+    hit = _reused(verdicts.get(key), choices, held, package)
+    if tee is not None and (hit is None or hit.model is not model):
+        tee.discard()
     if hit is not None:
         return hit
+    held.clear()  # not held through the check: a copy of every weight byte
     checked = _check(original.model(), choices, model, package, seed, source)
     final = packed if checked.model is model else model_digest(checked.model)
     verdicts.put(key, Verdict.of(checked.choices, checked.bound, final, seed))
@@ -143,24 +156,32 @@ def check_before_writing(
 def _reused(
     verdict: Verdict | None,
     choices: tuple[Choice, ...],
-    model: onnx.ModelProto,
-    model_sha256: str,
+    held: list[Serialized],
     package: PackageFn,
 ) -> Checked | None:
     """The stored verdict applied, when it is for these choices and the model it passed is the
     one packaged again now (byte for byte); else None: the check runs. Its seed is the one the
-    stored check ran with."""
+    stored check ran with. `held`: the packaged model, serialized (emptied here when another
+    model is packaged, so that the two are not held at once)."""
     final = verdict.applied(choices) if verdict is not None else None
     if final is None:
         return None
     if all(a.packaged == b.packaged for a, b in zip(final, choices)):
-        passed, sha = model, model_sha256
+        serialized = held[0]
     else:
-        passed = package(final)
-        sha = model_digest(passed)
-    if sha != verdict.model_sha256:
+        held.clear()
+        serialized = serialize(package(final))
+    if serialized.sha256 != verdict.model_sha256:
         return None
-    return Checked(passed, final, verdict.bound, None, verdict.seed, cached=True)
+    return Checked(
+        serialized.model,
+        final,
+        verdict.bound,
+        None,
+        verdict.seed,
+        cached=True,
+        serialized=serialized,
+    )
 
 
 def _check(
