@@ -31,8 +31,8 @@ from typing import IO
 
 from mlso_cli.package.write import (
     _STOP_SIGNALS,
-    _WRITEBACK_STEP,
     _temp_in,
+    _write_piece,
     _Writeback,
     current_umask,
 )
@@ -98,7 +98,7 @@ class Prefile:
             if self._stop or self._error is not None:
                 continue
             try:
-                offset = _write(self._file, piece, writeback, offset)
+                offset = _write_piece(self._file, piece, writeback, offset)
             except BaseException as exc:  # noqa: BLE001 - kept for finish to see
                 self._error = exc
 
@@ -146,7 +146,7 @@ class Prefile:
             f.seek(size)
             writeback, offset = _Writeback(f.fileno()), size
             for piece in payload[kept:]:
-                offset = _write(f, piece, writeback, offset)
+                offset = _write_piece(f, piece, writeback, offset)
             f.flush()
             os.fchmod(f.fileno(), 0o666 & ~current_umask())  # mkstemp made it 0600
             os.fsync(f.fileno())
@@ -185,15 +185,3 @@ class Prefile:
             if signal.getsignal(s) == self._on_signal:
                 signal.signal(s, old if old is not None else signal.SIG_DFL)
                 del self._previous[s]
-
-
-def _write(f: IO[bytes], piece: bytes, writeback: _Writeback, offset: int) -> int:
-    """`piece` written at `offset`, the disk write started every _WRITEBACK_STEP bytes; the
-    offset after it."""
-    view = memoryview(piece)
-    for start in range(0, len(view), _WRITEBACK_STEP):
-        part = view[start : start + _WRITEBACK_STEP]
-        f.write(part)
-        offset += len(part)
-        writeback.written(f, offset)
-    return offset

@@ -34,7 +34,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -188,16 +188,23 @@ def _sync_file_range():
     return call
 
 
+def _write_piece(f: IO[bytes], piece: bytes, writeback: _Writeback, offset: int) -> int:
+    """`piece` written at `offset`, the disk write started every _WRITEBACK_STEP bytes; the
+    offset after it."""
+    view = memoryview(piece)
+    for start in range(0, len(view), _WRITEBACK_STEP):
+        part = view[start : start + _WRITEBACK_STEP]
+        f.write(part)
+        offset += len(part)
+        writeback.written(f, offset)
+    return offset
+
+
 def _fsync_write(path: str, chunks: Iterator[bytes] | list[bytes]) -> None:
     with open(path, "wb") as f:
         writeback, offset = _Writeback(f.fileno()), 0
         for chunk in chunks:
-            view = memoryview(chunk)
-            for start in range(0, len(view), _WRITEBACK_STEP):
-                part = view[start : start + _WRITEBACK_STEP]
-                f.write(part)
-                offset += len(part)
-                writeback.written(f, offset)
+            offset = _write_piece(f, chunk, writeback, offset)
         f.flush()
         os.fchmod(f.fileno(), 0o666 & ~current_umask())  # mkstemp made it 0600
         os.fsync(f.fileno())
