@@ -42,6 +42,7 @@ from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import DType, Op
 
 if TYPE_CHECKING:
+    from mlso_cli.codegen.emitter import Emitter
     from mlso_cli.codegen.lower import Lowering
 
 REDUCE_THREADS = 256
@@ -107,12 +108,11 @@ def plan_reduce(lw: Lowering, root: Node) -> ReduceKernelPlan:
     inner[axis] = LOOP_VAR
     inner_t = canon(x.shape, inner)
     probe = lw.emitter(lw.uses(), Names()).value(x, inner_t).scale
-    varying = probe is not None and any(mentions(c, LOOP_VAR) for c in probe.mcoords)
     out_scale: BufferScale | None = None
     combine: Combine | None = None
     if weighted:
         form = "masked_max"
-    elif probe is None or (not varying and (op == "sum" or probe.degree > 0)):
+    elif keeps_scale(probe, op):
         form = "scaled"
         if probe is not None and _scratch32(out):
             out_scale = structural(probe, tokens)
@@ -147,13 +147,30 @@ Folded = tuple[list[Pass], Scale | None]
 """The fold's passes and the scale its result is relative to (None: exact)."""
 
 
+def keeps_scale(probe: Scale | None, op: str) -> bool:
+    """Whether a fold of values kept relative to `probe` ("sum" or "max") folds their stored
+    numbers and keeps that scale (the "scaled" form): unscaled values, or a scale that does not
+    vary along the axis, for a sum or a max of positively scaled values."""
+    if probe is None:
+        return True
+    varying = any(mentions(c, LOOP_VAR) for c in probe.mcoords)
+    return not varying and (op == "sum" or probe.degree > 0)
+
+
+def masked_max(em: Emitter, root: Node, inner: Coords) -> str:
+    """What a stabiliser's weighted row max folds at `inner`: its input, or -inf where the
+    weight (the second source) is zero."""
+    x, w_node = root.src[0], root.src[1]
+    s = em.plain(x, inner)
+    w = em.plain(w_node, bcast(w_node.shape, inner))
+    return f"({w} != 0.0f ? {s} : mlso::neg_inf())"
+
+
 def _fold_masked_max(plan: ReduceKernelPlan, site: KernelSite, names: Names) -> Folded:
     """A row max skipping the positions whose weight (the second source) is zero."""
-    x, w_node = plan.root.src[0], plan.root.src[1]
     em = site.emitter(site.uses, names)
-    s = em.plain(x, plan.inner)
-    w = em.plain(w_node, bcast(w_node.shape, plan.inner))
-    return [Pass("acc", "max", em.lines, f"({w} != 0.0f ? {s} : mlso::neg_inf())")], None
+    expr = masked_max(em, plan.root, plan.inner)
+    return [Pass("acc", "max", em.lines, expr)], None
 
 
 def _fold_scaled(plan: ReduceKernelPlan, site: KernelSite, names: Names) -> Folded:

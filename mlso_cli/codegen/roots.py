@@ -31,7 +31,7 @@ Rules (thread graphs are built by rules, not search):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mlso_cli.codegen import synthetic
@@ -118,7 +118,9 @@ def kernel_roots(kg: KernelGraph) -> KernelRoots:
         return n.op not in KIND and n not in epilogues
 
     launch = schedule(targets, deps, keep=lambda n: n in roots)
-    rows = row_pairs(tuple(launch), RowContext(frozenset(roots), outs, stab, deps, elementwise))
+    fixed = frozenset(roots)
+    cx = RowContext(fixed, outs, stab, deps, elementwise, lambda ns: kernels_read(ns, fixed, stab))
+    rows = row_pairs(tuple(launch), cx)
     readers = {p.reader for p in rows.values()}
     inlined = {e for p in rows.values() for e in p.inlined}
     if inlined:  # recomputed by their row kernel's passes: no kernels, no storage
@@ -283,6 +285,18 @@ def _inline_reduce(n: Node, users: set[Node]) -> bool:
 
 def _deps(root: Node, roots: set[Node], stab: Mapping[Node, Node]) -> list[Node]:
     """The kernels `root`'s kernel reads (through inlined elementwise ops and views)."""
+    if root.op is Op.PROJ:
+        return [root.src[0]]
+    out = [stab[root]] if root in stab else []
+    return out + kernels_read(root.src, roots, stab)
+
+
+def kernels_read(
+    nodes: Sequence[Node], roots: set[Node] | frozenset[Node], stab: Mapping[Node, Node]
+) -> list[Node]:
+    """The kernels that computing `nodes` inline reads: roots met, a projection's graph-defined
+    kernel, a stabilised EXP's row max, looking through everything else (sources first, in
+    order)."""
     out: list[Node] = []
     seen: set[Node] = set()
 
@@ -300,10 +314,6 @@ def _deps(root: Node, roots: set[Node], stab: Mapping[Node, Node]) -> list[Node]
             for t in s.src:
                 walk(t)
 
-    if root.op is Op.PROJ:
-        return [root.src[0]]
-    if root in stab:
-        out.append(stab[root])
-    for s in root.src:
-        walk(s)
+    for n in nodes:
+        walk(n)
     return out

@@ -22,7 +22,7 @@ kernels: `RowPair.inlined`). A LayerNorm's mean and variance chain the same way.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from mlso_cli.codegen.frozen import FrozenMap
@@ -82,6 +82,8 @@ class Context:
     """The kernels a kernel reads (roots._deps)."""
     elementwise: Callable[[Node], bool]
     """A kernel kernels.emit_elementwise prints (not a GEMM epilogue's ADD)."""
+    reads: Callable[[Sequence[Node]], list[Node]]
+    """The kernels computing these values inline reads (roots.kernels_read)."""
     readers: Mapping[Node, tuple[Node, ...]] = FrozenMap(())
     """Kernel -> the kernels reading it (row_pairs fills it from the schedule)."""
 
@@ -251,7 +253,7 @@ def _grown(cx: Context, p: RowPair, taken: set[Node], rank: Mapping[Node, int]) 
     chain: set[Node] = set()
     inlined: set[Node] = set()
     start = [p.value] if p.value is not p.reader else list(p.value.src)
-    frontier = _kernels_read(cx, [*p.reduce.src, *start])
+    frontier = cx.reads([*p.reduce.src, *start])
     while frontier:
         d = frontier.pop()
         if d in chain or d in inlined or d is p.reduce or d in taken or d in cx.outputs:
@@ -262,34 +264,12 @@ def _grown(cx: Context, p: RowPair, taken: set[Node], rank: Mapping[Node, int]) 
             inlined.add(d)
         else:
             continue
-        frontier.extend(_kernels_read(cx, list(d.src)))
+        frontier.extend(cx.reads(d.src))
         if d in cx.stab:  # a stabilised EXP kernel reads its row max too
             frontier.append(cx.stab[d])
     if not chain and not inlined:
         return None
     return replace(p, chain=tuple(sorted(chain, key=rank.__getitem__)), inlined=frozenset(inlined))
-
-
-def _kernels_read(cx: Context, nodes: list[Node]) -> list[Node]:
-    """The kernels `nodes` read, looking through values computed inline (roots._deps's walk)."""
-    out: list[Node] = []
-    seen: set[Node] = set()
-    stack = list(nodes)
-    while stack:
-        n = stack.pop()
-        if n in seen or n.op in (Op.INPUT, Op.CONST):
-            continue
-        seen.add(n)
-        if n in cx.roots:
-            out.append(n)
-            continue
-        if n.op is Op.PROJ:
-            out.append(n.src[0])
-            continue
-        if n in cx.stab:
-            out.append(cx.stab[n])
-        stack.extend(n.src)
-    return out
 
 
 def _candidate(cx: Context, r: Node, readers: list[Node]) -> RowPair | None:

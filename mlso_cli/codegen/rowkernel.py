@@ -29,15 +29,14 @@ from mlso_cli.codegen.cfmt import (
     Code,
     Coords,
     Names,
-    bcast,
     c_float,
     canon,
     decompose,
-    mentions,
 )
 from mlso_cli.codegen.emitter import Emitter, Flat
 from mlso_cli.codegen.kernels import GRID_CAP, stored_value
 from mlso_cli.codegen.program import Buffer, Kernel
+from mlso_cli.codegen.reducekernel import keeps_scale, masked_max
 from mlso_cli.codegen.scale import BufferScale, Scale, Storage, Val, structural
 from mlso_cli.codegen.site import KernelSite, site
 from mlso_cli.codegen.synthetic import RowMax, Staged
@@ -146,25 +145,14 @@ def row_team(rows: int, length: int) -> int:
 
 
 def fold_of(em: Emitter, reduce: Node, inner: Coords) -> tuple[str, Scale | None]:
-    """(what one pass folds at `inner`, the scale its result keeps): a stabiliser's row max skips
-    zero-weight entries; a sum, or a max of positively scaled values, along an axis the scale
-    does not vary over folds the stored numbers and keeps their scale (reducekernel.py's
-    "scaled" form); anything else folds exact values."""
-    x = reduce.src[0]
-    if isinstance(reduce.arg, RowMax):
-        s = em.plain(x, inner)
-        if not reduce.arg.weighted:
-            return s, None
-        w_node = reduce.src[1]
-        w = em.plain(w_node, bcast(w_node.shape, inner))
-        return f"({w} != 0.0f ? {s} : mlso::neg_inf())", None
-    v = em.value(x, inner)
-    sc = v.scale
-    if sc is None:
-        return v.code, None
-    varying = any(mentions(c, LOOP_VAR) for c in sc.mcoords)
-    if not varying and (reduce.op is not Op.REDUCE_MAX or sc.degree > 0):
-        return v.code, sc
+    """(what one pass folds at `inner`, the scale its result keeps), in reducekernel.py's forms:
+    a stabiliser's row max skips zero-weight entries; values whose scale the fold may keep
+    (`keeps_scale`) are folded as stored; anything else as exact values."""
+    if isinstance(reduce.arg, RowMax) and reduce.arg.weighted:
+        return masked_max(em, reduce, inner), None
+    v = em.value(reduce.src[0], inner)
+    if keeps_scale(v.scale, "max" if reduce.op is Op.REDUCE_MAX else "sum"):
+        return v.code, v.scale
     return em.materialise(v), None
 
 
