@@ -29,6 +29,7 @@ from mlso_cli.codegen.cfmt import (
 )
 from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.scale import BINARY, UNARY_DEGREE, Scale, Storage, Val
+from mlso_cli.codegen.selection import selected_read
 from mlso_cli.codegen.synthetic import Combined, Copy
 from mlso_cli.codegen.teams import FOLD
 from mlso_cli.codegen.views import strided, view_strides
@@ -302,6 +303,9 @@ def _reduce(em: Emitter, n: Node, coords: Coords) -> Val:
     shared by every reduction over the same partials, so num / den cancels)."""
     if isinstance(n.arg, Combined):
         return _combined(em, n, coords)
+    picked = selected_read(em, n, coords)
+    if picked is not None:
+        return picked
     if not isinstance(n.arg, int):
         raise CodegenError(f"{n.op.value} with arg {n.arg!r} must be materialised")
     x, axis = n.src[0], n.arg

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mlso_cli.codegen.cfmt import Coords, c_float
+from mlso_cli.codegen.selection import SELECT_PREFIX
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.node import Node
 from mlso_cli.ir.ops import ELEMENTWISE, VIEW, Op
@@ -195,13 +196,14 @@ def mask_constants(
     lookup: Callable[[str], np.ndarray | None],
     sources: Sequence[str] | None = None,
 ) -> dict[str, np.ndarray]:
-    """The values of the `mlso_mask_*` inputs among `names` (a program's input names) that
-    `lookup` knows, looked up by `sources[i]` when given (the packaged node's input names, in
-    the program's order), else by name: what optimize (the lifted region's constants) and
-    verify (the packaged model's initializers) hand to code generation."""
+    """The values of the `mlso_mask_*` and `mlso_select_*` (selection.py) inputs among `names`
+    (a program's input names) that `lookup` knows, looked up by `sources[i]` when given (the
+    packaged node's input names, in the program's order), else by name: what optimize (the
+    lifted region's constants) and verify (the packaged model's initializers) hand to code
+    generation."""
     out = {}
     for i, name in enumerate(names):
-        if name.startswith(MASK_PREFIX):
+        if name.startswith((MASK_PREFIX, SELECT_PREFIX)):
             v = lookup(sources[i] if sources is not None and i < len(sources) else name)
             if v is not None:
                 out[name] = np.asarray(v)

@@ -27,6 +27,7 @@ from mlso_cli.codegen.matmulkernel import plan_matmul, print_matmul
 from mlso_cli.codegen.program import Buffer, Kernel
 from mlso_cli.codegen.reducekernel import plan_reduce, print_reduce
 from mlso_cli.codegen.scale import BufferScale, Storage, Val, structural
+from mlso_cli.codegen.selection import selects
 from mlso_cli.codegen.site import KernelSite, site
 from mlso_cli.codegen.synthetic import Combined, Copy, RowMax, Staged
 from mlso_cli.ir.node import Node
@@ -219,6 +220,8 @@ def inplace_reductions(root: Node, storage) -> list[int]:
 def emit_reduce(lw: Lowering, root: Node) -> Kernel:
     """A reduction kernel: decided (reducekernel.plan_reduce), then printed from the plan; the
     scale the plan stores the result with is recorded in its storage first."""
+    if selects(lw.storage, root):  # a constant selection: a read per element (selection.py)
+        return emit_elementwise(lw, root)
     plan = plan_reduce(lw, root)
     if plan.out_scale is not None:
         lw.storage[root].scale = plan.out_scale

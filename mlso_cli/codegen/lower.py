@@ -41,6 +41,7 @@ from mlso_cli.codegen.roots import ROOT_OPS as ROOT_OPS
 from mlso_cli.codegen.rowfuse import RowPair
 from mlso_cli.codegen.rowkernel import emit_row, row_scale
 from mlso_cli.codegen.scale import Storage
+from mlso_cli.codegen.selection import Selection, known_selections
 from mlso_cli.codegen.siblingkernel import emit_siblings
 from mlso_cli.ir.graph import KernelGraph
 from mlso_cli.ir.hashing import graph_hash
@@ -92,6 +93,9 @@ class Lowering:
         self.computed: dict[int, IndexMask] = computed_inputs(kg, constants)
         """Inputs whose constant values are an index predicate (indexmask.py): every read
         computes them from coordinates; they stay in the plan's inputs but no kernel reads them."""
+        self.selections: dict[int, Selection] = known_selections(kg, constants)
+        """Inputs whose constant values are a selection (selection.py): a sum selecting with
+        them reads the selected element; a kernel that reads them otherwise loads them."""
         self.targets = targets
         self.library = knobs().library_gemm if library is None else library
         """Lower matmuls to library GEMMs where libgemm allows (MLSO_LIBRARY_GEMM=0: never)."""
@@ -182,7 +186,7 @@ class Lowering:
             self.inputs.append(buf)
             mask = self.computed.get(i)
             if mask is None:
-                self._store(n, buf)
+                self._store(n, buf).selection = self.selections.get(i)
             else:  # no buffer: Uses never makes it a kernel parameter
                 self.storage[n] = Storage(
                     buf.name, n.dtype, n.shape, contiguous(n.shape), computed=mask
@@ -227,6 +231,11 @@ class Lowering:
                 f"// input {i} ({self.kg.input_names[i]}) is computed, not read: "
                 f"{m.describe()} (indexmask.py)"
                 for i, m in sorted(self.computed.items())
+            ),
+            *(
+                f"// input {i} ({self.kg.input_names[i]}) is a constant selection "
+                f"(sha256 {sel.digest[:16]}): sums over it read the selected element (selection.py)"
+                for i, sel in sorted(self.selections.items())
             ),
             '#include "mlso.cuh"',
             "",

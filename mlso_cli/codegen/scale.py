@@ -94,6 +94,9 @@ class Storage:
     computed: object = None
     """An input whose values are an index predicate (indexmask.IndexMask): every read computes
     the element from its coordinates, nothing is loaded (buffer is then None)."""
+    selection: object = None
+    """An input whose values are a constant selection (selection.Selection): a sum that selects
+    with it reads the selected element only."""
 
 
 def _rescaled(s: Scale, degree: int) -> Scale | None:

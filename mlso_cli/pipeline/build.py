@@ -29,8 +29,10 @@ class Builder:
 
     def _key(self, program: KernelGraph, constants: Mapping[str, np.ndarray] | None) -> str:
         from mlso_cli.codegen.indexmask import computed_inputs
+        from mlso_cli.codegen.selection import known_selections
 
         masks = computed_inputs(program, constants)
+        selections = known_selections(program, constants)
         return (
             graph_hash(program)
             + "|"
@@ -38,6 +40,7 @@ class Builder:
             + "|"
             + ",".join(program.output_names)
             + "".join(f"|{i}:{m.describe()}" for i, m in sorted(masks.items()))
+            + "".join(f"|{i}:select {s.digest}" for i, s in sorted(selections.items()))
         )
 
     def build(
