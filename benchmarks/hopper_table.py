@@ -5,10 +5,15 @@ subgraph of models/realwidth.py (issue 33's classes: norm + linear + activation,
 and without the down projection, a norm with several projections, latent and long-KV decode
 attention), in one process on the GPU machine:
 
-- **mlso**: the program the search chose on the CPU machine (`benchmarks/searched_programs/
-  <row>.json`, real-width ones under `realwidth/`), compiled by codegen (nvcc, cached: carry a
-  cache filled by `compile` below) and timed by the launcher (`Program.time`: CUDA-graph replay
-  of 200 runs, median of 5, input sets rotated out of L2 by `launcher.operand_sets`);
+- **mlso**: the faster of two candidates, as `mlso optimize --gpu` chooses between them by
+  timing: the program the search chose on the CPU machine (`benchmarks/searched_programs/
+  <row>.json`, real-width ones under `realwidth/`; `searched µs`) and the row's library baseline
+  (its lifted program, cuBLASLt GEMMs plus generated kernels for the rest, built with the lifted
+  constants as optimize builds it; `library baseline µs`); `chosen` says which. Each compiled by
+  codegen (nvcc, cached: carry a cache filled by `compile` below) and timed by the launcher
+  (`Program.time`: CUDA-graph replay of 200 runs, median of 5, input sets rotated out of L2 by
+  `launcher.operand_sets`); the two candidates' outputs are compared (`candidates_rel` in the
+  JSON) and the chosen one's is compared with the peers';
 - **peers** on the same shapes: torch eager; SDPA on 4-D tensors for the attention rows (K in
   the (heads, keys, dim) layout SDPA reads, laid out once outside the timing, as a model that
   calls SDPA stores its cache; MLA's latent cache concatenated with its rope keys, the layout
@@ -268,6 +273,9 @@ def figures(res: dict[str, Any]) -> dict[str, Any]:
         "class": "benchmark row" if res["cls"] == "benchmark" else CLASSES[res["cls"]],
         "mlso µs": _r(res.get("mlso_us")),
         "launches": res.get("launches"),
+        "searched µs": _r(res.get("searched_us")),
+        "library baseline µs": _r(res.get("baseline_us")),
+        "chosen": res.get("mlso_pick"),
         "torch eager µs": _r(peers.get("eager")),
         "SDPA µs": _r(peers.get("sdpa")),
         "torch.compile µs": _r(peers.get("compile")),
@@ -289,6 +297,9 @@ HEAD = [
     "class",
     "mlso µs",
     "launches",
+    "searched µs",
+    "library baseline µs",
+    "chosen",
     "torch eager µs",
     "SDPA µs",
     "torch.compile µs",
@@ -557,6 +568,29 @@ def _outputs(out: Any) -> list[Any]:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
+_NP = {"float16": np.float16, "bfloat16": np.float32, "float32": np.float32}
+"""Upload dtype of a lifted constant by the program input's dtype (bf16 constants are not lifted
+by these rows)."""
+
+
+def baseline_program(model: onnx.ModelProto) -> tuple[Any, dict[str, np.ndarray]] | None:
+    """The row's library baseline: the lifted program of its one region (cuBLASLt GEMMs plus
+    generated kernels for the rest, the candidate `optimize --gpu` times beside the searched
+    ones) and its lifted constants; None when lifting makes more or fewer than one region."""
+    import tempfile
+
+    from mlso_cli.frontend.analyse import analyse
+    from mlso_cli.frontend.load import load_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "row.onnx"
+        onnx.save(model, str(path))
+        lifted = analyse(load_model(str(path), {})).lifted
+    if len(lifted) != 1:
+        return None
+    return lifted[0].graph, dict(lifted[0].extra_inputs)
+
+
 class Measurer:
     """One process's GPU state: torch, the device's peaks, and the per-row measurements."""
 
@@ -596,9 +630,8 @@ class Measurer:
 
     def measure(self, row: Row) -> dict[str, Any]:
         """First pass: mlso, eager, SDPA; the row dict (summarised)."""
-        from mlso_cli.codegen import compile_program
         from mlso_cli.ir import serialize
-        from mlso_cli.runtime.launcher import Program, operand_sets
+        from mlso_cli.runtime.launcher import operand_sets
 
         torch = self.torch
         model = row.build()
@@ -623,36 +656,79 @@ class Measurer:
         ]
         res["peer_sets"] = len(sets)
         mlso_out: list[np.ndarray] | None = None
+        timed: dict[str, tuple[float, int, list[np.ndarray]]] = {}
         try:
             kg = serialize.loads(row.program.read_text())
-            t0 = time.time()
-            cp = compile_program(kg)
-            res["compile_s"] = round(time.time() - t0, 2)
-            missing = [n for n in kg.input_names if n not in base]
-            if missing:
-                raise ValueError(f"program inputs {missing} are not in the model")
-            with Program(cp.fatbin, cp.plan, device=0) as prog:
-                t = prog.time(warmup=10, repeats=self.args.repeats, iters=self.args.iters)
-                res["mlso_us"] = t.median_us
-                res["mlso_method"] = t.method
-                res["mlso_sets"] = t.rotated_sets
-                res["launches"] = len(cp.plan["launches"])
-                torch.cuda.synchronize()
-                ptrs = [base[n].data_ptr() for n in kg.input_names]
-                mlso_out = prog.run(ptrs)
-                got = dict(zip(kg.output_names, mlso_out))
-                want = [o.name for o in model.graph.output]
-                mlso_out = [got[n] for n in want]
-            if t.note:
-                res["notes"].append(t.note)
-        except Exception as exc:  # the peers are still measured
+            timed["searched"] = self._time_program(res, kg, None, base, model, "compile_s")
+        except Exception as exc:  # the baseline and the peers are still measured
             res["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             traceback.print_exc()
+        try:
+            lifted = baseline_program(model)
+            if lifted is None:
+                res["notes"].append("no library baseline: the model is not one region")
+            else:
+                kg_b, consts = lifted
+                timed["baseline"] = self._time_program(res, kg_b, consts, base, model, None)
+        except Exception as exc:
+            res["notes"].append(f"library baseline failed: {type(exc).__name__}: {str(exc)[:120]}")
+            traceback.print_exc()
+        for which, (us, launches, _) in timed.items():
+            res[f"{which}_us"] = us
+            res[f"{which}_launches"] = launches
+        if timed:
+            pick = min(timed, key=lambda k: timed[k][0])
+            res["mlso_pick"] = pick
+            res["mlso_us"], res["launches"], mlso_out = timed[pick]
+            if "error" in res:  # the baseline stands in: the row says what failed
+                res["notes"].insert(0, f"searched program failed: {res.pop('error')}")
+            if len(timed) == 2:
+                a, b = (timed[k][2] for k in ("searched", "baseline"))
+                res["candidates_rel"] = max(_rel(x, y) for x, y in zip(a, b))
         for name, (prepare, fn) in peer_family(torch, row.family).items():
             self._peer(res, name, [prepare(s) for s in sets], fn, mlso_out)
         res["_sets"] = sets  # for the compile pass; dropped before JSON
         res["_mlso_out"] = mlso_out
         return summarise(res)
+
+    def _time_program(
+        self,
+        res: dict[str, Any],
+        kg: Any,
+        constants: dict[str, np.ndarray] | None,
+        base: dict[str, Any],
+        model: onnx.ModelProto,
+        compile_key: str | None,
+    ) -> tuple[float, int, list[np.ndarray]]:
+        """(median µs, launches, outputs in the model's order) of one mlso program: compiled
+        (with the region's lifted constants, as optimize builds it), timed by the launcher, run
+        once on the base inputs. Lifted constants the model does not hold are uploaded."""
+        from mlso_cli.codegen import compile_program
+        from mlso_cli.runtime.launcher import Program
+
+        torch = self.torch
+        t0 = time.time()
+        cp = compile_program(kg, constants=constants)
+        if compile_key:
+            res[compile_key] = round(time.time() - t0, 2)
+        feeds = dict(base)
+        for n, name in zip(kg.inputs, kg.input_names):
+            if name not in feeds and constants and name in constants:
+                arr = np.ascontiguousarray(np.asarray(constants[name]).astype(_NP[n.dtype.value]))
+                feeds[name] = torch.from_numpy(arr).cuda()
+        missing = [n for n in kg.input_names if n not in feeds]
+        if missing:
+            raise ValueError(f"program inputs {missing} are not in the model")
+        with Program(cp.fatbin, cp.plan, device=0) as prog:
+            t = prog.time(warmup=10, repeats=self.args.repeats, iters=self.args.iters)
+            res["mlso_method"] = t.method
+            res["mlso_sets"] = t.rotated_sets
+            torch.cuda.synchronize()
+            outs = prog.run([feeds[n].data_ptr() for n in kg.input_names])
+            got = dict(zip(kg.output_names, outs))
+            if t.note:
+                res["notes"].append(t.note)
+        return t.median_us, len(cp.plan["launches"]), [got[o.name] for o in model.graph.output]
 
     def _peer(
         self,
@@ -738,6 +814,15 @@ def record(results: list[dict[str, Any]], machine: str) -> Path:
     return results_table.append(TABLE, [(r["name"], figures(r)) for r in results], machine)
 
 
+def compile_baseline(row: Row) -> None:
+    """nvcc-compile the row's library baseline into the cache, as `_time_program` builds it."""
+    from mlso_cli.codegen import compile_program
+
+    lifted = baseline_program(row.build())
+    if lifted is not None:
+        compile_program(lifted[0], constants=lifted[1])
+
+
 def _compile_one(name: str) -> tuple[str, float, str]:
     """Generate and nvcc-compile one row's program into the cache: (name, seconds, error)."""
     from mlso_cli.codegen import compile_program
@@ -747,6 +832,7 @@ def _compile_one(name: str) -> tuple[str, float, str]:
     t0 = time.time()
     try:
         compile_program(serialize.loads(row.program.read_text()))
+        compile_baseline(row)
         return name, time.time() - t0, ""
     except Exception as exc:
         return name, time.time() - t0, f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -843,6 +929,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         t0 = time.time()
         try:
             compile_program(serialize.loads(row.program.read_text()))
+            compile_baseline(row)
             print(f"{row.name}: compiled in {time.time() - t0:.1f} s", flush=True)
         except Exception as exc:
             bad += 1

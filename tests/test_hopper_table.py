@@ -90,8 +90,31 @@ def test_summarise_and_figures() -> None:
     assert "SDPA 5.00 µs dropped" in figs["notes"]
     assert figs["class"] == "benchmark row"
     line = H.markdown_row(res)
-    assert line.startswith("| gated_mlp_bs1 | benchmark row | 20.0 | 2 | 36.0 | 5.0 | — |")
+    assert line.startswith(
+        "| gated_mlp_bs1 | benchmark row | 20.0 | 2 | — | — | — | 36.0 | 5.0 | — |"
+    )
     assert line.count("|") == len(H.HEAD) + 1
+    # both candidates timed: the row shows each and which one mlso's figure is
+    both = H.figures(_measured(searched_us=25.0, baseline_us=20.0, mlso_pick="baseline"))
+    assert (both["searched µs"], both["library baseline µs"], both["chosen"]) == (
+        25.0,
+        20.0,
+        "baseline",
+    )
+
+
+def test_the_library_baseline_is_the_rows_one_lifted_region() -> None:
+    """The baseline candidate is the lifted program of the row's model (one region), with its
+    lifted constants; a model that lifts into several regions has none."""
+    from mlso_cli.ir import check
+
+    row = next(r for r in H.rows() if r.name == "mla_decode_b1_h128_kv8192")
+    kg, consts = H.baseline_program(row.build())
+    check(kg)
+    model = row.build()
+    assert set(kg.output_names) == {o.name for o in model.graph.output}
+    graph_inputs = {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer}
+    assert set(kg.input_names) <= graph_inputs | set(consts)
 
 
 def test_a_peer_disagreeing_with_mlso_is_dropped_unless_every_peer_does() -> None:
