@@ -64,7 +64,8 @@ def norm_linear(dt=F16, m=4, k=32, n=16):
 
 
 def linear_then_gelu_like(dt=F16, m=4, k=32, n=16):
-    """An output computed from the matmul: C goes to fp32 scratch that the next kernel reads."""
+    """An output computed from the matmul: C goes to scratch (in the matmul's dtype) that the
+    next kernel reads."""
     x = b.input_(0, (m, k), dt)
     w = b.input_(1, (k, n), dt)
     h = b.cast(b.matmul(x, w), F32)
@@ -160,8 +161,8 @@ def residual_computed(dt=F16, m=8, k=32, n=24):
 
 
 def residual_silu(dt=F32, m=8, k=32, n=24):
-    """h = x @ W + R, then h * sigmoid(h): with an fp32 residual and fp32 scratch C the GEMM adds
-    R and the next kernel reads C; a 16-bit residual is not C's (fp32) dtype and stays an add."""
+    """h = x @ W + R, then h * sigmoid(h): the GEMM adds R (in C's dtype: the matmul's own, fp32
+    or 16-bit) and the next kernel reads C."""
     x = b.input_(0, (m, k), dt)
     w = b.input_(1, (k, n), dt)
     r = b.input_(2, (m, n), dt)
@@ -179,6 +180,22 @@ def bias_then_residual(dt=F32, m=8, k=32, n=24):
     r = b.input_(3, (m, n), dt)
     h = b.add(b.matmul(x, w), b.broadcast_to(bias, (m, n)))
     return b.kernel_graph([x, w, bias, r], [b.add(h, r)])
+
+
+def softmax_scores(dt=F16, bias: bool = False, heads=2, m=8, k=16, n=12):
+    """softmax(q @ k (+ bias)) over the keys: the scores feed a stabilised EXP, so C stays fp32
+    (a logit of 100 in fp16 is off by 0.03)."""
+    q = b.input_(0, (heads, m, k), dt)
+    kt = b.input_(1, (heads, k, n), dt)
+    s = b.matmul(q, kt)
+    ins = [q, kt]
+    if bias:
+        bv = b.input_(2, (n,), dt)
+        ins.append(bv)
+        s = b.add(s, b.broadcast_to(bv, (heads, m, n)))
+    e = b.unary(Op.EXP, b.cast(s, F32))
+    den = b.reduce(Op.REDUCE_SUM, e, 2)
+    return b.kernel_graph(ins, [b.cast(b.div(e, b.broadcast_to(den, (heads, m, n))), dt)])
 
 
 def heads_out(dt=F16, h=3, m=8, k=32, d=16):
@@ -213,7 +230,9 @@ GRAPHS = {
     "residual_2d_f16": lambda: residual(F16, batch=0),
     "residual_strided_f16": residual_strided,
     "residual_silu_f32": residual_silu,
-    "refused_residual_silu_f16": lambda: residual_silu(F16),
+    "residual_silu_f16": lambda: residual_silu(F16),
+    "softmax_scores_f16": softmax_scores,
+    "softmax_scores_bias_f16": lambda: softmax_scores(bias=True),
     "refused_residual_transposed_f16": residual_transposed,
     "refused_residual_transposed_f32": lambda: residual_transposed(F32),
     "refused_residual_cast_f16": residual_cast,
@@ -321,12 +340,60 @@ def test_heads_handed_on_as_rows_are_written_by_the_gemm_through_the_views(monke
     assert np.abs(np.asarray(got, np.float64) - want).max() <= 4 * TOL[F16] * np.abs(want).max()
 
 
-def test_a_matmul_read_by_later_kernels_writes_fp32_scratch():
+def test_a_matmul_read_by_later_kernels_writes_scratch_in_its_own_16bit_dtype():
+    """C is rounded where ONNX Runtime rounds the MatMul's output (libgemm.c_dtype): the GEMM
+    writes half the bytes and the next kernel reads half."""
     gp = generate(linear_then_gelu_like())
     (g,) = gemms(gp)
-    assert g["dtype_ab"] == "float16" and g["dtype_c"] == "float32"
+    assert g["dtype_ab"] == "float16" and g["dtype_c"] == "float16"
     assert g["c"]["buf"]["kind"] == "scratch"
+    assert gp.plan["scratch"][g["c"]["buf"]["index"]]["dtype"] == "float16"
+    assert "const __half* __restrict__ sc" in gp.source
+    # the lowering plan's storage sketch says the same
+    from mlso_cli.codegen.plan import _storage_sketch
+    from mlso_cli.codegen.roots import kernel_roots
+
+    kg = linear_then_gelu_like()
+    kr = kernel_roots(kg)
+    mm = next(n for n in kr.order if n.op is Op.MATMUL)
+    assert _storage_sketch(kg, kr)[mm].dtype is F16
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_scores_read_by_a_softmax_keep_fp32_scratch(bias):
+    """Logits stay fp32; a 16-bit bias cuBLASLt would read in C's type then stays an add."""
+    gp = generate(softmax_scores(bias=bias))
+    (g,) = gemms(gp)
+    assert g["dtype_c"] == "float32" and "bias" not in g
     assert "dtype" not in gp.plan["scratch"][g["c"]["buf"]["index"]]  # plain fp32 scratch
+    if bias:
+        assert "ew::add" in gp.source
+
+
+def test_c_dtype_follows_readers_through_elementwise_ops_but_not_matmuls():
+    from mlso_cli.codegen.libgemm import c_dtype
+    from mlso_cli.codegen.stabilise import consumers_of, stabilisers
+
+    for kg, want in ((softmax_scores(), F32), (linear_then_gelu_like(), F16)):
+        nodes = kg.nodes()
+        cons = consumers_of(nodes)
+        mm = next(n for n in nodes if n.op is Op.MATMUL)
+        assert c_dtype(mm, cons, stabilisers(nodes, cons)) is want
+    # fp32 operands keep fp32; so does a product handed to another matmul's softmax only through
+    # that matmul (its operand is rounded to 16 bits there anyway): 16-bit
+    assert c_dtype(plain(F32).outputs[0], {}, {}) is F32
+    x = b.input_(0, (2, 8, 16), F16)
+    w = b.input_(1, (16, 16), F16)
+    q = b.matmul(x, b.broadcast_to(w, (2, 16, 16)))
+    kt = b.input_(2, (2, 16, 12), F16)
+    s = b.matmul(q, kt)
+    e = b.unary(Op.EXP, b.cast(s, F32))
+    out = b.cast(b.div(e, b.broadcast_to(b.reduce(Op.REDUCE_SUM, e, 2), (2, 8, 12))), F16)
+    kg = b.kernel_graph([x, w, kt], [out])
+    nodes = kg.nodes()
+    cons = consumers_of(nodes)
+    stab = stabilisers(nodes, cons)
+    assert c_dtype(q, cons, stab) is F16 and c_dtype(s, cons, stab) is F32
 
 
 def test_a_batch_broadcast_that_is_not_one_stride_is_staged_whole():
@@ -382,12 +449,14 @@ def test_an_inlined_bias_add_reads_the_gemms_c_instead():
     assert "ew::add" not in gp.source
 
 
-def test_a_16bit_bias_into_fp32_scratch_stays_an_add():
-    """cuBLASLt reads the bias in C's type: an fp16 bias with fp32 scratch C would need a staging
-    launch, which costs what the epilogue saves, so the add stays in the next kernel."""
+def test_a_16bit_bias_into_16bit_scratch_is_an_epilogue():
+    """cuBLASLt reads the bias in C's type: with C in the matmul's 16-bit dtype an fp16 bias
+    qualifies, and the next kernel reads C (bias included) instead of adding it."""
     gp = generate(biased_silu(F16))
-    assert gp.plan["version"] == 2 and "bias" not in gemms(gp)[0]
-    assert "ew::add" in gp.source
+    (g,) = gemms(gp)
+    assert g["bias"]["buf"] == {"kind": "input", "index": 2}
+    assert g["dtype_c"] == "float16"
+    assert "ew::add" not in gp.source
 
 
 def test_no_epilogue_where_the_product_alone_is_read_or_the_addend_is_no_bias():
@@ -440,10 +509,13 @@ def test_a_strided_residual_is_read_in_place_with_its_leading_dimension():
     }
 
 
-def test_an_inlined_residual_add_reads_the_gemms_c_instead():
-    gp = generate(residual_silu())
+@pytest.mark.parametrize("dt", [F32, F16])
+def test_an_inlined_residual_add_reads_the_gemms_c_instead(dt):
+    """A residual in C's dtype (fp32 with fp32 scratch, fp16 with the 16-bit scratch a 16-bit
+    matmul now gets) is cuBLASLt's C; the next kernel reads the sum."""
+    gp = generate(residual_silu(dt))
     g, k = gp.plan["launches"]
-    assert g["residual"]["buf"] == {"kind": "input", "index": 2} and g["dtype_c"] == "float32"
+    assert g["residual"]["buf"] == {"kind": "input", "index": 2} and g["dtype_c"] == dt.value
     assert {"kind": "input", "index": 2} not in k["args"] and g["c"]["buf"] in k["args"]
     assert "ew::add" not in gp.source
 
@@ -451,12 +523,11 @@ def test_an_inlined_residual_add_reads_the_gemms_c_instead():
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: residual_silu(F16),  # 16-bit residual, fp32 scratch C
         residual_transposed,  # cuBLASLt's C is never transposed
         residual_cast,  # fp32 residual cast to fp16: another dtype as stored
         residual_computed,  # not a program input
     ],
-    ids=["16bit_into_fp32_scratch", "transposed", "cast", "computed"],
+    ids=["transposed", "cast", "computed"],
 )
 def test_a_residual_the_library_cannot_read_as_c_stays_an_add(make):
     gp = generate(make())

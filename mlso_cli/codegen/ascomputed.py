@@ -8,7 +8,9 @@ float32 evaluation follows codegen's decisions, each taken from the function cod
     (synthetic.Stabilised) with its mask factors as extra sources;
   - the operands of a block matmul that runs on tensor cores are cast to its 16-bit type, as
     the staging copies (and 16-bit tiles) that ldmatrix reads are (the BlockPlan's matmul plans,
-    blockplan.plan_block).
+    blockplan.plan_block);
+  - a library GEMM's C that codegen keeps in 16-bit scratch (libgemm.c_dtype) is rounded there
+    (`sixteen_bit_scratch`, which the interpreter's float32 backend stores in its dtype).
 """
 
 from __future__ import annotations
@@ -83,7 +85,40 @@ def _rebuild(
 
 def as_computed(kg: KernelGraph) -> KernelGraph:
     """kg rewritten so that its literal float32 evaluation makes codegen's decisions."""
+    return as_computed_map(kg)[0]
+
+
+def as_computed_map(kg: KernelGraph) -> tuple[KernelGraph, dict[Node, Node]]:
+    """as_computed(kg), and each node of kg -> its node there."""
     done = _rebuild(kg.nodes(), tuple(kg.inputs) + tuple(kg.outputs), {})
-    return kg.replace(
+    out = kg.replace(
         inputs=tuple(done[n] for n in kg.inputs), outputs=tuple(done[n] for n in kg.outputs)
+    )
+    return out, done
+
+
+def sixteen_bit_scratch(kg: KernelGraph) -> frozenset[Node]:
+    """The kernel-level values of kg that generated code stores in 16-bit scratch (a library
+    GEMM's C, or the bias/residual ADD its epilogue writes there: libgemm.c_dtype), read off a
+    real lowering, since whether a matmul becomes a library GEMM is only decided there. Empty
+    when kg does not lower (the interpreter runs μGraphs that code generation refuses too)."""
+    from mlso_cli.codegen.errors import CodegenError
+    from mlso_cli.codegen.libgemm import SIXTEEN_BIT
+    from mlso_cli.codegen.lower import Lowering
+    from mlso_cli.codegen.program import Buffer
+
+    lw = Lowering(kg, ("sm_90",))
+    try:
+        lw.generate()
+    except (CodegenError, AssertionError, KeyError, ValueError):
+        return frozenset()
+    nodes = set(kg.nodes())
+    return frozenset(
+        n
+        for n, st in lw.storage.items()
+        if n in nodes
+        and isinstance(st.buffer, Buffer)
+        and st.buffer.kind == "scratch"
+        and st.dtype in SIXTEEN_BIT
+        and n.op in (Op.MATMUL, Op.ADD)
     )

@@ -10,7 +10,8 @@ only its lowering differs, so the verifier and the search treat it as the matmul
 The rules (a table of conditions, checked in `library_matmul`):
   - A and B have one dtype, fp16, bf16 or fp32 (`LIBRARY_TYPES`); fp32 runs in plain fp32 (no
     TF32), as ONNX Runtime's fp32 MatMul does. C is fp32 scratch, or the output buffer in the
-    operands' dtype or fp32.
+    operands' dtype or fp32. C's scratch is the matmul's own 16-bit dtype unless a softmax's
+    numerator reads it (`c_dtype`).
   - No operand is a scaled value (kept relative to a running max, scale.py): the library reads
     plain numbers, and materialising a scaled softmax numerator could overflow where the
     generated kernel, which carries the scale into C, does not. Such matmuls stay generated.
@@ -31,8 +32,9 @@ The rules (a table of conditions, checked in `library_matmul`):
     add's kernel did from fp32 scratch. ONNX Runtime rounds the MatMul's result to its dtype
     before its Add; the verifier checks the IR (matmul then add), against the original nodes
     within their own error, as for every program. Only a bias already in C's dtype qualifies
-    (cuBLASLt reads it in D's type): a 16-bit bias feeding fp32 scratch would need a staging
-    launch that costs what the epilogue saves, so it stays an inlined add. Activation epilogues
+    (cuBLASLt reads it in D's type): a 16-bit bias feeding fp32 scratch (scores a softmax reads,
+    `c_dtype`) would need a staging launch that costs what the epilogue saves, so it stays an
+    inlined add; with 16-bit scratch C it qualifies. Activation epilogues
     are not used: cublasLt.h does not say whether its GELU epilogue is the tanh or the erf form,
     and an erf-GELU graph must not get a tanh one (nor the reverse).
   - Residual epilogue (`epilogue` too): when that ADD's other operand is instead a full matrix of
@@ -58,14 +60,14 @@ The rules (a table of conditions, checked in `library_matmul`):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from mlso_cli.codegen.cfmt import Names, contiguous, decompose, numel
 from mlso_cli.codegen.program import Buffer, GemmBias, GemmLaunch, GemmOperand, GemmResidual
 from mlso_cli.codegen.scale import Storage
-from mlso_cli.codegen.stabilise import consumers_of
+from mlso_cli.codegen.stabilise import consumers_of, stabilisers
 from mlso_cli.codegen.synthetic import stage
 from mlso_cli.codegen.views import Strided, strided
 from mlso_cli.ir.node import Node
@@ -82,6 +84,36 @@ def eligible(root: Node) -> bool:
     """The dtype rules alone: what codegen/plan.py and the cost model can decide without storage."""
     a, b = root.src
     return root.op is Op.MATMUL and a.dtype == b.dtype and a.dtype in LIBRARY_TYPES
+
+
+SIXTEEN_BIT = frozenset({DType.F16, DType.BF16})
+
+
+def c_dtype(
+    root: Node, consumers: Mapping[Node, Sequence[Node]], stab: Mapping[Node, Node]
+) -> DType:
+    """The dtype of library GEMM `root`'s C when it is scratch: the matmul's own 16-bit dtype,
+    unless a stabilised EXP (a softmax's numerator) reads it through anything but another matmul,
+    then fp32. Why: C is rounded where ONNX Runtime rounds the MatMul's output, and its readers
+    (RoPE, SiLU * mul, a norm) load half the bytes; the GEMM writes half. Logits keep fp32: a
+    logit of 100 in fp16 is off by up to 0.03, which exp turns into 3% (the reason every other
+    scratch is fp32). A path through another matmul is not followed: that matmul reads its
+    operand in 16 bits anyway (staged or in place), so the rounding happens there regardless."""
+    a = root.src[0] if root.src else None
+    if not eligible(root) or root.dtype not in SIXTEEN_BIT or a is None or a.dtype != root.dtype:
+        return DType.F32
+    seen: set[Node] = set()
+    stack = list(consumers.get(root, ()))
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in stab:
+            return DType.F32
+        if n.op is not Op.MATMUL:
+            stack.extend(consumers.get(n, ()))
+    return root.dtype
 
 
 def library_matmul(lw: Lowering, root: Node) -> bool:
@@ -262,8 +294,9 @@ def epilogue(
 def epilogue_adds(kg_nodes: list[Node], inputs: list[Node], outputs: list[Node]) -> set[Node]:
     """The ADDs that library GEMMs compute as bias or residual epilogues, decided without lowering
     (for the cost model): C in an output's dtype when the ADD is an output read by nothing else,
-    else fp32 scratch; inputs stored contiguously."""
+    else scratch in `c_dtype`; inputs stored contiguously."""
     consumers = consumers_of(kg_nodes)
+    stab = stabilisers(kg_nodes, consumers)
     storage: dict[Node, Storage] = {}
     for i, n in enumerate(inputs):
         buf = Buffer("input", i, n.dtype, n.shape)
@@ -277,7 +310,7 @@ def epilogue_adds(kg_nodes: list[Node], inputs: list[Node], outputs: list[Node])
         if ep is None:
             continue
         add, addend = ep
-        dtype = add.dtype if add in outs and not consumers.get(add) else DType.F32
+        dtype = add.dtype if add in outs and not consumers.get(add) else c_dtype(n, consumers, stab)
         if dtype in (n.src[0].dtype, DType.F32) and addend_operand(storage, addend, dtype):
             found.add(add)
     return found

@@ -4,7 +4,8 @@ The decisions come first, from the graph alone (roots.kernel_roots: which nodes 
 what each output slot holds, the launch order); this module then stores and prints:
   - Graph outputs live in output buffers; everything else a kernel writes is fp32 scratch
     (fp16 intermediates would round logits of 100 by 0.03, ruining exp), except a library
-    GEMM's staged operand, which is scratch of the operand's own 16-bit dtype.
+    GEMM's staged operand, which is scratch of the operand's own 16-bit dtype, and a library
+    GEMM's C, which is 16-bit unless a softmax numerator reads it (libgemm.c_dtype).
   - A MATMUL root becomes a library GEMM (cuBLASLt) whenever libgemm.library_matmul allows it,
     else a generated kernel.
   - Sibling elementwise roots that the decisions put in one launch (siblings.py) are printed as
@@ -26,7 +27,7 @@ from mlso_cli.codegen.cfmt import CTYPE, Names, contiguous
 from mlso_cli.codegen.emitter import Emitter
 from mlso_cli.codegen.indexmask import IndexMask, computed_inputs
 from mlso_cli.codegen.kernels import emit_elementwise, emit_matmul, emit_reduce
-from mlso_cli.codegen.libgemm import library_matmul
+from mlso_cli.codegen.libgemm import c_dtype, library_matmul
 from mlso_cli.codegen.program import (
     Buffer,
     GemmLaunch,
@@ -133,6 +134,26 @@ class Lowering:
             self._store(n, buf)
         return self.storage[n]
 
+    def _scratch_dtype(self, root: Node) -> DType:
+        """fp32, except a library GEMM's C (libgemm.c_dtype: its 16-bit dtype unless a softmax
+        numerator reads it)."""
+        if root.op is Op.MATMUL and self.library:
+            return c_dtype(root, self.consumers, self.stab)
+        return DType.F32
+
+    def _generated_c(self, root: Node) -> None:
+        """A matmul that stays generated keeps fp32 scratch for C (the scale it may carry, and
+        the rounding the generated kernel always had): 16-bit scratch given for a library GEMM
+        that was then refused is given back."""
+        st = self.storage[root]
+        buf = st.buffer
+        if not (isinstance(buf, Buffer) and buf.kind == "scratch" and st.dtype is not DType.F32):
+            return
+        assert self.scratch and self.scratch[-1] is buf, "a refused GEMM appended nothing"
+        self.scratch.pop()
+        del self.storage[root]
+        self.scratch_storage(root)
+
     def uses(self) -> Uses:
         return Uses(self.storage)
 
@@ -205,7 +226,7 @@ class Lowering:
             if root in self.epilogues:
                 continue
             if root.op is not Op.GRAPH_DEF:
-                self.scratch_storage(root)
+                self.scratch_storage(root, self._scratch_dtype(root))
             if self._defer(root):
                 continue
             pair = self.row_readers.get(root)
@@ -214,6 +235,8 @@ class Lowering:
                 continue
             if root.op is Op.MATMUL and self.library and library_matmul(self, root):
                 continue
+            if root.op is Op.MATMUL:
+                self._generated_c(root)
             self.flush_deferred(root)  # a matmul that stays generated stages nothing
             emit = KERNEL_EMITTERS.get(root.op, emit_elementwise)
             self.kernels.append(emit(self, root))

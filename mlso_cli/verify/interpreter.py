@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from mlso_cli.codegen.ascomputed import as_computed
+from mlso_cli.codegen.ascomputed import as_computed_map, sixteen_bit_scratch
 from mlso_cli.codegen.synthetic import Stabilised
 from mlso_cli.ir.graph import BlockGraph, KernelGraph
 from mlso_cli.ir.node import Node, const_value
@@ -158,8 +158,9 @@ class Float32Backend(FloatBackend):
     def __init__(self, outputs: frozenset[Node] = frozenset()) -> None:
         super().__init__(rounding=True)
         self.outputs = outputs
-        """Kernel-level tensors that are graph outputs: the only ones codegen stores in their own
-        dtype (every other kernel writes fp32 scratch, so logits of 100 are not rounded by 0.03)."""
+        """Kernel-level tensors that codegen stores in their own dtype: graph outputs, and library
+        GEMM results kept in 16-bit scratch (ascomputed.sixteen_bit_scratch); every other kernel
+        writes fp32 scratch, so logits of 100 are not rounded by 0.03."""
 
     def compute(self, node: Node, args: list[Any]) -> Any:
         if isinstance(node.arg, Stabilised):
@@ -249,8 +250,9 @@ def run(
     """Execute kg on numpy inputs; outputs are float64 (float32 in "float32" mode) arrays."""
     be = backend(mode)
     if isinstance(be, Float32Backend):
-        kg = as_computed(kg)
-        be.outputs = frozenset(kg.outputs)
+        rounded = sixteen_bit_scratch(kg)
+        kg, done = as_computed_map(kg)
+        be.outputs = frozenset(kg.outputs) | {done[n] for n in rounded if n in done}
     outs = evaluate(kg, inputs, be, observe)
     if mode != "float32":
         return [np.asarray(sc.plain(o)) for o in outs]

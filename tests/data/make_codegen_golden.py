@@ -111,6 +111,7 @@ def _canon(obj) -> str:
 
 def record(kg) -> dict[str, str]:
     """sha256 of source, launch plan and lowering plan, library GEMMs on ("lib") and off."""
+    from mlso_cli import knobs
     from mlso_cli.codegen import generate
     from mlso_cli.codegen.plan import plan
     from tests.test_codegen_graphs import constants
@@ -120,6 +121,7 @@ def record(kg) -> dict[str, str]:
     try:
         for tag, value in (("lib", "1"), ("nolib", "0")):
             os.environ["MLSO_LIBRARY_GEMM"] = value
+            knobs.cache_clear()  # the knob is read once per process otherwise
             gp = generate(kg, constants=constants(kg))  # masks as the packager hands them
             out[f"{tag}_source"] = _sha(gp.source)
             out[f"{tag}_plan"] = _sha(_canon(gp.plan))
@@ -129,6 +131,7 @@ def record(kg) -> dict[str, str]:
             os.environ.pop("MLSO_LIBRARY_GEMM", None)
         else:
             os.environ["MLSO_LIBRARY_GEMM"] = old
+        knobs.cache_clear()
     return out
 
 
