@@ -63,6 +63,20 @@ def norm_linear(dt=F16, m=4, k=32, n=16):
     return b.kernel_graph([x, w], [b.matmul(b.cast(y, dt), w)])
 
 
+def norm_projections(dt=F16, m=4, k=32, n=(16, 8, 8), also_read: bool = False):
+    """RMSNorm(x) * gamma in dt, read by three projections (q, k, v with weights as inputs):
+    the normed value is kept in dt and each GEMM reads it in place. also_read: the value is an
+    output too (a reader that is no GEMM), so it is not the GEMMs' alone."""
+    x = b.input_(0, (m, k), dt)
+    g = b.input_(1, (k,), dt)
+    ws = [b.input_(2 + i, (k, w), dt) for i, w in enumerate(n)]
+    xf = b.cast(x, F32)
+    ms = b.reduce(Op.REDUCE_MEAN, b.mul(xf, xf), 1)
+    y = b.mul(b.cast(b.mul(xf, b.unary(Op.RSQRT, b.add(ms, b.const(1e-6)))), dt), g)
+    outs = [b.matmul(y, w) for w in ws] + ([b.unary(Op.NEG, y)] if also_read else [])
+    return b.kernel_graph([x, g, *ws], outs)
+
+
 def linear_then_gelu_like(dt=F16, m=4, k=32, n=16):
     """An output computed from the matmul: C goes to scratch (in the matmul's dtype) that the
     next kernel reads."""
@@ -216,6 +230,9 @@ GRAPHS = {
     "norm_linear_f16": norm_linear,
     "norm_linear_bf16": lambda: norm_linear(BF16),
     "linear_sigmoid_f16": linear_then_gelu_like,
+    "norm_projections_f16": norm_projections,
+    "norm_projections_bf16": lambda: norm_projections(BF16),
+    "norm_projections_also_read_f16": lambda: norm_projections(also_read=True),
     "broadcast_batch_f32": broadcast_batch,
     "bias_f16": biased,
     "bias_bf16": lambda: biased(BF16),
@@ -394,6 +411,20 @@ def test_c_dtype_follows_readers_through_elementwise_ops_but_not_matmuls():
     cons = consumers_of(nodes)
     stab = stabilisers(nodes, cons)
     assert c_dtype(q, cons, stab) is F16 and c_dtype(s, cons, stab) is F32
+
+
+def test_a_value_only_gemms_read_is_kept_in_their_dtype_and_read_in_place():
+    """A norm feeding three projections: one kernel writes the normed value in fp16 and the three
+    GEMMs read it in place (4 launches); each used to stage its own rounded copy (7). When
+    something else reads the value too it stays fp32 and each GEMM stages it."""
+    gp = generate(norm_projections())
+    kinds = [launch.get("kind", "kernel") for launch in gp.plan["launches"]]
+    assert kinds == ["kernel", "gemm", "gemm", "gemm"]
+    srcs = {json.dumps(g["a"]["buf"]) for g in gemms(gp)}
+    assert len(srcs) == 1 and '"scratch"' in srcs.pop()
+    assert "stage a library GEMM operand" not in gp.source
+    other = generate(norm_projections(also_read=True))
+    assert sum(1 for k in other.kernels if "stage a library GEMM operand" in k.what) == 3
 
 
 def test_a_batch_broadcast_that_is_not_one_stride_is_staged_whole():
@@ -593,7 +624,8 @@ def test_generated_plans_validate_on_both_sides(monkeypatch):
         text = plan_json(gp.plan)
         parse_plan(text, len(gp.plan["inputs"]), len(gp.plan["outputs"]))
         err = ctypes.create_string_buffer(512)
-        rc = lib.mlso_selftest_plan(text.encode(), len(gp.plan["inputs"]), 1, err, 512)
+        n_out = len(gp.plan["outputs"])
+        rc = lib.mlso_selftest_plan(text.encode(), len(gp.plan["inputs"]), n_out, err, 512)
         assert rc == 0, f"{name}: {err.value.decode()}"
     # heads side by side in C's rows: disjoint only while each head's columns fit its stride
     # and all of them the row; both sides refuse an overlap

@@ -99,7 +99,8 @@ def as_computed_map(kg: KernelGraph) -> tuple[KernelGraph, dict[Node, Node]]:
 
 def sixteen_bit_scratch(kg: KernelGraph) -> frozenset[Node]:
     """The kernel-level values of kg that generated code stores in 16-bit scratch (a library
-    GEMM's C, or the bias/residual ADD its epilogue writes there: libgemm.c_dtype), read off a
+    GEMM's C, or the bias/residual ADD its epilogue writes there, and a value only GEMMs read:
+    libgemm.scratch_dtype), read off a
     real lowering, since whether a matmul becomes a library GEMM is only decided there. Empty
     when kg does not lower (the interpreter runs μGraphs that code generation refuses too)."""
     from mlso_cli.codegen.errors import CodegenError
@@ -120,5 +121,4 @@ def sixteen_bit_scratch(kg: KernelGraph) -> frozenset[Node]:
         and isinstance(st.buffer, Buffer)
         and st.buffer.kind == "scratch"
         and st.dtype in SIXTEEN_BIT
-        and n.op in (Op.MATMUL, Op.ADD)
     )

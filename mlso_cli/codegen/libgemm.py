@@ -71,7 +71,7 @@ from mlso_cli.codegen.stabilise import consumers_of, stabilisers
 from mlso_cli.codegen.synthetic import stage
 from mlso_cli.codegen.views import Strided, strided
 from mlso_cli.ir.node import Node
-from mlso_cli.ir.ops import DType, Op
+from mlso_cli.ir.ops import REDUCE, DType, Op
 
 if TYPE_CHECKING:
     from mlso_cli.codegen.lower import Lowering
@@ -114,6 +114,68 @@ def c_dtype(
         if n.op is not Op.MATMUL:
             stack.extend(consumers.get(n, ()))
     return root.dtype
+
+
+VIEWS = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST})
+
+
+def operand_only(n: Node, consumers: Mapping[Node, Sequence[Node]]) -> bool:
+    """Whether every reader of n is a library-eligible matmul reading it, through views only, as
+    an operand of n's own dtype."""
+    readers = list(consumers.get(n, ()))
+    if not readers:
+        return False
+    seen: set[Node] = set()
+    while readers:
+        r = readers.pop()
+        if r in seen:
+            continue
+        seen.add(r)
+        if r.op in VIEWS and r.dtype == n.dtype:
+            more = consumers.get(r, ())
+            if not more:
+                return False
+            readers.extend(more)
+        elif r.op is not Op.MATMUL or not eligible(r) or r.src[0].dtype != n.dtype:
+            return False
+    return True
+
+
+def _from_softmax(n: Node, stab: Mapping[Node, Node]) -> bool:
+    """Whether a stabilised EXP is among n's transitive sources (its value may be kept relative
+    to a row max, which 16-bit storage of the plain number cannot hold)."""
+    seen: set[Node] = set()
+    stack = list(n.src)
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if x in stab:
+            return True
+        stack.extend(x.src)
+    return False
+
+
+def scratch_dtype(
+    n: Node, consumers: Mapping[Node, Sequence[Node]], stab: Mapping[Node, Node]
+) -> DType:
+    """The dtype of root n's scratch when library GEMMs are on: a matmul's C by `c_dtype`; a
+    16-bit elementwise value that only library GEMMs read as an operand in its own dtype is kept
+    in that dtype, so the GEMMs read it in place instead of each staging a rounded copy (a norm
+    feeding q, k and v projections: one kernel and three GEMMs, not four kernels and three
+    GEMMs), the rounding being the one each staging made; everything else fp32."""
+    if n.op is Op.MATMUL:
+        return c_dtype(n, consumers, stab)
+    if (
+        n.dtype in SIXTEEN_BIT
+        and n.op not in (Op.GRAPH_DEF, Op.PROJ, *REDUCE)
+        and n not in stab.values()
+        and operand_only(n, consumers)
+        and not _from_softmax(n, stab)
+    ):
+        return n.dtype
+    return DType.F32
 
 
 def library_matmul(lw: Lowering, root: Node) -> bool:

@@ -27,7 +27,7 @@ from mlso_cli.codegen.cfmt import CTYPE, Names, contiguous
 from mlso_cli.codegen.emitter import Emitter
 from mlso_cli.codegen.indexmask import IndexMask, computed_inputs
 from mlso_cli.codegen.kernels import emit_elementwise, emit_matmul, emit_reduce
-from mlso_cli.codegen.libgemm import c_dtype, library_matmul
+from mlso_cli.codegen.libgemm import library_matmul, scratch_dtype
 from mlso_cli.codegen.program import (
     Buffer,
     GemmLaunch,
@@ -135,10 +135,10 @@ class Lowering:
         return self.storage[n]
 
     def _scratch_dtype(self, root: Node) -> DType:
-        """fp32, except a library GEMM's C (libgemm.c_dtype: its 16-bit dtype unless a softmax
-        numerator reads it)."""
-        if root.op is Op.MATMUL and self.library:
-            return c_dtype(root, self.consumers, self.stab)
+        """fp32, except with library GEMMs a GEMM's C and a value only GEMMs read as an operand
+        (libgemm.scratch_dtype: their 16-bit dtype)."""
+        if self.library:
+            return scratch_dtype(root, self.consumers, self.stab)
         return DType.F32
 
     def _generated_c(self, root: Node) -> None:
@@ -219,7 +219,7 @@ class Lowering:
         for group in self.decided.launches:
             if len(group) > 1:  # sibling elementwise kernels: one launch (siblings.py)
                 for root in group:
-                    self.scratch_storage(root)
+                    self.scratch_storage(root, self._scratch_dtype(root))
                 self.kernels.append(emit_siblings(self, group))
                 continue
             (root,) = group

@@ -20,7 +20,7 @@ from typing import Any
 
 from mlso_cli.codegen.blocklayout import CODEGEN_ARCH, SmemLayout, smem_layout
 from mlso_cli.codegen.cfmt import contiguous
-from mlso_cli.codegen.libgemm import c_dtype, eligible, stagings
+from mlso_cli.codegen.libgemm import eligible, scratch_dtype, stagings
 from mlso_cli.codegen.normalise import normalise
 from mlso_cli.codegen.program import Buffer
 from mlso_cli.codegen.roots import KIND, KernelRoots, kernel_roots
@@ -199,7 +199,7 @@ def _reaches(root: Node, stabilised: Mapping[Node, Node]) -> bool:
 def _storage_sketch(kg: KernelGraph, kr: KernelRoots) -> dict[Node, Storage]:
     """Where generate stores each tensor, without emitting anything: inputs and outputs in their
     buffers, every other kernel's result (and a graph-defined kernel's outputs) in fp32 scratch,
-    a library GEMM's C in libgemm.c_dtype.
+    a library GEMM's C and a value only GEMMs read in libgemm.scratch_dtype.
     Enough for libgemm.stagings, which reads dtypes and strides only."""
     out: dict[Node, Storage] = {}
 
@@ -215,6 +215,5 @@ def _storage_sketch(kg: KernelGraph, kr: KernelRoots) -> dict[Node, Storage]:
         put(n, "output", k, kg.outputs[k].dtype, kg.outputs[k].shape)
     for i, n in enumerate(kr.order):
         if n in kr.roots or n.op is Op.PROJ:
-            dtype = c_dtype(n, kr.consumers, kr.stab) if n.op is Op.MATMUL else DType.F32
-            put(n, "scratch", i, dtype, n.shape)
+            put(n, "scratch", i, scratch_dtype(n, kr.consumers, kr.stab), n.shape)
     return out
