@@ -28,6 +28,18 @@ if [ "$what" = pycuda ]; then
   tail -25 "$OUT/gpu_tests.log"
   what=gemm
 fi
+if [ "$what" = nort ]; then
+  # Without the onnxruntime-gpu parts (one call, no staging calls): PyCUDA only, the GPU tests
+  # that need no ONNX Runtime (launcher, codegen, library GEMMs, row kernels, selections, the
+  # sm_90a GEMM), then issue 33's table (the `hopper` mode below; its carry). ORT's tests skip.
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mlso-site .device-stage/wheels/*.whl
+  timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu ${NORT_TESTS:-tests/test_launcher.py \
+    tests/test_codegen_gpu.py tests/test_libgemm_gpu.py tests/test_codegen_rows.py \
+    tests/test_codegen_selection.py tests/test_sm90_gemm.py} -p no:cacheprovider -rfEs \
+    > "$OUT/gpu_tests.log" 2>&1
+  tail -25 "$OUT/gpu_tests.log"
+  what=hopper
+fi
 { date -u; echo "commit ${MLSO_BENCH_COMMIT:-$(git log -1 --format=%H 2>/dev/null)}"; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; } > "$OUT/machine.txt" 2>&1
 if [ "$what" = sm90 ]; then
   # The sm_90a weight-streaming GEMM (docs/hopper.md), first run on a GPU: its GPU tests, then
