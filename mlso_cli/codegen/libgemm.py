@@ -141,9 +141,10 @@ def operand_only(n: Node, consumers: Mapping[Node, Sequence[Node]]) -> bool:
     return True
 
 
-def _from_softmax(n: Node, stab: Mapping[Node, Node]) -> bool:
-    """Whether a stabilised EXP is among n's transitive sources (its value may be kept relative
-    to a row max, which 16-bit storage of the plain number cannot hold)."""
+def from_softmax(n: Node, stab: Mapping[Node, Node]) -> bool:
+    """Whether a stabilised EXP is among n's transitive sources: its value may be kept relative
+    to a row max, which 16-bit storage of the plain number cannot hold, and whether a matmul's
+    operand still is (so that it stays generated) only the emitter knows (codegen/plan.py)."""
     seen: set[Node] = set()
     stack = list(n.src)
     while stack:
@@ -172,7 +173,7 @@ def scratch_dtype(
         and n.op not in (Op.GRAPH_DEF, Op.PROJ, *REDUCE)
         and n not in stab.values()
         and operand_only(n, consumers)
-        and not _from_softmax(n, stab)
+        and not from_softmax(n, stab)
     ):
         return n.dtype
     return DType.F32

@@ -14,13 +14,12 @@ numbers) are still made as each kernel is emitted, in this schedule's order.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlso_cli.codegen.blocklayout import CODEGEN_ARCH, SmemLayout, smem_layout
 from mlso_cli.codegen.cfmt import contiguous
-from mlso_cli.codegen.libgemm import eligible, scratch_dtype, stagings
+from mlso_cli.codegen.libgemm import eligible, from_softmax, scratch_dtype, stagings
 from mlso_cli.codegen.normalise import normalise
 from mlso_cli.codegen.program import Buffer
 from mlso_cli.codegen.roots import KIND, KernelRoots, kernel_roots
@@ -171,7 +170,7 @@ def _library_decisions(kg: KernelGraph, kr: KernelRoots, library: bool) -> dict[
     value reaching the matmul is still scaled (then it stays generated) is only known to the
     emitter, so that rare program is lowered for real and its decisions read back."""
     matmuls = [r for r in kr.schedule if r.op is Op.MATMUL and eligible(r)]
-    if kr.stab and any(_reaches(r, kr.stab) for r in matmuls):
+    if kr.stab and any(from_softmax(r, kr.stab) for r in matmuls):
         from mlso_cli.codegen.lower import Lowering  # the fallback prints: lower imports this
 
         full = Lowering(kg, ("sm_90",), library)
@@ -179,21 +178,6 @@ def _library_decisions(kg: KernelGraph, kr: KernelRoots, library: bool) -> dict[
         return full.library_roots
     storage = _storage_sketch(kg, kr)
     return {r: stagings(storage, r) for r in matmuls}
-
-
-def _reaches(root: Node, stabilised: Mapping[Node, Node]) -> bool:
-    """Whether a stabilised EXP is among root's transitive sources."""
-    seen: set[Node] = set()
-    stack = list(root.src)
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n in stabilised:
-            return True
-        stack.extend(n.src)
-    return False
 
 
 def _storage_sketch(kg: KernelGraph, kr: KernelRoots) -> dict[Node, Storage]:
