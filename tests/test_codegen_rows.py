@@ -80,6 +80,26 @@ def norm_linear(dt: DType = F16, m: int = 16, k: int = 64, n: int = 32):
     return check(b.kernel_graph([x, w], [b.matmul(b.cast(y, dt), w)], ["x", "W"], ["y"]))
 
 
+def layernorm_flat(
+    dt: DType = F16, batch: int = 1, t: int = 12, k: int = 96, n: int = 48, flat=None
+):
+    """LayerNorm over (batch, t, k) (mean, then the variance of the centred row), scale and
+    shift, then a view to (batch * t, k) and @ W + bias: GPT-2's ln_1 -> c_attn as its exporter
+    writes it (the Gemm takes 2-D operands). `flat` replaces the view's shape."""
+    x, g, c = b.input_(0, (batch, t, k), dt), b.input_(1, (k,), dt), b.input_(2, (k,), dt)
+    flat = flat or (batch * t, k)
+    w, bias = b.input_(3, (flat[-1], n), dt), b.input_(4, (n,), dt)
+    inv = b.const(Fraction(1, k))
+    xf = b.cast(x, F32)
+    d = b.sub(xf, b.mul(b.reduce(Op.REDUCE_SUM, xf, 2), inv))
+    var = b.mul(b.reduce(Op.REDUCE_SUM, b.mul(d, d), 2), inv)
+    y = b.mul(d, b.unary(Op.RSQRT, b.add(var, b.const(Fraction(1, 10**5)))))
+    y = b.add(b.mul(y, b.cast(g, F32)), b.cast(c, F32))
+    y2 = b.reshape(b.cast(y, dt), flat)
+    out = b.add(b.matmul(y2, w), bias)
+    return check(b.kernel_graph([x, g, c, w, bias], [out], ["x", "g", "c", "W", "b"], ["y"]))
+
+
 def two_readers(dt: DType = F32):
     """A row sum read by two output kernels: it stays a kernel of its own."""
     x = b.input_(0, (8, 64), dt)
@@ -125,6 +145,33 @@ def test_the_staged_operand_of_a_library_gemm_is_a_reader(monkeypatch):
     gp = generate(kg)
     assert [x.get("kind", "kernel") for x in gp.plan["launches"]] == ["kernel", "gemm"]
     assert "then stage a library GEMM operand" in gp.kernels[0].what
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_layernorm_read_through_a_flattening_view_is_one_row_kernel(batch, monkeypatch):
+    """The staged operand is a (batch * t, k) view of the (batch, t, k) norm: the same rows, so
+    the mean, the variance and the staging are one kernel (three launches when only equal shapes
+    were rows: the mean with the centred row, the variance, the staging), and the value pass
+    reads both reduced values from registers."""
+    kg = layernorm_flat(batch=batch)
+    assert _kinds(kg)[:2] == ["row", "gemm"]  # (then the bias add, printed as the epilogue)
+    (row,) = [k for k in plan(kg).kernels if k.kind == "row"]
+    assert [p.kind for p in row.parts] == ["reduce", "reduce", "stage"]
+    gp = generate(kg)
+    assert [x.get("kind", "kernel") for x in gp.plan["launches"]] == ["kernel", "gemm"]
+    validate_plan(gp.plan, len(kg.inputs), len(kg.outputs))
+    src = gp.kernels[0].source
+    value_pass = src[src.index("const int i = o *") :]
+    assert "acc0" in value_pass and "acc1" in value_pass and "sc" not in value_pass.split("=")[1]
+    _no_rows(monkeypatch)  # no row kernels: two reductions, the centred row, the staging, the GEMM
+    assert _launches(kg) == 5
+
+
+def test_a_view_that_changes_the_row_length_is_not_a_row_reader():
+    """(1, 12, 96) viewed as (24, 48): a staged row holds halves of two norm rows, so the
+    reductions cannot be computed row by row in the staging kernel."""
+    kg = layernorm_flat(flat=(24, 48), n=16)
+    assert not any(p.operand is not None for p in kernel_roots(kg).rows.values())
 
 
 def test_without_the_library_the_reduction_stays_a_kernel(monkeypatch):
@@ -174,6 +221,7 @@ BLOCK_ROWS = [
     ("rmsnorm_block_rows", lambda: rmsnorm(rows=2, n=2048)),
     ("centred_block_rows", lambda: centred(rows=3, n=1000)),
     ("norm_linear_block_rows", lambda: norm_linear(m=6, k=1536, n=32)),
+    ("layernorm_flat_block_rows", lambda: layernorm_flat(batch=2, t=3, k=1536, n=32)),
 ]
 """Few long rows: a block per row (row_team), checked on the emulator and on the GPU."""
 
@@ -186,12 +234,14 @@ BLOCK_ROWS = [
         ("centred", centred),
         ("norm_linear", norm_linear),
         ("transformer_region0", T.transformer_region0),
+        ("layernorm_flat", layernorm_flat),
+        ("layernorm_flat_batch3", lambda: layernorm_flat(batch=3, t=5, k=640, n=24)),
         *BLOCK_ROWS,
     ],
 )
 def test_emulated_row_kernel_matches_the_interpreter(name, build, monkeypatch):
     kg = build()
-    assert any(len(k.parts) == 2 and k.kind == "row" for k in plan(kg).kernels)
+    assert any(len(k.parts) >= 2 and k.kind == "row" for k in plan(kg).kernels)
     T.assert_emulated_matches(name, kg)
 
 

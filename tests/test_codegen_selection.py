@@ -23,7 +23,7 @@ from mlso_cli.codegen.selection import SELECT_PREFIX, _rows, _table, known_selec
 from mlso_cli.frontend.analyse import analyse
 from mlso_cli.frontend.load import load_model
 from mlso_cli.ir import check
-from mlso_cli.ir.ops import DType
+from mlso_cli.ir.ops import DType, Op
 from mlso_cli.verify import interpreter
 from tests.helpers import save
 
@@ -120,6 +120,44 @@ def _fused_gate_up(n: int = 8, d: int = 32, f: int = 48, fp16: bool = True) -> o
 def test_a_split_of_a_fused_projection_reads_its_half(fp16, tmp_path):
     regions = _selecting_regions(save(_fused_gate_up(fp16=fp16), tmp_path / "m.onnx"), {})
     assert len(regions) == 1
+    _assert_same_numbers_fewer_reads(regions[0])
+
+
+def _concat_pieces(fp16: bool = True, n: int = 24) -> onnx.ModelProto:
+    """Two computed pieces, of n and 16 columns, concatenated on the last axis, then squared. A
+    Concat lifts to each piece cut into blocks and summed into place through a 0/1 constant;
+    with pieces of one block each (n = 16) the sum is over one block and lifting leaves the
+    product alone: the piece broadcast over the concatenated blocks times the constant."""
+    dt, npdt = (TensorProto.FLOAT16, np.float16) if fp16 else (TensorProto.FLOAT, np.float32)
+    rng = np.random.default_rng(5)
+    w = numpy_helper.from_array((rng.standard_normal((16, n)) / 4).astype(npdt), "W")
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["a"]),
+        helper.make_node("Sigmoid", ["X"], ["s"]),
+        helper.make_node("Concat", ["a", "s"], ["c"], axis=-1),
+        helper.make_node("Mul", ["c", "c"], ["Y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "concat",
+        [helper.make_tensor_value_info("X", dt, [1, 8, 16])],
+        [helper.make_tensor_value_info("Y", dt, [1, 8, n + 16])],
+        [w],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 10
+    onnx.checker.check_model(m)
+    return m
+
+
+@pytest.mark.parametrize("fp16", [True, False])
+@pytest.mark.parametrize("n", [24, 16])
+def test_a_concat_places_its_pieces_without_reading_the_constant(fp16, n, tmp_path):
+    regions = _selecting_regions(save(_concat_pieces(fp16, n), tmp_path / "m.onnx"), {})
+    assert len(regions) == 1
+    if n == 16:  # one block a piece: products, no sums (selection.placed_product)
+        ops = {m.op for m in regions[0].graph.nodes()}
+        assert Op.MUL in ops and Op.REDUCE_SUM not in ops
     _assert_same_numbers_fewer_reads(regions[0])
 
 

@@ -18,6 +18,7 @@ from onnx.reference import ReferenceEvaluator
 
 from mlso_cli import knobs
 from mlso_cli.frontend.analyse import analyse
+from mlso_cli.frontend.fold import TABLE_ELEMENTS
 from mlso_cli.frontend.lift import lift_constants
 from mlso_cli.frontend.load import load_model
 from mlso_cli.frontend.partition import partition
@@ -164,29 +165,66 @@ def test_causal_mask_and_rope_tables_fold_at_any_size(tmp_path):
 
 
 def test_a_weight_feeding_a_transpose_is_not_folded(tmp_path):
-    """Transpose(W) reads only a constant, but W is a weight (over 4096 elements): folding it
+    """Transpose(W) reads only a constant, but W is a weight (over TABLE_ELEMENTS): folding it
     would copy the weight, so the Transpose stays and inspect says why."""
-    w = np.random.default_rng(0).standard_normal((96, 64)).astype(np.float32)
+    rows, cols = 640, 512
+    assert rows * cols > TABLE_ELEMENTS
+    w = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
     vi = helper.make_tensor_value_info
     m = _model(
         [
             helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0]),
             helper.make_node("MatMul", ["x", "Wt"], ["y"]),
         ],
-        [vi("x", TensorProto.FLOAT, [4, 64])],
-        [vi("y", TensorProto.FLOAT, [4, 96])],
+        [vi("x", TensorProto.FLOAT, [4, cols])],
+        [vi("y", TensorProto.FLOAT, [4, rows])],
         [numpy_helper.from_array(w, "W")],
     )
     loaded = load_model(str(save(m, tmp_path / "w.onnx")))
     assert "Transpose" in _ops(loaded)
-    assert "'W' (96x64)" in loaded.fold_notes["Wt"]
+    assert f"'W' ({rows}x{cols})" in loaded.fold_notes["Wt"]
     assert not any(n.op_type == "Constant" and n.output[0] == "Wt" for n in loaded.graph.node)
 
 
-def _stored_mask_model(fill_dtype=np.float16):
+@pytest.mark.parametrize("seq, dim", [(128, 96), (2048, 128)])
+def test_a_stored_rope_table_folds(tmp_path, seq, dim):
+    """The Phi-3 and Qwen3 exports store positions x inv_freq as a float initializer; Cos, Sin,
+    their Casts and Unsqueezes fold to the two tables the attention reads, up to 2,048 x 128."""
+    rng = np.random.default_rng(1)
+    table = (np.arange(seq, dtype=np.float32)[:, None] * rng.random(dim, dtype=np.float32))[None]
+    vi = helper.make_tensor_value_info
+    m = _model(
+        [
+            helper.make_node("Cos", ["freqs"], ["c32"]),
+            helper.make_node("Sin", ["freqs"], ["s32"]),
+            helper.make_node("Cast", ["c32"], ["c16"], to=TensorProto.FLOAT16),
+            helper.make_node("Cast", ["s32"], ["s16"], to=TensorProto.FLOAT16),
+            helper.make_node("Unsqueeze", ["c16", "one"], ["cos"]),
+            helper.make_node("Unsqueeze", ["s16", "one"], ["sin"]),
+            helper.make_node("Mul", ["q", "cos"], ["qc"]),
+            helper.make_node("Mul", ["q", "sin"], ["qs"]),
+            helper.make_node("Add", ["qc", "qs"], ["y"]),
+        ],
+        [vi("q", TensorProto.FLOAT16, [1, 2, seq, dim])],
+        [vi("y", TensorProto.FLOAT16, [1, 2, seq, dim])],
+        [
+            numpy_helper.from_array(table, "freqs"),
+            numpy_helper.from_array(np.array([1], np.int64), "one"),
+        ],
+    )
+    loaded = load_model(str(save(m, tmp_path / "rope.onnx")))
+    assert not (_ops(loaded) & {"Cos", "Sin", "Cast", "Unsqueeze"})
+    consts = {n.output[0]: n for n in loaded.graph.node if n.op_type == "Constant"}
+    assert set(consts) >= {"cos", "sin"}
+    cos = numpy_helper.to_array(consts["cos"].attribute[0].t)
+    assert cos.dtype == np.float16 and cos.shape == (1, 1, seq, dim)
+    np.testing.assert_array_equal(cos, np.cos(table).astype(np.float16)[:, None])
+    assert not loaded.fold_notes
+
+
+def _stored_mask_model(fill_dtype=np.float16, seq: int = 128):
     """Scores plus the additive causal mask as torch.onnx's dynamo exporter writes it for static
-    shapes (a Qwen2 export): two stored 128 x 128 booleans And-ed, then Where(mask, 0, min)."""
-    seq = 128
+    shapes (a Qwen2 export): two stored seq x seq booleans And-ed, then Where(mask, 0, min)."""
     le = np.tril(np.ones((1, 1, seq, seq), bool))
     vi = helper.make_tensor_value_info
     dt = helper.np_dtype_to_tensor_dtype(np.dtype(fill_dtype))
@@ -222,17 +260,19 @@ def test_a_stored_boolean_mask_folds_whatever_its_size(tmp_path):
 
 
 def test_a_large_numeric_initializer_beside_the_mask_still_does_not_fold(tmp_path):
-    """The boolean rule is about the dtype: the same chain whose 'eq' is a float 128 x 128
-    tensor (a weight by size) stays as nodes, with the reason."""
-    m = _stored_mask_model()
+    """The boolean rule is about the dtype: the same chain whose 'eq' is a float seq x seq
+    tensor over TABLE_ELEMENTS (a weight by size) stays as nodes, with the reason."""
+    seq = 513
+    assert seq * seq > TABLE_ELEMENTS
+    m = _stored_mask_model(seq=seq)
     eq = next(t for t in m.graph.initializer if t.name == "eq")
-    eq.CopyFrom(numpy_helper.from_array(np.ones((1, 1, 128, 128), np.float32), "eq"))
+    eq.CopyFrom(numpy_helper.from_array(np.ones((1, 1, seq, seq), np.float32), "eq"))
     m.graph.node[0].op_type = "Greater"  # le > eq: a float comparison, still constant-only
     m.graph.node[0].input[0] = "f"
-    m.graph.initializer.append(numpy_helper.from_array(np.zeros((1, 1, 128, 128), np.float32), "f"))
+    m.graph.initializer.append(numpy_helper.from_array(np.zeros((1, 1, seq, seq), np.float32), "f"))
     loaded = load_model(str(save(m, tmp_path / "m.onnx")))
     assert "Greater" in _ops(loaded) and "Where" in _ops(loaded)
-    assert "the weight 'f' (1x1x128x128)" in loaded.fold_notes["both"]
+    assert f"the weight 'f' (1x1x{seq}x{seq})" in loaded.fold_notes["both"]
 
 
 def test_the_fold_budget_keeps_a_large_mask_and_says_why(tmp_path, monkeypatch):

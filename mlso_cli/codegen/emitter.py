@@ -29,7 +29,7 @@ from mlso_cli.codegen.cfmt import (
 )
 from mlso_cli.codegen.errors import CodegenError
 from mlso_cli.codegen.scale import BINARY, UNARY_DEGREE, Scale, Storage, Val
-from mlso_cli.codegen.selection import selected_read
+from mlso_cli.codegen.selection import placed_product, selected_read
 from mlso_cli.codegen.synthetic import Combined, Copy
 from mlso_cli.codegen.teams import FOLD
 from mlso_cli.codegen.views import strided, view_strides
@@ -72,6 +72,10 @@ class Flat:
     coords: Coords
     shape: tuple[int, ...]
     expr: str
+    row: tuple[str, str, int] | None = None
+    """(row, column, length) when `expr` is row * length + column (a row kernel's element): a
+    view of another shape with rows of `length` is then decomposed into those two, so that the
+    row's reduced values are read from the registers that hold them (rowkernel.py)."""
 
 
 class Emitter:
@@ -90,8 +94,11 @@ class Emitter:
         self.names = names
         self.on_use = on_use or (lambda n: None)
         self._flats: dict[tuple[Coords, tuple[int, ...]], str] = {}
+        self._row_flat: tuple[str, tuple[str, str, int]] | None = None
         if flat is not None:
             self._flats[(flat.coords, flat.shape)] = flat.expr
+            if flat.row is not None:
+                self._row_flat = (flat.expr, flat.row)
         self.lines: list[str] = []
         self._memo: dict[tuple, Val] = {}
         self._thread: list[tuple[int, list[Val]]] = []
@@ -150,14 +157,28 @@ class Emitter:
         return self._flats.get((coords, shape)) or offset(coords, contiguous(shape))
 
     def coords_of_flat(self, flat: str, shape: tuple[int, ...]) -> Coords:
-        coords = canon(shape, decompose(flat, shape))
+        coords = canon(shape, self._row_coords(flat, shape) or decompose(flat, shape))
         self._flats.setdefault((coords, shape), flat)
         return coords
+
+    def _row_coords(self, flat: str, shape: tuple[int, ...]) -> Coords | None:
+        """`flat` over `shape` as (the row's coordinates, the column), when flat is the kernel's
+        row-major element index and shape has rows of the same length (Flat.row)."""
+        if self._row_flat is None or flat != self._row_flat[0]:
+            return None
+        row, col, length = self._row_flat[1]
+        k = len(shape)
+        while k and shape[k - 1] == 1:
+            k -= 1
+        if not k or shape[k - 1] != length:
+            return None
+        return (*decompose(row, shape[: k - 1]), col, *("0",) * (len(shape) - k))
 
     def child(self) -> Emitter:
         """An emitter for a nested loop body: same storage and names, its own lines and memo."""
         em = Emitter(self.storage, self.stab, self.names, self.on_use)
         em._flats = dict(self._flats)
+        em._row_flat = self._row_flat
         em._thread = list(self._thread)
         em._thread_ids = self._thread_ids + 1000
         return em
@@ -259,6 +280,9 @@ def _stabilised_exp(em: Emitter, n: Node, coords: Coords) -> Val:
 
 
 def _binary(em: Emitter, n: Node, coords: Coords) -> Val:
+    placed = placed_product(em, n, coords)
+    if placed is not None:
+        return placed
     a = em.value(n.src[0], bcast(n.src[0].shape, coords))
     b = em.value(n.src[1], bcast(n.src[1].shape, coords))
     scale, mat_a, mat_b = BINARY[n.op](a.scale, b.scale)

@@ -144,28 +144,69 @@ def _read_inside(cx: Context, p: RowPair) -> bool:
     return True
 
 
+def _rows_of(r: Node) -> tuple[int, int]:
+    """(row length, rows) of a row reduction."""
+    return r.src[0].shape[axis_of(r)], r.numel
+
+
+def _row_major(shape: tuple[int, ...], length: int) -> bool:
+    """A tensor of `shape` holds element j of row o at flat index o * length + j: its innermost
+    dim, trailing 1s aside, is the row."""
+    dims = list(shape)
+    while dims and dims[-1] == 1:
+        dims.pop()
+    return bool(dims) and dims[-1] == length
+
+
+def keeps_rows(n: Node, length: int, rows: int) -> bool:
+    """A RESHAPE that maps row o to row o: of a row-shaped tensor to another row-shaped one, or
+    of one value per row to one value per row. A reshape is a row-major reinterpretation, so the
+    flat index, hence the row (flat // length), is unchanged. Why: GPT-2's exporter flattens the
+    LayerNorm's (1, 128, 1024) to (128, 1024) for its Gemm, and the norm's reductions then took
+    three launches instead of one row kernel."""
+    if n.op is not Op.RESHAPE:
+        return False
+    src = n.src[0]
+    if n.numel == rows == src.numel:
+        return True
+    return _row_major(n.shape, length) and _row_major(src.shape, length)
+
+
 def _row_layout(cx: Context, p: RowPair) -> bool:
-    return p.value.shape == p.reduce.src[0].shape
+    """The value is row-shaped like the reduction's input: the same shape, or the same rows
+    under another row-major shape (a view that flattens the batch)."""
+    x = p.reduce.src[0]
+    if p.value.shape == x.shape:
+        return True
+    length, _ = _rows_of(p.reduce)
+    return p.value.numel == x.numel and p.value.shape[-1] == length and x.shape[-1] == length
 
 
 def _row_wise(cx: Context, p: RowPair) -> bool:
     """Every node between the value and the reduction (computed inline) is in ROW_OPS, and so is
     every node between a chained reduction's or inlined value's readers in the kernel and it."""
     start = list(p.value.src) if p.value is p.reader else [p.value]
+    rows = _rows_of(p.reduce)
     if p.value is p.reader and p.value.op not in ROW_OPS:
         return False
-    if not _row_paths(cx, start, {p.reduce}, p.inlined):
+    if not _row_paths(cx, start, {p.reduce}, p.inlined, rows):
         return False
     inside = set(p.chain) | set(p.inlined)
     starts = [s for r in p.reductions for s in r.src] + [s for e in p.inlined for s in e.src]
-    return not inside or _row_paths(cx, start + starts, inside, p.inlined, need=False)
+    return not inside or _row_paths(cx, start + starts, inside, p.inlined, rows, need=False)
 
 
 def _row_paths(
-    cx: Context, start: list[Node], targets: set[Node], inlined: frozenset[Node], need: bool = True
+    cx: Context,
+    start: list[Node],
+    targets: set[Node],
+    inlined: frozenset[Node],
+    rows: tuple[int, int],
+    need: bool = True,
 ) -> bool:
     """Every node on a path from `start` to `targets` computed inline (inlined kernels count as
-    inline) is in ROW_OPS; with `need`, at least one start reaches a target."""
+    inline) is in ROW_OPS or a reshape that keeps rows (`keeps_rows`); with `need`, at least one
+    start reaches a target."""
     reach: dict[Node, bool] = {}
 
     def reaches(n: Node) -> bool:
@@ -180,7 +221,9 @@ def _row_paths(
 
     hits = [n for n in start if reaches(n)]
     return (bool(hits) or not need) and all(
-        n.op in ROW_OPS for n, hit in reach.items() if hit and n not in targets
+        n.op in ROW_OPS or keeps_rows(n, *rows)
+        for n, hit in reach.items()
+        if hit and n not in targets
     )
 
 

@@ -103,6 +103,8 @@ def plan_row(
     row = canon(reduce.shape, decompose("o", reduce.shape))
     inner, element = list(row), list(row)
     inner[axis], element[axis] = LOOP_VAR, "j"
+    if value.shape != x.shape:  # the same rows under another row-major shape (rowfuse._row_layout)
+        element = [*decompose("o", value.shape[:-1]), "j"]
     if team == 32:
         warps = max(1, min(ROW_WARPS, rows // SM_COUNT_HINT))
         threads, grid, who = 32 * warps, (min(-(-rows // warps), GRID_CAP), 1, 1), "a warp"
@@ -205,7 +207,9 @@ def print_row(plan: RowKernelPlan, site: KernelSite) -> tuple[Kernel, BufferScal
     for (_r, v), st in zip(known, outs):
         stored = v.code if st.scale is not None else tail.materialise(v)
         stores.append(f"{st.ptr}[o] = mlso::from_f32<{CTYPE[st.dtype]}>({stored});")
-    body = site.emitter(uses, names, Flat(plan.element, plan.value.shape, "i"))
+    body = site.emitter(
+        uses, names, Flat(plan.element, plan.value.shape, "i", ("o", "j", plan.length))
+    )
     for n, v in known:
         body.known(n, plan.row, v)
     v = body.compute(plan.value, plan.element)

@@ -201,3 +201,37 @@ def selected_read(em: Emitter, n: Node, coords: Coords) -> Val | None:
     if sign == "-1.0f":
         return Val(em.var(f"mlso::ew::neg({v.code})"))
     return Val(em.var(f"{sign} * {v.code}"))
+
+
+def placed_product(em: Emitter, n: Node, coords: Coords) -> Val | None:
+    """MUL(x, P) at `coords` with P a known selection constant that varies along at most one
+    dim: x times P's element there, printed from P's values (a literal, or a conditional on
+    that one coordinate), so P is never read and x is not read where P is 0. None otherwise (the
+    caller multiplies).
+
+    Why: lifting writes a Concat as a sum of its pieces, each broadcast over the concatenated
+    dim and multiplied by a 0/1 constant that places it (DeepSeek's MLA concatenates the rope and
+    no-rope parts of each key that way); the kernel read the constant at every element. Exact
+    for finite x, as `selected_read` is: x * 1 is x, and x * 0 is a zero."""
+    if n.op is not Op.MUL:
+        return None
+    for xs, p in ((n.src[0], n.src[1]), (n.src[1], n.src[0])):
+        sel = _selection_of(em.storage, p)
+        if sel is None:
+            continue
+        varying = [j for j, d in enumerate(p.shape) if d > 1]
+        if len(varying) > 1 or (varying and p.shape[varying[0]] > MAX_ROWS):
+            continue
+        signs = tuple(float(v) for v in sel.values.reshape(-1))
+        pc = bcast(p.shape, coords)
+        coord = pc[varying[0]] if varying else "0"
+        if set(signs) == {0.0}:
+            return Val("0.0f")
+        v = em.value(xs, bcast(xs.shape, coords))
+        if v.scale is not None:
+            return None  # a scaled operand: the product's rules decide its scale
+        if len(set(signs)) == 1:
+            return Val(v.code) if signs[0] == 1.0 else Val(em.var(f"mlso::ew::neg({v.code})"))
+        sign = _table(coord, signs, lambda s: f"{s:.1f}f")
+        return Val(em.var(f"{sign} * {v.code}"))
+    return None

@@ -5,15 +5,25 @@ targets (Shape -> Gather -> Concat), the causal mask (Range, comparisons, And, W
 RoPE tables (Range x inv_freq -> Cos/Sin). Folding turns each into a constant that lifting can
 use (a static view, a 0/1 mask, a table read as a kernel input).
 
-What may fold is decided by where a value comes from, not by its size: a node folds when every
-input is a constant that depends only on the fixed input shapes and on small constants (an
-initializer or Constant node of at most SMALL_CONSTANT_ELEMENTS elements, or a boolean one of
-any size). A value computed from a larger numeric initializer (a weight) never folds, so a folded
-result is never a copy or transform of a weight. Why booleans of any size: no model multiplies by
-a boolean weight; a large boolean constant is a mask, which an exporter given static shapes writes
-out whole (torch.onnx's dynamo exporter stores a Qwen2 export's causal mask as two 128 x 128
-booleans, And-ed and turned into the additive mask by Where: three ONNX Runtime kernels per run
-that fold away). The folded output's size is capped by a byte budget (`knobs().max_fold_bytes`, 16 MiB by
+What may fold is decided by where a value comes from: a node folds when every input is a
+constant that depends only on the fixed input shapes and on small constants (an initializer or
+Constant node of at most TABLE_ELEMENTS elements, or a boolean one of any size). A value computed
+from a larger numeric initializer (a weight) never folds, so a folded result is never a copy or
+transform of a large weight.
+
+Why tables up to TABLE_ELEMENTS: exporters precompute what the fixed example shapes make constant
+and store it as an initializer. The Phi-3 and Qwen3 exports of torch.onnx's dynamo exporter hold
+RoPE's positions x inv_freq product as a 128 x 96 (128 x 128) float initializer; while only
+4,096-element constants could fold, Cos, Sin, two Casts and two Unsqueezes of it ran in ONNX
+Runtime on every call, beside the regions. Folding from a tensor this small copies at most
+1 MiB (less: the source dies when nothing else reads it), and the fold is exact.
+
+Why booleans of any size: no model multiplies by a boolean weight; a large boolean constant is a
+mask, which an exporter given static shapes writes out whole (torch.onnx's dynamo exporter stores
+a Qwen2 export's causal mask as two 128 x 128 booleans, And-ed and turned into the additive mask
+by Where: three ONNX Runtime kernels per run that fold away).
+
+The folded output's size is capped by a byte budget (`knobs().max_fold_bytes`, 16 MiB by
 default): a seq x seq mask at a long sequence stays a node. Why each node that could have folded
 did not is kept in `FoldResult.notes` for `inspect`.
 """
@@ -28,13 +38,18 @@ import onnx
 from onnx import helper, numpy_helper
 
 SMALL_CONSTANT_ELEMENTS = 4096
-"""Initializers and Constant nodes up to this many elements are small constants (shape vectors,
-scalars, inv_freq); larger ones are weights, and nothing computed from them folds."""
+"""Initializers up to this many elements are small constants (shape vectors, scalars, inv_freq,
+norm scales): package/regionmodel.py keeps them inline in a region's model."""
+TABLE_ELEMENTS = 262_144
+"""Initializers and Constant nodes up to this many elements (1 MiB in fp32) may be read by folding:
+small constants and precomputed tables (a RoPE position x frequency product up to 2,048 positions
+x 128); larger ones are weights, and nothing computed from them folds."""
 
 
 def _small_constant(elements: int, boolean: bool) -> bool:
-    """A constant that folding may read (module docstring): small, or a boolean mask."""
-    return elements <= SMALL_CONSTANT_ELEMENTS or boolean
+    """A constant that folding may read (module docstring): a small constant or table, or a
+    boolean mask."""
+    return elements <= TABLE_ELEMENTS or boolean
 
 
 _NEVER_FOLD = {

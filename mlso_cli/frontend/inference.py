@@ -24,8 +24,8 @@ from google.protobuf.message import Message
 
 STRIP_MIN_ELEMENTS = 4096
 """Initializers with more elements than this (and rank 2 or more) lose their bytes in the view.
-Why a floor at all: a small tensor costs nothing to copy, and below it stays every constant
-folding may read (frontend/fold.py's SMALL_CONSTANT_ELEMENTS)."""
+Why a floor at all: a small tensor costs nothing to copy. (Folding reads the model's own
+initializers, never this view, so the tables it may read above the floor keep their bytes.)"""
 
 
 def large_weight(t: onnx.TensorProto) -> bool:
