@@ -374,7 +374,27 @@ SELECTIONS = {
     "split_middle_axis": lambda: _one_op(
         "Split", [("x", [2, 6, 32])], ["y0", "y1", "y2"], [_i64("sizes", [1, 2, 3])], axis=1
     ),
+    # DeepSeek's slice assignment: rows 0..3 of a (6, 2, 8) tensor replaced, then rows 4, 1
+    "scatter_nd_leading_rows": lambda: _scatter([[0], [1], [2], [3]], [4, 2, 8]),
+    "scatter_nd_scattered_rows": lambda: _scatter([[4], [-5]], [2, 2, 8]),
 }
+
+
+def _scatter(indices, upd_shape):
+    """ScatterND(-x, idx, u): x (6, 2, 8), constant row indices (as _one_op, a Neg first)."""
+    vi = helper.make_tensor_value_info
+    rows = len(indices[0])
+    idx = helper.make_tensor("idx", TensorProto.INT64, [len(indices), rows], sum(indices, []))
+    m = _model(
+        [
+            helper.make_node("Neg", ["x"], ["x_sq"]),
+            helper.make_node("ScatterND", ["x_sq", "idx", "u"], ["y"]),
+        ],
+        [vi("x", TensorProto.FLOAT, [6, 2, 8]), vi("u", TensorProto.FLOAT, upd_shape)],
+        [vi("y", TensorProto.FLOAT, None)],
+        [idx],
+    )
+    return onnx.shape_inference.infer_shapes(m)
 
 
 @pytest.mark.parametrize("case", sorted(SELECTIONS))
@@ -400,6 +420,21 @@ def test_selections_lift_and_match_the_reference(case, tmp_path):
         Op.ADD,
         Op.CAST,
     }
+
+
+@pytest.mark.parametrize(
+    "indices, shape, why",
+    [
+        ([[1], [1]], [2, 2, 8], "repeated indices"),
+        ([[6]], [1, 2, 8], "out of range"),
+        ([[0, 1]], [1, 8], "whole rows of the first axis"),
+    ],
+)
+def test_a_scatter_nd_that_is_no_row_selection_stays_out(indices, shape, why, tmp_path):
+    m = _scatter(indices, shape)
+    a = analyse(load_model(str(save(m, tmp_path / "s.onnx"))))
+    (out,) = [e for e in a.partition.excluded if e.op_type == "ScatterND"]
+    assert out.category == "unsupported" and why in out.reason
 
 
 def test_rotate_half_composes_into_one_signed_selection(tmp_path):

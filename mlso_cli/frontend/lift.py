@@ -670,6 +670,19 @@ def _split(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
     return outs
 
 
+def _scatter_nd(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
+    """Rows of data replaced by updates' (support._scatter_nd admitted it): a selection of two
+    terms along axis 0."""
+    data, updates = _x(ctx, node, 0), _x(ctx, node, 2)
+    idx = ctx.consts.get(node.input[1])
+    if idx is None:
+        raise LiftError("ScatterND: its indices must be a constant")
+    s = sel.scatter_rows(data, updates, data.shape[0], np.asarray(idx))
+    if isinstance(s, str):
+        raise LiftError(s)
+    return [_select(ctx, "ScatterND", s, s)]
+
+
 def _neg(ctx: _Ctx, node: onnx.NodeProto) -> list[Node]:
     """-x; the negation of a selection is that selection with -1 entries (one P, not two ops)."""
     x = _x(ctx, node, 0)
@@ -883,6 +896,7 @@ RULES: dict[str, Callable[[_Ctx, onnx.NodeProto], list[Node]]] = {
     "Slice": _slice,
     "Concat": _concat,
     "Split": _split,
+    "ScatterND": _scatter_nd,
 }
 
 

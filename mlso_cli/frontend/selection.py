@@ -1,4 +1,5 @@
-"""Slice, Concat, Split and Neg along one axis as signed block selections, with existing IR ops.
+"""Slice, Concat, Split, Neg and row-wise ScatterND along one axis as signed block selections,
+with existing IR ops.
 
 The IR has no strided view or offset, so a slice cannot be a view. What it has is enough for an
 exact form: along the selected axis, every output element is one input element, possibly negated
@@ -101,6 +102,28 @@ def concat(parts: list[Selection]) -> Selection:
         np.concatenate(index),
         np.concatenate(sign),
     )
+
+
+def scatter_rows(data, updates, n: int, indices: np.ndarray) -> Selection | str:
+    """ScatterND(data, indices, updates) with constant `indices` of shape (k, 1) as a selection
+    along axis 0: output row i is updates' row j where indices[j] == i, else data's row i. A
+    sentence for `inspect` when it is not one (indices out of range, or repeated: ONNX leaves the
+    result of a repeated index undefined).
+
+    Why: exporters write a slice assignment (`q[..., :d] = q_nope`, DeepSeek's MLA) as ScatterND
+    with a constant index list over the transposed tensor; as a node of its own it ran in ONNX
+    Runtime between the regions, with its transposes."""
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if np.any(idx < -n) or np.any(idx >= n):
+        return f"ScatterND: an index is out of range for an axis of {n}"
+    idx = np.where(idx < 0, idx + n, idx)
+    if len(np.unique(idx)) != len(idx):
+        return "ScatterND: repeated indices (their result is undefined), so the node is kept"
+    term = np.zeros(n, np.int64)
+    index = np.arange(n, dtype=np.int64)
+    term[idx] = 1
+    index[idx] = np.arange(len(idx), dtype=np.int64)
+    return Selection(0, (data, updates), (n, len(idx)), term, index, np.ones(n, np.int64))
 
 
 def slice_indices(dim: int, start: int, end: int, step: int) -> np.ndarray:

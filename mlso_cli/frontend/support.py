@@ -148,6 +148,26 @@ def _concat(ctx: NodeContext) -> str | None:
     return _selection_reason("Concat", [(axis, [ctx.shapes[i][axis] for i in ins], [])])
 
 
+def _scatter_nd(ctx: NodeContext) -> str | None:
+    """A ScatterND whose constant indices name rows of axis 0 ((k, 1) indices, no reduction):
+    a selection of data's and updates' rows (selection.scatter_rows)."""
+    from mlso_cli.frontend import selection as sel
+
+    node = ctx.node
+    idx = ctx.const(1)
+    if idx is None:
+        return "ScatterND: data-dependent writes (its indices are computed at run time)"
+    if ctx.attr("reduction", b"none") not in (b"none", "none"):
+        return "ScatterND: a reduction on write has no lifting rule"
+    shape, upd = ctx.shapes[node.input[0]], ctx.shapes[node.input[2]]
+    if idx.ndim != 2 or idx.shape[1] != 1 or tuple(upd) != (idx.shape[0], *shape[1:]):
+        return "ScatterND: only whole rows of the first axis lift (indices of shape (k, 1))"
+    if shape[0] > sel.MAX_SELECT_AXIS:
+        return sel.too_long("ScatterND", 0)
+    s = sel.scatter_rows(0, 1, shape[0], idx)
+    return s if isinstance(s, str) else sel.problem(s, "ScatterND")
+
+
 def _split(ctx: NodeContext) -> str | None:
     shape = ctx.shapes[ctx.node.input[0]]
     axis = int(ctx.attr("axis", 0)) % len(shape)
@@ -225,13 +245,13 @@ SUPPORT: dict[str, tuple[OpKind, Condition]] = {
     "Slice": (OpKind.COMPUTE, _slice),
     "Concat": (OpKind.COMPUTE, _concat),
     "Split": (OpKind.COMPUTE, _split),
+    "ScatterND": (OpKind.COMPUTE, _scatter_nd),
 }
 
 UNSUPPORTED_REASONS: dict[str, str] = {
     "Gather": "Gather: data-dependent indexing",
     "GatherElements": "GatherElements: data-dependent indexing",
     "GatherND": "GatherND: data-dependent indexing",
-    "ScatterND": "ScatterND: data-dependent writes",
     "ScatterElements": "ScatterElements: data-dependent writes",
     "Shape": "Shape: shape arithmetic, not tensor math",
     "Size": "Size: shape arithmetic, not tensor math",
