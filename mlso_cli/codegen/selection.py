@@ -195,7 +195,13 @@ def selected_read(em: Emitter, n: Node, coords: Coords) -> Val | None:
         k = name
     inner[m.axis] = k
     v = em.value(m.a, bcast(m.a.shape, canon(x.shape, inner)))
-    sign = _table(rows.coord, rows.sign, lambda s: f"{s:.1f}f")
+    return _signed(em, v, rows.coord, rows.sign)
+
+
+def _signed(em: Emitter, v: Val, coord: str, signs: tuple[float, ...]) -> Val:
+    """v times signs[coord], the sign printed from its values: v itself, its negation, or a
+    product with a literal or a conditional on `coord`."""
+    sign = _table(coord, signs, lambda s: f"{s:.1f}f")
     if sign == "1.0f":
         return Val(v.code)
     if sign == "-1.0f":
@@ -206,7 +212,7 @@ def selected_read(em: Emitter, n: Node, coords: Coords) -> Val | None:
 def placed_product(em: Emitter, n: Node, coords: Coords) -> Val | None:
     """MUL(x, P) at `coords` with P a known selection constant that varies along at most one
     dim: x times P's element there, printed from P's values (a literal, or a conditional on
-    that one coordinate), so P is never read and x is not read where P is 0. None otherwise (the
+    that one coordinate), so P is never read, nor x where P is all zero. None otherwise (the
     caller multiplies).
 
     Why: lifting writes a Concat as a sum of its pieces, each broadcast over the concatenated
@@ -230,8 +236,5 @@ def placed_product(em: Emitter, n: Node, coords: Coords) -> Val | None:
         v = em.value(xs, bcast(xs.shape, coords))
         if v.scale is not None:
             return None  # a scaled operand: the product's rules decide its scale
-        if len(set(signs)) == 1:
-            return Val(v.code) if signs[0] == 1.0 else Val(em.var(f"mlso::ew::neg({v.code})"))
-        sign = _table(coord, signs, lambda s: f"{s:.1f}f")
-        return Val(em.var(f"{sign} * {v.code}"))
+        return _signed(em, v, coord, signs)
     return None
