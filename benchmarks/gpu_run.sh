@@ -11,6 +11,15 @@ export MLSO_CACHE_DIR="${MLSO_CACHE_DIR:-$PWD/.mlso-cache}" MLSO_ORT_INCLUDE="$P
 # carried as .device-stage/cublas_include, the include folder of runtime/cublas_headers.py's wheel
 [ -d .device-stage/cublas_include ] && export MLSO_CUBLAS_INCLUDE="$PWD/.device-stage/cublas_include"
 OUT=${OUT:-/tmp/mlso-out}; mkdir -p "$OUT"
+# At most 8 files come back from $OUT (the device tool's limit): a `real` run writes a dozen
+# (logs, peers, records, profiles), and what is over the limit is dropped without a word. So
+# they travel as one archive, $OUT/real.tar.gz, with the bench table beside it to read at once.
+# Why: on 2026-12-07 the Phi-3 call lost its records.json and optimize log that way, and a Qwen2
+# bench cut short by its timeout lost the partial results `real_decoders.py record` could keep.
+bundle_real() {
+  tar -czf "$OUT/real.tar.gz" -C "$OUT" real && mv "$OUT/real/bench.md" "$OUT/real_bench.md" 2>/dev/null
+  rm -rf "$OUT/real"
+}
 what=${1:-all}
 if [ "$what" = ray-stage ]; then
   # keep carried part $2 of the Ray wheel (benchmarks/stage_ray.sh) for `scaleout`
@@ -55,6 +64,24 @@ if [ "$what" = sm90 ]; then
   done
   # the records (benchmarks/results/sm90_gemm.json): copy them over this tree's file to keep them
   cp benchmarks/results/sm90_gemm.json "$OUT/sm90_records.json" 2>/dev/null
+  exit 0
+fi
+if [ "$what" = ncu ]; then
+  # What bounds issue 33's rows that miss their target (benchmarks/ncu_rows.py): each row's mlso
+  # candidates under Nsight Compute (Speed of Light, launch statistics, occupancy), one CSV per
+  # row, bundled as $OUT/ncu.tar.gz. carry: .device-stage/gpu.sh .device-stage/wheels
+  # .device-stage/cublas_include .mlso-cache-h33. NCU_ROWS: comma-separated row names.
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mlso-site .device-stage/wheels/*.whl
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  mkdir -p "$OUT/ncu"
+  for row in $(echo "${NCU_ROWS:?name the rows}" | tr , ' '); do
+    MLSO_CACHE_DIR="${HOPPER_CACHE:-$PWD/.mlso-cache-h33}" timeout ${NCU_ROW_TIMEOUT:-40} "$NCU" \
+      --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy \
+      --csv --page details python3 benchmarks/ncu_rows.py --rows "$row" \
+      > "$OUT/ncu/$row.csv" 2> "$OUT/ncu/$row.err"
+    echo "$row rc=$? $(grep -c '"Duration"' "$OUT/ncu/$row.csv") kernels profiled"
+  done
+  tar -czf "$OUT/ncu.tar.gz" -C "$OUT" ncu && rm -rf "$OUT/ncu"
   exit 0
 fi
 if [ "$what" = hopper ]; then
@@ -159,7 +186,7 @@ if [ "$what" = real ]; then
   tail -30 "$OUT/real/bench.md"
   cp benchmarks/results/real_decoder_regions.json "$OUT/real/region_records.json" 2>/dev/null
   # where the time goes inside each optimized model (benchmarks/kernel_profile.py, ~15 s a family)
-  [ -n "$only" ] && { cp /tmp/real/*.json /tmp/real/*.log "$OUT/real/" 2>/dev/null; exit 0; }
+  [ -n "$only" ] && { cp /tmp/real/*.json /tmp/real/*.log "$OUT/real/" 2>/dev/null; bundle_real; exit 0; }
   for fam in $(echo "${REAL_FAMILIES:-qwen2,llama,phi3}" | tr , ' '); do
     [ -f "/tmp/real/${fam}_real2l_fp16.mlso.onnx" ] || continue
     timeout ${PROFILE_TIMEOUT:-90} python3 benchmarks/kernel_profile.py --cuda-graph \
@@ -170,4 +197,5 @@ if [ "$what" = real ]; then
   done
   cp /tmp/real/*.json /tmp/real/*.log "$OUT/real/" 2>/dev/null
   cp benchmarks/results/real_decoders.json "$OUT/real/records.json" 2>/dev/null
+  bundle_real
 fi

@@ -10,7 +10,9 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import onnx
+import onnx.numpy_helper
 import pytest
 
 from benchmarks import hopper_table as H
@@ -308,3 +310,39 @@ def test_run_script_skips_cleanly_here() -> None:
     assert r.returncode == 0
     assert "skipped, torch is not importable" in r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+# ---- benchmarks/ncu_rows.py: the driver ncu wraps (what bounds a row) -------------------------
+
+
+def test_ncu_driver_skips_cleanly_without_a_gpu() -> None:
+    r = subprocess.run(
+        [sys.executable, "benchmarks/ncu_rows.py", "--rows", "gqa_bs1"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "skipped, no CUDA GPU" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_linear_bs1", "swiglu_t8_h4096_f14336"])
+def test_ncu_driver_feeds_each_candidate_its_own_inputs(name: str) -> None:
+    """The operands ncu_rows.py uploads match the program's inputs one by one (shape and
+    dtype): the model's weights as stored, lifted constants as lifted, the rest random."""
+    from benchmarks import ncu_rows
+
+    (row,) = H.select(H.rows(), name)
+    model = row.build()
+    kg_b, consts = H.baseline_program(model)
+    for kg, c in ((serialize.loads(row.program.read_text()), None), (kg_b, consts)):
+        feeds = ncu_rows._inputs(kg, model, c, np.random.default_rng(0))
+        assert len(feeds) == len(kg.inputs)
+        for arr, node in zip(feeds, kg.inputs):
+            assert arr.shape == tuple(node.shape)
+            assert arr.dtype == H._NP[node.dtype.value]
+        stored = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+        for arr, n in zip(feeds, kg.input_names):
+            if n in stored:
+                assert np.array_equal(arr, stored[n].astype(arr.dtype)), n
