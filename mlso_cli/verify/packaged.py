@@ -934,38 +934,34 @@ def compare_outputs(
     scale (module docstring of commands/verify.py for the rule). No comparable output at any
     scale (down to SMALLEST_AUTO_SCALE) is an MlsoError: verify could not compare."""
     specs = input_specs(a) if specs is None else specs
-    outs_a = [o.name for o in a.graph.output]
-    sess_a, sess_b = _session(a, options.gpu, "A"), _session(b, options.gpu, "B")
     rng = np.random.default_rng(options.seed)
     bounds = index_bounds(a)
-    reference = Reference(a)
 
-    def compare(scale: float) -> list[dict]:
-        """Rows of every output of every sample at one input scale; none where the fp64
+    def compare(scales: list[float]) -> list[dict]:
+        """Rows of every output of every sample at these input scales; none where the fp64
         reference is not finite or no output is representable in its dtype."""
+        feeds = [
+            (scale, sample, _feeds(specs, rng, scale, bounds))
+            for scale in scales
+            for sample in range(options.samples)
+        ]
+        got_a, got_b, refs = _evaluate_apart(a, b, [f for _, _, f in feeds], options.gpu)
         out: list[dict] = []
-        for sample in range(options.samples):
-            feeds = _feeds(specs, rng, scale, bounds)
-            with np.errstate(all="ignore"):  # overflow at adversarial scales is skipped below
-                ref = reference(feeds)
+        for (scale, sample, _), ga, gb, ref in zip(feeds, got_a, got_b, refs, strict=True):
             if not all(np.all(np.isfinite(v)) for v in ref.values()):
                 continue  # adversarial scales only where the reference stays finite
-            got_a = dict(zip(outs_a, sess_a.run(outs_a, feeds)))
-            got_b = dict(zip(outs_a, sess_b.run(outs_a, feeds)))
-            for name in outs_a:
-                out.extend(_output_row(name, scale, sample, ref, got_a, got_b, options))
+            for name in ga:
+                out.extend(_output_row(name, scale, sample, ref, ga, gb, options))
         return out
 
-    rows: list[dict] = []
-    for scale in options.scales:
-        rows += compare(scale)
+    rows = compare(list(options.scales))
     # Weights fed as graph inputs at N(0, 1) can overflow a float16 output at every scale asked
     # for (a SwiGLU MLP with its down projection: about 1e5 at scale 1). Then no output was
     # compared, which says nothing about B: shrink the inputs until outputs are representable.
     scale = min(options.scales)
     while not rows and scale > SMALLEST_AUTO_SCALE:
         scale /= 8
-        rows += compare(scale)
+        rows += compare([scale])
     if not rows:
         raise MlsoError(
             f"could not compare A and B: at every input scale down to {scale:.2g} the fp64 "
@@ -973,6 +969,37 @@ def compare_outputs(
             "Pass the input scales at which the model's outputs are finite, e.g. --scales 0.001",
         )
     return rows
+
+
+def _evaluate_apart(
+    a: onnx.ModelProto, b: onnx.ModelProto, feeds: list[dict], gpu: int | None
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """A's and B's outputs in ONNX Runtime and A's fp64 reference, each for every set of feeds,
+    by one evaluator at a time: each is built, run on all the feeds and let go before the next.
+    Why: each holds its own copy of the weights (ORT's sessions on the CPU add float32 copies
+    of float16 weights; the reference holds float64 ones), and alive together they took 13x
+    the weights' size (a 2-layer Phi-3-mini-width export, 478 MB: 6.2 GB at the peak; Mistral-7B
+    width, 906 MB: 12.5 GB). A first: a model ORT cannot load fails before the reference runs."""
+    names = [o.name for o in a.graph.output]
+    got = []
+    for model, which in ((a, "A"), (b, "B")):
+        sess = _session(model, gpu, which)
+        try:
+            got.append([dict(zip(names, sess.run(names, f))) for f in feeds])
+        except Exception as exc:  # noqa: BLE001 - ORT's errors are one class per status code
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InputError(
+                f"ONNX Runtime cannot run model {which} ({model.graph.name or 'unnamed'}) on "
+                f"verify's inputs: {first[:300]}",
+                "Check that the model runs in ONNX Runtime; where it ran out of memory, pass "
+                "smaller --input-shape values or use a machine with more memory",
+            ) from None
+        del sess
+    reference = Reference(a)
+    with np.errstate(all="ignore"):  # overflow at adversarial scales is skipped by the caller
+        refs = [reference(f) for f in feeds]
+    del reference
+    return got[0], got[1], refs
 
 
 def _output_row(
