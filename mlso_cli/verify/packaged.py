@@ -75,11 +75,13 @@ def _session(model: onnx.ModelProto, gpu: int | None, which: str):
     return sess
 
 
-def _require_input_memory(specs: list, source: str) -> None:
+def _require_input_memory(specs: list, source: str, draws: int = 1) -> None:
     """Random inputs, ORT's outputs and the fp64 reference for huge --input-shape values could
-    exhaust memory half-way (a MemoryError traceback, or the OOM killer); fail first instead."""
+    exhaust memory half-way (a MemoryError traceback, or the OOM killer); fail first instead.
+    `draws`: the output check holds every draw's inputs and outputs at once (each evaluator
+    runs them all before the next is built: `_evaluate_apart`)."""
     nbytes = sum(int(np.prod(s, dtype=np.float64)) * np.dtype(dt).itemsize for _, s, dt in specs)
-    require_memory(8 * nbytes, f"verifying {source} at these input shapes")
+    require_memory(8 * nbytes * max(1, draws), f"verifying {source} at these input shapes")
 
 
 def _feeds(
@@ -809,7 +811,7 @@ def verify_models(
     outs_a = [o.name for o in a.graph.output]
     if outs_a != [o.name for o in b.graph.output]:
         return _refused(Failure("A and B have different graph outputs"), options)
-    _require_input_memory(specs_a, source_a)
+    _require_input_memory(specs_a, source_a, options.samples * len(options.scales))
     from mlso_cli.runtime import check_model
 
     kernels = check_model(b)  # plans and binary hashes, once for every check below
