@@ -17,6 +17,15 @@ class ExitCode(IntEnum):
     ENVIRONMENT = 4
 
 
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first non-empty line of a library's exception text (its type name when there is
+    none), cut at `limit` characters: what an error of ours quotes of ONNX Runtime, nvcc or the
+    emulator, whose messages run to many lines."""
+    text = str(exc).strip()
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    return line[:limit]
+
+
 class MlsoError(Exception):
     """A failure with a message a user can act on. `fix` says what to do about it."""
 

@@ -19,18 +19,12 @@ from typing import Any
 
 from mlso_cli.bench.models import BenchModel
 from mlso_cli.console import log
-from mlso_cli.errors import EnvironmentProblem, InputError, MlsoError
+from mlso_cli.errors import EnvironmentProblem, InputError, MlsoError, first_line
 
 PLAIN = "plain"
 CUDA_GRAPH = "cuda-graph"
 CUDA_EP = "CUDAExecutionProvider"
 CPU_EP = "CPUExecutionProvider"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
-    return line[:300]
 
 
 def open_session(model: BenchModel, mode: str, gpu: int | None, threads: int | None = None):
@@ -95,10 +89,10 @@ def time_mode(
         except Exception as exc:  # noqa: BLE001 - ORT's errors are one class per status code
             if mode != CUDA_GRAPH:
                 raise InputError(
-                    f"ONNX Runtime cannot run {m.source}: {_first_line(exc)}",
+                    f"ONNX Runtime cannot run {m.source}: {first_line(exc)}",
                     "Check that the model runs in ONNX Runtime on this execution provider",
                 ) from None
-            skipped[i] = f"cannot run under ONNX Runtime's CUDA graph: {_first_line(exc)}"
+            skipped[i] = f"cannot run under ONNX Runtime's CUDA graph: {first_line(exc)}"
             log(f"note: {m.source} {skipped[i]}; its plain figure stands")
             continue
         bound[i] = b

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import onnx
 
+from mlso_cli.errors import first_line
+
 ORIGINAL = "original"
 REWRITTEN = "rewritten"
 
@@ -39,12 +41,6 @@ class ModelTimes:
     """The original could not run in `mode` (then nothing was timed)."""
     rewritten_failed: str | None = None
     """The rewritten model could not run in `mode` while the original could."""
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
-    return line[:300]
 
 
 def time_pair(
@@ -72,7 +68,7 @@ def time_pair(
         values = device_values(random_feeds(original), gpu)
     except Exception as exc:  # noqa: BLE001 - ORT's errors are one class per status code
         return ModelTimes(
-            mode, original_failed=f"inputs not placed on GPU {gpu}: {_first_line(exc)}"
+            mode, original_failed=f"inputs not placed on GPU {gpu}: {first_line(exc)}"
         )
     bound = []
     for side, model in ((ORIGINAL, original), (REWRITTEN, rewritten)):
@@ -83,7 +79,7 @@ def time_pair(
                 b.call()
             b.sync()
         except Exception as exc:  # noqa: BLE001 - as above; MlsoError (no CUDA EP) included
-            return ModelTimes(mode, **{f"{side}_failed": _first_line(exc)})
+            return ModelTimes(mode, **{f"{side}_failed": first_line(exc)})
         bound.append(b)
     log(
         f"whole-model check on GPU {gpu}: original against rewritten under {mode}, "

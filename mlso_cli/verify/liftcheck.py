@@ -749,7 +749,7 @@ def emulator_check(
     with its fp64 reference: an output passes within its dtype's limit (floatcheck.LIMITS) or
     OWN_ERROR_FACTOR times the fp32 error the region has anyway at those inputs (see there)."""
     from mlso_cli.codegen import hostemu
-    from mlso_cli.errors import EnvironmentProblem
+    from mlso_cli.errors import EnvironmentProblem, first_line
 
     threads = emulated_threads(gp.plan)
     if threads > EMULATOR_THREADS:
@@ -763,17 +763,18 @@ def emulator_check(
     except EnvironmentProblem as exc:
         return CheckOutcome("skipped", exc.what)
     except (RuntimeError, OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return CheckOutcome("skipped", f"the emulator cannot build its source: {first[:200]}")
+        return CheckOutcome(
+            "skipped", f"the emulator cannot build its source: {first_line(exc, 200)}"
+        )
     names = [o.name for o in body.graph.output]
     worst, notes = 0.0, []
     for case in cases:
         try:
             got = hostemu.run(gp, case.inputs, timeout)
         except Exception as exc:  # a crash of the emulated source (or a timeout)
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             return CheckOutcome(
-                "failed", f"the emulated run at {case.label} inputs failed: {first[:200]}"
+                "failed",
+                f"the emulated run at {case.label} inputs failed: {first_line(exc, 200)}",
             )
         own = _own_errors(body, case)
         as_codegen = _as_codegen(program, case.inputs)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from mlso_cli.errors import EnvironmentProblem, InputError, MlsoError
+from mlso_cli.errors import EnvironmentProblem, InputError, MlsoError, first_line
 from mlso_cli.frontend.load import require_memory
 from mlso_cli.ir import DType
 from mlso_cli.verify.floatcheck import LIMITS
@@ -60,10 +60,9 @@ def _session(model: onnx.ModelProto, gpu: int | None, which: str):
     except MlsoError:
         raise
     except Exception as exc:  # ORT's own load errors: report them in one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(
             f"ONNX Runtime cannot load model {which} ({model.graph.name or 'unnamed'}), so verify "
-            f"cannot compare it: {first[:300]}",
+            f"cannot compare it: {first_line(exc)}",
             "verify runs both models in ONNX Runtime; ops of other domains need their library "
             "registered in ORT",
         ) from None
@@ -989,10 +988,9 @@ def _evaluate_apart(
         try:
             got.append([dict(zip(names, sess.run(names, f))) for f in feeds])
         except Exception as exc:  # noqa: BLE001 - ORT's errors are one class per status code
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise InputError(
                 f"ONNX Runtime cannot run model {which} ({model.graph.name or 'unnamed'}) on "
-                f"verify's inputs: {first[:300]}",
+                f"verify's inputs: {first_line(exc)}",
                 "Check that the model runs in ONNX Runtime; where it ran out of memory, pass "
                 "smaller --input-shape values or use a machine with more memory",
             ) from None
